@@ -1,0 +1,1 @@
+"""Cluster inventories and SKU profiles: what the harness tests and what it expects to find."""
