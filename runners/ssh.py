@@ -6,6 +6,7 @@ import shlex
 import socket
 import threading
 import time
+from io import StringIO
 from typing import Optional
 
 import paramiko
@@ -102,8 +103,6 @@ class SshTransport(Transport):
             failure, detail = _classify(exc)
             return Result(self.node.name, display, None, "", "", time.monotonic() - started,
                           failure=failure, detail=detail)
-        from io import StringIO
-
         try:
             ran = connection.run(shlex.join(command), in_stream=StringIO(stdin or ""),
                                  timeout=timeout + HARNESS_GRACE_S)

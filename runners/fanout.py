@@ -1,0 +1,100 @@
+"""Run one step on many nodes at once and get a per-node map back.
+
+A dead, slow or refusing node is an entry in the map, never an exception that hides the other
+nodes. The pool is bounded, the whole fan-out has a deadline, and Ctrl-C kills what is still
+running on every node before it propagates.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
+
+from runners.transport import Result, Transport
+
+DEFAULT_WORKERS = 64
+
+
+@dataclass
+class Progress:
+    """What a fan-out has done so far, for a progress display."""
+
+    step: str
+    total: int
+    done: dict[str, str] = field(default_factory=dict)  # node -> status word
+    running: set[str] = field(default_factory=set)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for status in self.done.values() if status != "ok")
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.started
+        running = ", ".join(sorted(self.running)[:4]) + (" ..." if len(self.running) > 4 else "")
+        text = (f"{self.step}: {len(self.done)}/{self.total} nodes done, {self.failed} failed, "
+                f"{elapsed:.0f} s")
+        return f"{text}; running: {running}" if self.running else text
+
+
+def fan_out(transports: Mapping[str, Transport], step: Callable[[Transport], Result], *,
+            name: str = "step", workers: int = DEFAULT_WORKERS, deadline_s: Optional[float] = None,
+            on_progress: Optional[Callable[[Progress], None]] = None) -> dict[str, Result]:
+    """Call step(transport) for every node concurrently; return {node name: Result} in input order.
+
+    A step that raises becomes a Result with failure 'error'; a node still running at the
+    deadline becomes a timed-out Result and its remote work is killed.
+    """
+    progress = Progress(step=name, total=len(transports))
+    results: dict[str, Result] = {}
+    started = time.monotonic()
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(transports) or 1)),
+                              thread_name_prefix=f"fanout-{name}")
+    futures = {}
+    try:
+        for node, transport in transports.items():
+            futures[pool.submit(_guarded, step, node, transport)] = node
+            progress.running.add(node)
+        pending = set(futures)
+        while pending:
+            remaining = None if deadline_s is None else deadline_s - (time.monotonic() - started)
+            if remaining is not None and remaining <= 0:
+                break
+            finished, pending = wait(pending, timeout=_tick(remaining), return_when=FIRST_COMPLETED)
+            for future in finished:
+                node = futures[future]
+                results[node] = future.result()
+                progress.running.discard(node)
+                progress.done[node] = results[node].status
+            if on_progress:
+                on_progress(progress)
+        for future in pending:  # past the deadline
+            node = futures[future]
+            transports[node].kill_running()
+            results[node] = Result(node, name, None, "", "", time.monotonic() - started,
+                                   timed_out=True, detail=f"fan-out deadline of {deadline_s} s")
+    except BaseException:
+        for transport in transports.values():
+            transport.kill_running()
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return {node: results[node] for node in transports}
+
+
+def _tick(remaining: Optional[float]) -> float:
+    """Wake at least once a second so progress and Ctrl-C stay responsive."""
+    return 1.0 if remaining is None else max(0.0, min(1.0, remaining))
+
+
+def _guarded(step: Callable[[Transport], Result], node: str, transport: Transport) -> Result:
+    started = time.monotonic()
+    try:
+        return step(transport)
+    except Exception as exc:
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        return Result(node, getattr(step, "__name__", "step"), None, "", "",
+                      time.monotonic() - started, failure="error",
+                      detail=f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})")
