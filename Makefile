@@ -1,0 +1,42 @@
+# handover: two entry points on a fresh Debian 12 machine (as root; both set themselves up).
+#   make accept   run the acceptance suites on this machine (inventory/local.yaml), signed report
+#   make test     run the harness's own tests (real sshd nodes in network namespaces)
+
+PYTHON  ?= python3
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+# Debian packages the suites use now or soon.
+DEBS    := openssh-server openssh-client iproute2 procps stress-ng fio iperf3 hpcc openmpi-bin
+INVENTORY ?= inventory/local.yaml
+PYTEST_ARGS ?=
+
+.PHONY: accept test setup debs bench clean
+
+accept: setup
+	$(PY) -m pytest --inventory $(INVENTORY) $(PYTEST_ARGS)
+
+test: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/fanout.py
+
+setup: debs $(STAMP)
+
+debs:
+	@missing=$$(for p in $(DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" != 0 ]; then echo "handover: as root, install: apt-get install -y $$missing" >&2; exit 1; fi; \
+		echo "handover: installing $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+clean:
+	rm -rf $(VENV) out *.egg-info

@@ -1,0 +1,1 @@
+"""Results ledger, verdict, renderings (HTML, JUnit), signing and the handover CLI."""

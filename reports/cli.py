@@ -1,0 +1,106 @@
+"""The `handover` command: render, verify and inspect runs outside pytest.
+
+    handover report RUN_DIR [--sign-key KEY]       render (and sign) a run from its ledger
+    handover verify RUN_DIR [--allowed-signers F]  check the signatures; non-zero on any mismatch
+    handover inventory FILE                        validate an inventory and list its nodes
+
+Running the acceptance suites is pytest's job: pytest --inventory inventory/<cluster>.yaml
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="handover", description=__doc__.split("\n\n")[0])
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    report = verbs.add_parser("report", help="render report.html, results.json, junit.xml from a run's ledger")
+    report.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    report.add_argument("--sign-key", type=Path, metavar="KEY",
+                        help="Ed25519 OpenSSH private key (default: this machine's handover key)")
+    report.set_defaults(handler=cmd_report)
+
+    verify = verbs.add_parser("verify", help="verify report.html.sig and results.json.sig")
+    verify.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    verify.add_argument("--allowed-signers", type=Path, metavar="FILE",
+                        help="OpenSSH allowed_signers file of keys you trust")
+    verify.set_defaults(handler=cmd_verify)
+
+    inventory = verbs.add_parser("inventory", help="validate an inventory and list its nodes")
+    inventory.add_argument("file", type=Path, metavar="FILE")
+    inventory.set_defaults(handler=cmd_inventory)
+
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+def fail(message: str) -> int:
+    print(f"handover: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def cmd_report(args) -> int:
+    from reports import signing
+    from reports.ledger import LedgerError
+    from reports.render import render_run
+
+    try:
+        key = (signing.load_signing_key(args.sign_key) if args.sign_key
+               else signing.ensure_default_key()[0])
+        rendered = render_run(args.run_dir, key)
+    except (LedgerError, signing.SigningError) as error:
+        return fail(str(error))
+    print(f"verdict: {rendered.verdict.status}")
+    for reason in rendered.verdict.reasons:
+        print(f"  - {reason}")
+    print(f"report: {rendered.report}")
+    print(f"signed by {key.fingerprint}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from reports import signing
+    from reports.render import SIGNED_FILES
+
+    if not args.run_dir.is_dir():
+        return fail(f"{args.run_dir}: no such run directory")
+    if args.allowed_signers and not args.allowed_signers.is_file():
+        return fail(f"{args.allowed_signers}: no such allowed_signers file")
+    all_good = True
+    for name in SIGNED_FILES:
+        check = signing.verify_file(args.run_dir / name, allowed_signers=args.allowed_signers)
+        print(f"{'OK ' if check.ok else 'BAD'} {name}: {check.reason}")
+        all_good = all_good and check.ok
+    if all_good and not args.allowed_signers:
+        print("note: the signer was not checked against keys you trust; compare the fingerprint "
+              "with the operator's, or pass --allowed-signers")
+    return 0 if all_good else 1
+
+
+def cmd_inventory(args) -> int:
+    import hostlist
+
+    from inventory.loader import InventoryError, load_inventory
+
+    try:
+        cluster = load_inventory(args.file)
+    except InventoryError as error:
+        return fail(str(error))
+    names = [node.name for node in cluster.nodes]
+    print(f"cluster {cluster.name}: {len(names)} node(s) {hostlist.collect_hostlist(names)}")
+    print(f"profile {cluster.profile.name}: {cluster.profile.description}")
+    print(f"transport {cluster.transport}")
+    for group, members in cluster.groups.items():
+        print(f"group {group}: {hostlist.collect_hostlist(list(members))}")
+    for scratch in cluster.scratch:
+        print(f"scratch {scratch.path} ({scratch.kind}{', destructive' if scratch.destructive else ''})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

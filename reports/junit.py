@@ -1,0 +1,73 @@
+"""junit.xml rendered from results.json, so CI systems show every node and check.
+
+Test case names equal pytest's ids (test_memory[node07]); nodes without any result and the
+verdict itself are test cases too, so a run where nodes vanished never looks green.
+"""
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+JUNIT_FILE = "junit.xml"
+
+# Characters XML 1.0 cannot carry (tool output has ANSI escapes and the odd NUL).
+_NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(text: str) -> str:
+    return _NOT_XML.sub("\ufffd", text)
+
+
+def render_junit(results: dict) -> bytes:
+    run = results["run"]
+    suite = ET.Element("testsuite", name=f"handover.{run['cluster']}", timestamp=run["started"] or "")
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for check in results["checks"]:
+        module, _, name = check["test_id"].rpartition("::")
+        case = _case(suite, counts, module.removesuffix(".py").replace("/", "."), _xml_text(name),
+                     check.get("duration_s") or 0)
+        message = check.get("message") or ""
+        if check["outcome"] == "failed":
+            _outcome(case, counts, "failure", f"[{check.get('kind')}] {message}",
+                     check.get("log_excerpt") or message)
+        elif check["outcome"] == "error":
+            _outcome(case, counts, "error", message, check.get("log_excerpt") or message)
+        elif check["outcome"] == "skipped":
+            _outcome(case, counts, "skipped", message, "")
+    for node in results["nodes"]:
+        if node["status"] == "untested":
+            case = _case(suite, counts, "handover", f"results[{node['name']}]", 0)
+            _outcome(case, counts, "failure", "no check has a result for this node", "")
+    verdict = results["verdict"]
+    case = _case(suite, counts, "handover", "certification", 0)
+    if verdict["status"] != "CERTIFIED":
+        _outcome(case, counts, "failure", verdict["status"], "\n".join(verdict["reasons"]))
+    for key, value in counts.items():
+        suite.set(key, str(value))
+    return _document(suite)
+
+
+def _document(suite: ET.Element) -> bytes:
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def _case(suite, counts, classname, name, seconds) -> ET.Element:
+    counts["tests"] += 1
+    return ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{seconds:.3f}")
+
+
+def _outcome(case, counts, tag, message, text) -> None:
+    counts[{"failure": "failures", "error": "errors", "skipped": "skipped"}[tag]] += 1
+    first_line = message.splitlines()[0] if message else ""
+    element = ET.SubElement(case, tag, message=_xml_text(first_line))
+    element.text = _xml_text(text)
+
+
+def write_junit(results: dict, run_dir: Path) -> Path:
+    path = Path(run_dir) / JUNIT_FILE
+    path.write_bytes(render_junit(results))
+    return path

@@ -1,0 +1,51 @@
+"""Turn a run directory's ledger into its renderings and sign them: the one reporting path.
+
+Used at the end of a pytest run and by `handover report RUN_DIR` for an interrupted one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from reports import signing
+from reports.html import write_html
+from reports.junit import write_junit
+from reports.ledger import read_ledger
+from reports.results import build_results, write_metrics_csv, write_results
+from reports.verdict import Verdict
+
+REPORT_FILE = "report.html"
+ALLOWED_SIGNERS_FILE = "allowed_signers"
+SIGNED_FILES = ("results.json", REPORT_FILE)
+
+
+@dataclass
+class RenderedRun:
+    run_dir: Path
+    results: dict
+    verdict: Verdict
+    report: Path
+    signer: Optional[signing.SigningKey]
+
+
+def render_run(run_dir: Path, key: Optional[signing.SigningKey]) -> RenderedRun:
+    """Write results.json, metrics.csv, junit.xml and report.html; sign the first and last."""
+    run_dir = Path(run_dir)
+    record = read_ledger(run_dir)
+    signer = {"fingerprint": key.fingerprint, "public_key": key.public_line} if key else None
+    results, verdict = build_results(record, signer)
+    write_results(results, run_dir)
+    write_metrics_csv(results, run_dir)
+    write_junit(results, run_dir)
+    report = write_html(results, run_dir / REPORT_FILE)
+    if key is not None:
+        for name in SIGNED_FILES:
+            signing.sign_file(run_dir / name, key)
+        signing.write_allowed_signers(run_dir / ALLOWED_SIGNERS_FILE, key, signer_identity(key))
+    return RenderedRun(run_dir, results, verdict, report, key)
+
+
+def signer_identity(key: signing.SigningKey) -> str:
+    """The principal named in allowed_signers: the key's comment, e.g. operator@example.com."""
+    return key.comment or "handover"

@@ -1,0 +1,122 @@
+"""From a run's check outcomes to a verdict: CERTIFIED only when nothing failed and nothing is missing.
+
+Fail closed: a mandatory check without a result on some node, a mandatory metric without a
+reference to judge it, a node with no result at all, or an interrupted run make the verdict
+INCOMPLETE; any failed check makes it NOT CERTIFIED.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+CERTIFIED = "CERTIFIED"
+NOT_CERTIFIED = "NOT CERTIFIED"
+INCOMPLETE = "INCOMPLETE"
+
+FAILED_OUTCOMES = ("failed", "error")
+
+
+@dataclass
+class Verdict:
+    status: str
+    reasons: list[str]
+    nodes: list[dict]  # [{"name", "status": passed|failed|incomplete|untested, "reasons"}]
+    untested_nodes: list[str] = field(default_factory=list)
+
+    @property
+    def gate_failed(self) -> bool:
+        """What the CI gate (pytest's exit code) fails on: a failed check or a node with no result."""
+        return self.status == NOT_CERTIFIED or bool(self.untested_nodes)
+
+
+def judge(header: dict, checks: list[dict], interrupted: bool) -> Verdict:
+    nodes: list[str] = header.get("nodes", [])
+    profile = header.get("profile", {})
+    mandatory: list[str] = profile.get("mandatory", [])
+    references: dict = profile.get("references", {})
+
+    failures, incomplete = [], []
+    per_node: dict = defaultdict(lambda: {"failed": [], "incomplete": [], "seen": False})
+    by_check: dict = defaultdict(list)
+    for entry in checks:
+        by_check[entry["check"]].append(entry)
+        where = entry.get("node") or "cluster"
+        if entry.get("node"):
+            per_node[entry["node"]]["seen"] = True
+        if entry["outcome"] in FAILED_OUTCOMES:
+            why = f"{where}: {entry['check']} failed ({entry.get('kind') or 'error'}): {_first_line(entry)}"
+            failures.append(why)
+            if entry.get("node"):
+                per_node[entry["node"]]["failed"].append(why)
+        elif entry["outcome"] == "passed":
+            for miss in _unmeasured(entry, references):
+                failures.append(f"{where}: {miss}")
+                if entry.get("node"):
+                    per_node[entry["node"]]["failed"].append(miss)
+
+    for check in mandatory:
+        entries = by_check.get(check, [])
+        if not entries:
+            incomplete.append(f"mandatory check {check!r} has no result")
+            continue
+        if any(e.get("node") is None for e in entries):
+            for e in entries:
+                if e["outcome"] == "skipped":
+                    incomplete.append(f"cluster: mandatory check {check!r} skipped: {_first_line(e)}")
+            continue
+        done = {e["node"]: e for e in entries}
+        for node in nodes:
+            entry = done.get(node)
+            if entry is None:
+                reason = f"mandatory check {check!r} has no result"
+            elif entry["outcome"] == "skipped":
+                reason = f"mandatory check {check!r} skipped: {_first_line(entry)}"
+            else:
+                reason = _unjudged(entry)
+            if reason:
+                per_node[node]["incomplete"].append(reason)
+                incomplete.append(f"{node}: {reason}")
+
+    untested = [n for n in nodes if not per_node[n]["seen"]]
+    node_rows = []
+    for name in nodes:
+        state = per_node[name]
+        if not state["seen"]:
+            node_rows.append({"name": name, "status": "untested", "reasons": ["no check has a result"]})
+        elif state["failed"]:
+            node_rows.append({"name": name, "status": "failed", "reasons": state["failed"]})
+        elif state["incomplete"]:
+            node_rows.append({"name": name, "status": "incomplete", "reasons": state["incomplete"]})
+        else:
+            node_rows.append({"name": name, "status": "passed", "reasons": []})
+
+    if untested:
+        incomplete.insert(0, f"{len(untested)} node(s) without any result: {', '.join(untested)}")
+    if interrupted:
+        incomplete.insert(0, "the run was interrupted before it finished")
+    if failures:
+        return Verdict(NOT_CERTIFIED, failures + incomplete, node_rows, untested)
+    if incomplete:
+        return Verdict(INCOMPLETE, incomplete, node_rows, untested)
+    return Verdict(CERTIFIED, [f"all {len(checks)} checks passed on {len(nodes)} node(s)"],
+                   node_rows, untested)
+
+
+def _first_line(entry: dict) -> str:
+    return (entry.get("message") or "").strip().splitlines()[0] if entry.get("message") else ""
+
+
+def _unmeasured(entry: dict, references: dict) -> list[str]:
+    """References of this check that a passing entry has no value for (fail closed)."""
+    measured = {m["name"] for m in entry.get("metrics", []) if m.get("value") is not None}
+    return [f"{entry['check']}: metric {name!r} has a reference but no measurement"
+            for name, ref in references.items()
+            if ref.get("check") == entry["check"] and name not in measured]
+
+
+def _unjudged(entry: dict) -> str:
+    """A mandatory check's metric that had no reference to judge it by."""
+    loose = [m["name"] for m in entry.get("metrics", []) if m.get("reference") is None]
+    if loose:
+        return f"mandatory check {entry['check']!r}: no reference for {', '.join(loose)}"
+    return ""

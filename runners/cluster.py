@@ -1,0 +1,52 @@
+"""A cluster under test for one session: transports per node and per-step results, gathered once.
+
+The first check that needs a step (say, system facts) runs it on every selected node at once;
+every per-node test then reads its node's entry. So 32 nodes cost about what one costs.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+from inventory.model import Cluster, Node
+from runners.fanout import Progress, fan_out
+from runners.transport import Result, Transport, make_transport
+
+
+class ClusterRun:
+    def __init__(self, cluster: Cluster, nodes: list[Node],
+                 save_raw: Callable[[str, Result], list[str]],
+                 on_progress: Optional[Callable[[Progress], None]] = None):
+        self.cluster = cluster
+        self.nodes = nodes
+        self._save_raw = save_raw
+        self._on_progress = on_progress
+        self._transports: dict[str, Transport] = {}
+        self._steps: dict[str, dict[str, Result]] = {}
+        self._raw: dict[tuple[str, str], list[str]] = {}
+        self._lock = threading.Lock()
+
+    def transport(self, node: str) -> Transport:
+        with self._lock:
+            if node not in self._transports:
+                self._transports[node] = make_transport(self.cluster.node(node))
+            return self._transports[node]
+
+    def gather(self, step: str, run: Callable[[Transport], Result], *,
+               deadline_s: Optional[float] = None) -> dict[str, Result]:
+        """{node: Result} of `run` on every selected node; computed once per step and session."""
+        if step not in self._steps:
+            transports = {node.name: self.transport(node.name) for node in self.nodes}
+            results = fan_out(transports, run, name=step, deadline_s=deadline_s,
+                              on_progress=self._on_progress)
+            for node, result in results.items():
+                self._raw[(step, node)] = self._save_raw(step, result)
+            self._steps[step] = results
+        return self._steps[step]
+
+    def raw_paths(self, step: str, node: str) -> list[str]:
+        return self._raw.get((step, node), [])
+
+    def close(self) -> None:
+        for transport in self._transports.values():
+            transport.close()

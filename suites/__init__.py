@@ -1,0 +1,1 @@
+"""Acceptance suites: one test module per area; checks.py is the vocabulary they share."""

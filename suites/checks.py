@@ -1,0 +1,127 @@
+"""The check vocabulary: how a suite says a check failed, and how it judges metrics.
+
+As in ReFrame, a check first asks whether the tool ran correctly (sanity), then whether each
+named, unit-bearing metric lies in its reference band (performance). The recorder writes the
+kind of failure into the results, so a report can tell an unreachable node from a slow one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, TypeVar
+
+from inventory.model import Profile
+from runners.parsing import ParseError
+from runners.transport import Result
+
+T = TypeVar("T")
+
+LOG_EXCERPT_LINES = 40
+
+
+class CheckFailure(AssertionError):
+    """A check failed for a reason the report should name; `log` is the evidence to show."""
+
+    kind = "error"
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
+class NodeUnreachable(CheckFailure):
+    kind = "unreachable"
+
+
+class CommandTimedOut(CheckFailure):
+    kind = "timeout"
+
+
+class SanityFailure(CheckFailure):
+    """The tool did not run correctly, whatever its exit code says."""
+
+    kind = "sanity"
+
+
+class PerformanceFailure(CheckFailure):
+    """Metrics outside their reference bands, or referenced metrics that were not measured."""
+
+    kind = "performance"
+
+
+class ExpectationFailure(CheckFailure):
+    """A fact of the node differs from what the profile expects."""
+
+    kind = "expectation"
+
+
+def excerpt(text: str, lines: int = LOG_EXCERPT_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def require(result: Result) -> Result:
+    """Fail the check unless the command ran to a zero exit; says why in the report's words."""
+    if result.failure in ("unreachable", "auth", "host-key"):
+        raise NodeUnreachable(result.explain())
+    if result.timed_out:
+        raise CommandTimedOut(result.explain(), excerpt(result.stdout + result.stderr))
+    if not result.ok:
+        raise SanityFailure(result.explain(), excerpt(result.stderr or result.stdout))
+    return result
+
+
+def parsed(parser: Callable[[str], T], result: Result) -> T:
+    """Run a pure parser on a successful result; unparseable output is a sanity failure."""
+    require(result)
+    try:
+        return parser(result.stdout)
+    except ParseError as exc:
+        raise SanityFailure(f"{result.node}: {exc}", excerpt(result.stdout)) from None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    value: Optional[float]
+    unit: str
+
+
+class Metrics:
+    """Judges a check's measurements against the profile's references, all misses at once."""
+
+    def __init__(self, check: str, profile: Profile, record: Callable[[list[dict]], None]):
+        self.check = check
+        self.profile = profile
+        self._record = record
+
+    def judge(self, **measured: tuple[Optional[float], str]) -> None:
+        """judge(memory_total=(23.4, "GiB"), ...): record every metric, then fail on any miss."""
+        rows, misses = [], []
+        expected = {name for name, ref in self.profile.references.items() if ref.check == self.check}
+        for name in sorted(expected - measured.keys()):
+            measured[name] = (None, self.profile.references[name].unit)
+        for name, (value, unit) in measured.items():
+            reference = self.profile.references.get(name)
+            row = {"name": name, "value": value, "unit": unit, "reference": None,
+                   "criterion": None, "margin": None, "ok": None}
+            if reference is not None:
+                row.update(reference=_reference_dict(reference), criterion=reference.criterion())
+                if value is None:
+                    row["ok"] = False
+                    misses.append(f"{name}: no measurement, but the profile has a reference "
+                                  f"({reference.criterion()})")
+                elif unit != reference.unit:
+                    row["ok"] = False
+                    misses.append(f"{name}: measured in {unit}, reference in {reference.unit}")
+                else:
+                    row.update(margin=reference.margin(value), ok=reference.admits(value))
+                    if not row["ok"]:
+                        misses.append(f"{name} = {value:g} {unit}, expected {reference.criterion()}")
+            rows.append(row)
+        self._record(rows)
+        if misses:
+            raise PerformanceFailure("; ".join(misses))
+
+
+def _reference_dict(reference) -> dict:
+    return {"value": reference.value, "lower": reference.lower, "upper": reference.upper,
+            "unit": reference.unit, "source": reference.source}

@@ -1,0 +1,100 @@
+"""System: is every node reachable, and are its OS, kernel, CPU and memory what the profile says?"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+
+from runners import system
+from runners.parsing import ParseError
+from suites.checks import ExpectationFailure, parsed
+
+pytestmark = [pytest.mark.system, pytest.mark.quick]
+
+STEP = "system_facts"
+
+
+@pytest.fixture
+def facts(on_node) -> system.SystemFacts:
+    """This node's facts, from one concurrent probe of every selected node."""
+    return parsed(system.parse_system_facts, on_node(STEP, system.probe))
+
+
+def test_reachable(on_node, recorder, node, record):
+    result = on_node(STEP, system.probe)
+    found = parsed(system.parse_system_facts, result)
+    recorder.record_tool(node, "python", found.python)
+    record.note(f"answered as {found.hostname} in {result.duration_s:.2f} s")
+
+
+def test_os(facts, profile, record):
+    allowed = profile.expect.get("os_ids")
+    record.note(facts.os_pretty)
+    if allowed and facts.os_id not in allowed:
+        raise ExpectationFailure(f"OS {facts.os_pretty!r} (ID {facts.os_id!r}) is not one the "
+                                 f"profile {profile.name} allows: {', '.join(allowed)}")
+
+
+def test_kernel(facts, profile, record):
+    minimum = profile.expect.get("kernel_min")
+    record.note(f"{facts.kernel} ({facts.arch})")
+    if minimum and version_tuple(facts.kernel) < version_tuple(minimum):
+        raise ExpectationFailure(f"kernel {facts.kernel} is older than {minimum}, "
+                                 f"the minimum of profile {profile.name}")
+
+
+def test_cpu(facts, profile, metrics, record):
+    pattern = profile.expect.get("cpu_model")
+    record.note(f"{facts.cpu_model}, {facts.logical_cpus} logical CPUs")
+    if pattern and not re.search(pattern, facts.cpu_model):
+        raise ExpectationFailure(f"CPU {facts.cpu_model!r} does not match {pattern!r} "
+                                 f"(profile {profile.name})")
+    metrics.judge(cpu_cores=(facts.logical_cpus, "cores"))
+
+
+def test_memory(facts, metrics, record):
+    record.note(f"{facts.memory_total_gib:.1f} GiB")
+    metrics.judge(memory_total=(round(facts.memory_total_gib, 2), "GiB"))
+
+
+UNIFORM_FACTS = {"OS": "os_pretty", "kernel": "kernel", "CPU model": "cpu_model",
+                 "logical CPUs": "logical_cpus"}
+
+
+@pytest.mark.cluster
+def test_uniformity(cluster_run, record):
+    """Same OS, kernel and CPU on every node that answered; odd ones out are named."""
+    answers = cluster_run.gather(STEP, system.probe)
+    facts = {}
+    for node, result in answers.items():
+        if result.ok:
+            try:
+                facts[node] = system.parse_system_facts(result.stdout)
+            except ParseError:
+                pass
+    if not facts:
+        pytest.skip("no node answered the system probe")
+    differences = [odd_ones_out(label, {n: getattr(f, attribute) for n, f in facts.items()})
+                   for label, attribute in UNIFORM_FACTS.items()]
+    differences = [d for d in differences if d]
+    silent = sorted(set(answers) - set(facts))
+    record.note(f"{len(facts)} node(s) compared" + (f"; no facts from {', '.join(silent)}" if silent else ""))
+    if differences:
+        raise ExpectationFailure("; ".join(differences))
+
+
+def odd_ones_out(label: str, values: dict[str, object]) -> str:
+    """'' when all agree; else which nodes differ from the most common value."""
+    counts = Counter(values.values())
+    if len(counts) < 2:
+        return ""
+    common, count = counts.most_common(1)[0]
+    odd = {node: value for node, value in values.items() if value != common}
+    listed = ", ".join(f"{node} has {value!r}" for node, value in sorted(odd.items()))
+    return f"{label}: {listed}, while {count} node(s) have {common!r}"
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    match = re.match(r"\d+(?:\.\d+)*", text)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
