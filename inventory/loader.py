@@ -1,0 +1,832 @@
+"""Read an inventory file and its SKU profile into the typed model, rejecting anything doubtful.
+
+Operators write these files by hand shortly before a customer handover. A typo that was silently
+ignored would test the wrong thing and sign off on it, so every key is checked, and every error
+names the file, the line and the field.
+
+The YAML is composed (not constructed) with PyYAML's safe loader and walked node by node: that
+keeps every line number, and it lets fields declared as strings take a scalar exactly as written
+(a node named `no` stays "no", a kernel version `4.10` stays "4.10" rather than becoming 4.1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import math
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Union
+
+import hostlist
+import yaml
+from yaml.constructor import ConstructorError, SafeConstructor
+
+from inventory.model import (
+    HOST_KEY_POLICIES,
+    SCRATCH_KINDS,
+    TRANSPORTS,
+    Cluster,
+    Node,
+    Profile,
+    Reference,
+    ScratchPath,
+    SshSettings,
+)
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+
+# Cluster, group, node, profile and metric names end up in pytest ids and report anchors.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
+NAME_RULE = "use letters, digits, '.', '_' and '-'"
+
+SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "host_keys", "jump", "connect_timeout")
+NODE_SETTING_KEYS = SSH_KEYS + ("python", "sudo")
+# These may be set to null in a group or node mapping to undo a cluster-wide value (e.g. no jump).
+NULLABLE_SETTINGS = ("user", "port", "identity_file", "known_hosts", "jump")
+
+TOP_LEVEL_KEYS = (
+    "cluster", "profile", "transport", "python", "sudo", "ssh", "nodes", "groups", "scratch",
+    "references",
+)
+NODE_KEYS = ("name", "address") + NODE_SETTING_KEYS
+GROUP_KEYS = ("nodes",) + NODE_SETTING_KEYS
+SCRATCH_KEYS = ("path", "kind", "destructive")
+PROFILE_KEYS = ("profile", "description", "mandatory", "expect", "references")
+REFERENCE_KEYS = ("check", "value", "lower", "upper", "unit", "source")
+# What a metric new to the profile must give; lower/upper default to unbounded, source to the file.
+REFERENCE_REQUIRED = ("check", "value", "unit")
+
+_STR = "tag:yaml.org,2002:str"
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_BOOL = "tag:yaml.org,2002:bool"
+_NULL = "tag:yaml.org,2002:null"
+_SCALAR_CONSTRUCTOR = SafeConstructor()
+
+
+class InventoryError(Exception):
+    """A problem in an inventory or profile file; str() is one self-contained line for the CLI."""
+
+    def __init__(
+        self,
+        problem: str,
+        file: Optional[str] = None,
+        line: Optional[int] = None,
+        field: Optional[str] = None,
+    ):
+        self.problem = problem
+        self.file = file
+        self.line = line
+        self.field = field
+        super().__init__(problem, file, line, field)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.file is not None:
+            parts.append(self.file if self.line is None else f"{self.file}:{self.line}")
+        if self.field:
+            parts.append(self.field)
+        parts.append(self.problem)
+        return ": ".join(parts)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One YAML file being read: how errors name it and where its relative paths start."""
+
+    display: str
+    directory: Path
+
+
+@dataclass(frozen=True)
+class _At:
+    """A composed YAML node plus its file and field path, so any check on it can raise precisely."""
+
+    node: yaml.Node
+    source: _Source
+    field: Optional[str]
+    key_line: Optional[int] = None  # the line of the key this value belongs to, if any
+
+    @property
+    def line(self) -> int:
+        return self.node.start_mark.line + 1
+
+    def error(self, problem: str) -> InventoryError:
+        return InventoryError(problem, self.source.display, self.line, self.field)
+
+    def whole_error(self, problem: str) -> InventoryError:
+        """An error about the whole value, shown at its key (a block mapping starts a line below)."""
+        return InventoryError(problem, self.source.display, self.key_line or self.line, self.field)
+
+    def key(self, name: str, node: yaml.Node, key_line: Optional[int] = None) -> "_At":
+        field = name if self.field is None else f"{self.field}.{name}"
+        return _At(node, self.source, field, key_line)
+
+    def item(self, index: int, node: yaml.Node) -> "_At":
+        return _At(node, self.source, f"{self.field}[{index}]")
+
+    def is_null(self) -> bool:
+        return isinstance(self.node, yaml.ScalarNode) and self.node.tag == _NULL
+
+
+class _Setting(NamedTuple):
+    """A parsed value and where it was written, kept so later cross-checks can point back at it."""
+
+    value: object
+    at: _At
+
+
+# ---------------------------------------------------------------- YAML node readers
+
+
+def _describe(at: _At) -> str:
+    """What a wrong value looks like in an error: the scalar as written, or its kind."""
+    node = at.node
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    if node.tag == _NULL:
+        return "null"
+    if node.tag == _STR:
+        return repr(node.value)
+    return node.value
+
+
+def _wrong_type(at: _At, expected: str) -> InventoryError:
+    return at.error(f"expected {expected}, got {_describe(at)}")
+
+
+def _scalar_value(at: _At) -> object:
+    """The Python value of a scalar as the safe loader would build it."""
+    construct = SafeConstructor.yaml_constructors.get(at.node.tag)
+    if construct is None or not isinstance(at.node, yaml.ScalarNode):
+        raise at.error(f"unsupported YAML tag {at.node.tag!r}")
+    try:
+        return construct(_SCALAR_CONSTRUCTOR, at.node)
+    except (ConstructorError, ValueError) as exc:
+        raise at.error(f"unreadable value {at.node.value!r}: {exc}") from None
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _read_mapping(at: _At) -> list[tuple[str, _At, _At]]:
+    """(key, key node, value node) in written order; duplicate keys are an error, `<<:` merges."""
+    if not isinstance(at.node, yaml.MappingNode):
+        raise _wrong_type(at, "a mapping")
+    seen: dict[str, int] = {}
+    for key_node, _ in at.node.value:
+        if key_node.tag == _MERGE:
+            continue
+        _check_key(at, key_node)
+        if key_node.value in seen:
+            raise at.key(key_node.value, key_node).error(
+                f"duplicate key; first given at line {seen[key_node.value]}"
+            )
+        seen[key_node.value] = key_node.start_mark.line + 1
+    entries: dict[str, tuple[_At, _At]] = {}
+    for key_node, value_node in _merged_pairs(at, at.node, set()):
+        _check_key(at, key_node)
+        key_at = at.key(key_node.value, key_node)
+        entries[key_node.value] = (key_at, at.key(key_node.value, value_node, key_at.line))
+    return [(name, key_at, value_at) for name, (key_at, value_at) in entries.items()]
+
+
+def _check_key(at: _At, key_node: yaml.Node) -> None:
+    if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _NULL:
+        raise _At(key_node, at.source, at.field).error("keys must be plain names")
+
+
+def _merged_pairs(at: _At, node: yaml.MappingNode, active: set[int]) -> list[tuple]:
+    """Key/value node pairs with `<<:` merges spliced in first, so later (own) keys win.
+
+    Done here rather than with PyYAML's flatten_mapping, which rewrites the shared anchored nodes.
+    """
+    if id(node) in active:
+        raise at.error("a `<<:` merge refers to itself")
+    merged: list[tuple] = []
+    own: list[tuple] = []
+    for key_node, value_node in node.value:
+        if key_node.tag != _MERGE:
+            own.append((key_node, value_node))
+            continue
+        sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+        # Of several merged mappings the first one wins, so it is spliced in last.
+        for source in reversed(sources):
+            if not isinstance(source, yaml.MappingNode):
+                raise _At(source, at.source, at.field).error(
+                    "`<<:` must merge a mapping or a list of mappings"
+                )
+            merged.extend(_merged_pairs(at, source, active | {id(node)}))
+    return merged + own
+
+
+def _fields(at: _At, allowed: Sequence[str], required: Sequence[str] = ()) -> dict[str, _At]:
+    """A mapping with a fixed set of keys: unknown ones get a did-you-mean, missing ones named."""
+    children = {}
+    for name, key_at, value_at in _read_mapping(at):
+        if name not in allowed:
+            raise key_at.error(_unknown("unknown key", name, allowed))
+        children[name] = value_at
+    for name in required:
+        if name not in children:
+            raise at.whole_error(f"missing required key {name!r}")
+    return children
+
+
+def _unknown(head: str, given: str, choices: Iterable[str], listing: Optional[str] = None) -> str:
+    """head, a did-you-mean when one is close, then '<listing>: ...' of all choices.
+
+    Unknown keys get just the hint when there is one; unknown values (listing given) always show
+    every choice.
+    """
+    choices = list(choices)
+    close = difflib.get_close_matches(given, choices, n=1)
+    tail = [f"did you mean {close[0]!r}?"] if close else []
+    if listing or not close:
+        tail.append(f"{listing or 'allowed'}: {', '.join(choices) or '(none)'}")
+    return f"{head}; {' '.join(tail)}"
+
+
+def _list(at: _At) -> list[_At]:
+    if not isinstance(at.node, yaml.SequenceNode):
+        raise _wrong_type(at, "a list")
+    return [at.item(index, node) for index, node in enumerate(at.node.value)]
+
+
+def _string(at: _At) -> str:
+    """A non-empty string; other scalars are taken as written, so `no` and `4.10` stay text."""
+    if not isinstance(at.node, yaml.ScalarNode) or at.node.tag == _NULL:
+        raise _wrong_type(at, "a string")
+    if at.node.tag != _STR:
+        _scalar_value(at)  # rejects unknown tags such as !vault
+    if not at.node.value.strip():
+        raise at.error("must not be empty")
+    return at.node.value
+
+
+def _name(at: _At, what: str) -> str:
+    value = _string(at)
+    if not NAME_PATTERN.fullmatch(value):
+        raise at.error(f"invalid {what} {value!r}; {NAME_RULE}")
+    return value
+
+
+def _choice(at: _At, what: str, allowed: Sequence[str]) -> str:
+    value = _string(at)
+    if value not in allowed:
+        raise at.error(_unknown(f"unknown {what} {value!r}", value, allowed, "allowed"))
+    return value
+
+
+def _integer(at: _At) -> int:
+    if not isinstance(at.node, yaml.ScalarNode) or at.node.tag != _INT:
+        raise _wrong_type(at, "an integer")
+    return _scalar_value(at)
+
+
+def _number(at: _At) -> float:
+    if not isinstance(at.node, yaml.ScalarNode) or at.node.tag not in (_INT, _FLOAT):
+        raise _wrong_type(at, "a number")
+    value = float(_scalar_value(at))
+    if not math.isfinite(value):
+        raise at.error(f"expected a finite number, got {at.node.value}")
+    return value
+
+
+def _optional_number(at: _At) -> Optional[float]:
+    return None if at.is_null() else _number(at)
+
+
+def _boolean(at: _At) -> bool:
+    if not isinstance(at.node, yaml.ScalarNode) or at.node.tag != _BOOL:
+        raise _wrong_type(at, "true or false")
+    return _scalar_value(at)
+
+
+def _string_list(at: _At) -> tuple[str, ...]:
+    return tuple(_string(item) for item in _list(at))
+
+
+def _version(at: _At) -> str:
+    value = _string(at)
+    if not re.fullmatch(r"\d+(\.\d+)*", value):
+        raise at.error(f"expected a dotted version like '4.18', got {value!r}")
+    return value
+
+
+def _regex(at: _At) -> str:
+    value = _string(at)
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise at.error(f"invalid regular expression {value!r}: {exc}") from None
+    return value
+
+
+def _compose(path: Path, display: str) -> tuple[bytes, Optional[yaml.Node]]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InventoryError("no such file", display) from None
+    except IsADirectoryError:
+        raise InventoryError("is a directory, not a YAML file", display) from None
+    except OSError as exc:
+        raise InventoryError(f"cannot read: {exc.strerror}", display) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError(f"not UTF-8 text (byte {exc.start})", display) from None
+    try:
+        return data, yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "unreadable"
+        line = mark.line + 1 if mark is not None else None
+        raise InventoryError(f"YAML syntax error: {problem}", display, line) from None
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"YAML error: {exc}", display) from None
+
+
+def _document(path: Path, what: str) -> tuple[bytes, _At]:
+    """The file's bytes and its top-level mapping."""
+    display = _display_path(path)
+    data, root = _compose(path, display)
+    if root is None:
+        raise InventoryError(f"empty file; expected {what}", display)
+    at = _At(root, _Source(display, Path(os.path.abspath(path)).parent), None)
+    if not isinstance(root, yaml.MappingNode):
+        raise at.error(f"expected {what}, got {_describe(at)}")
+    return data, at
+
+
+def _display_path(path: Path) -> str:
+    """The path relative to the working directory when it lies below it, else absolute."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
+# ---------------------------------------------------------------- profiles
+
+# Expected facts a profile may declare, each with the reader that validates it. Suites that need a
+# new fact add it here, so a typo in a profile's `expect:` block is still caught.
+EXPECT_FIELDS: dict[str, Callable[[_At], object]] = {
+    "os_ids": _string_list,  # accepted os-release IDs
+    "kernel_min": _version,  # lowest acceptable kernel release, e.g. "4.18"
+    "cpu_model": _regex,  # pattern the CPU model name must match
+}
+
+
+def known_profiles() -> list[str]:
+    """Names of the profiles shipped in inventory/profiles."""
+    return sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str, relative_to: Union[str, os.PathLike, None] = None) -> Profile:
+    """Load a SKU profile by name (inventory/profiles/<name>.yaml) or by path to a .yaml file.
+
+    relative_to is the directory a relative path starts from (a file means its directory);
+    None means the working directory.
+    """
+    path, problem = _locate_profile(str(name_or_path), relative_to)
+    if path is None:
+        raise InventoryError(problem, field="profile")
+    return _read_profile(path)[0]
+
+
+def _locate_profile(
+    value: str, relative_to: Union[str, os.PathLike, None]
+) -> tuple[Optional[Path], str]:
+    """The profile file a name or a path refers to, or None and why there is none.
+
+    Anything that looks like a file (a .yaml/.yml suffix or a slash) is a path; the rest are names.
+    """
+    if value.endswith((".yaml", ".yml")) or "/" in value or os.sep in value:
+        base = Path(relative_to) if relative_to is not None else Path.cwd()
+        if base.is_file():
+            base = base.parent
+        path = Path(os.path.normpath(base / Path(value).expanduser()))
+        if path.is_file():
+            return path, ""
+        return None, f"no such profile file {str(path)!r}"
+    known = known_profiles()
+    if value in known:
+        return PROFILES_DIR / f"{value}.yaml", ""
+    return None, _unknown(f"unknown profile {value!r}", value, known, "known")
+
+
+_RawReference = dict[str, _Setting]
+
+
+def _read_profile(path: Path) -> tuple[Profile, dict[str, _RawReference]]:
+    """The profile, plus each reference's fields and lines, for merging inventory overrides."""
+    _, root = _document(path, "a profile mapping")
+    fields = _fields(root, PROFILE_KEYS, required=("profile", "description", "mandatory"))
+    name = _name(fields["profile"], "profile name")
+    if name != path.stem:
+        raise fields["profile"].error(
+            f"profile name {name!r} does not match its file name {path.name!r}"
+        )
+    mandatory: list[str] = []
+    for item in _list(fields["mandatory"]):
+        check = _name(item, "check name")
+        if check in mandatory:
+            raise item.error(f"check {check!r} listed twice")
+        mandatory.append(check)
+    expect = {}
+    if "expect" in fields:
+        for key, value_at in _fields(fields["expect"], tuple(EXPECT_FIELDS)).items():
+            expect[key] = EXPECT_FIELDS[key](value_at)
+    raw: dict[str, _RawReference] = {}
+    metrics: dict[str, _At] = {}
+    if "references" in fields:
+        for metric, key_at, value_at in _read_mapping(fields["references"]):
+            _name(key_at, "metric name")
+            raw[metric] = _reference_fields(value_at)
+            metrics[metric] = value_at
+    references = {}
+    for metric, fields_of_metric in raw.items():
+        for required in REFERENCE_REQUIRED + ("source",):
+            if required not in fields_of_metric:
+                raise metrics[metric].whole_error(f"missing required key {required!r}")
+        references[metric] = _build_reference(metric, fields_of_metric, {})
+    profile = Profile(
+        name=name,
+        description=_string(fields["description"]),
+        mandatory=tuple(mandatory),
+        expect=expect,
+        references=references,
+        source_path=str(path.resolve()),
+    )
+    return profile, raw
+
+
+def _reference_fields(at: _At) -> _RawReference:
+    readers = {
+        "check": lambda value: _name(value, "check name"),
+        "value": _number,
+        "lower": _optional_number,
+        "upper": _optional_number,
+        "unit": _string,
+        "source": _string,
+    }
+    return {
+        key: _Setting(readers[key](value_at), value_at)
+        for key, value_at in _fields(at, REFERENCE_KEYS).items()
+    }
+
+
+def _build_reference(metric: str, merged: _RawReference, override: _RawReference) -> Reference:
+    """A Reference with its band checked; a bad band is blamed on the override if it made it so."""
+
+    def blame(key: str) -> _At:
+        if key in override:
+            return override[key].at
+        return override["value"].at if "value" in override else merged[key].at
+
+    value = merged["value"].value
+    lower = merged["lower"].value if "lower" in merged else None
+    upper = merged["upper"].value if "upper" in merged else None
+    if value != 0:
+        if lower is not None and lower > 0:
+            raise blame("lower").error(
+                f"lower is a fraction of value and must be <= 0, got {lower:g}"
+            )
+        if upper is not None and upper < 0:
+            raise blame("upper").error(
+                f"upper is a fraction of value and must be >= 0, got {upper:g}"
+            )
+    elif lower is not None and upper is not None and lower > upper:
+        raise blame("lower").error(
+            f"with value 0 the bounds are absolute, and lower {lower:g} is above upper {upper:g}"
+        )
+    return Reference(
+        metric=metric,
+        check=merged["check"].value,
+        value=value,
+        unit=merged["unit"].value,
+        lower=lower,
+        upper=upper,
+        source=merged["source"].value,
+    )
+
+
+def _apply_reference_overrides(
+    at: _At, profile: Profile, raw: dict[str, _RawReference], inventory_name: str
+) -> Profile:
+    """Merge the inventory's `references:` into the profile's, field by field."""
+    references = dict(profile.references)
+    for metric, key_at, value_at in _read_mapping(at):
+        _name(key_at, "metric name")
+        override = _reference_fields(value_at)
+        if metric not in raw:
+            missing = [key for key in REFERENCE_REQUIRED if key not in override]
+            if missing:
+                raise value_at.whole_error(
+                    f"metric not in profile {profile.name!r}, so it needs "
+                    f"{', '.join(missing)} as well"
+                )
+        merged = {**raw.get(metric, {}), **override}
+        if "source" not in override:
+            # The inventory changed the band; the profile's justification no longer covers it.
+            merged["source"] = _Setting(f"inventory {inventory_name}", value_at)
+        references[metric] = _build_reference(metric, merged, override)
+    return dataclasses.replace(profile, references=references)
+
+
+# ---------------------------------------------------------------- inventories
+
+
+def _path_setting(at: _At) -> str:
+    """A local file path: `~` expanded, relative paths taken from the inventory's directory."""
+    path = Path(_string(at)).expanduser()
+    if not path.is_absolute():
+        path = at.source.directory / path
+    return os.path.normpath(path)
+
+
+def _port(at: _At) -> int:
+    port = _integer(at)
+    if not 1 <= port <= 65535:
+        raise at.error(f"port must be between 1 and 65535, got {port}")
+    return port
+
+
+def _timeout(at: _At) -> float:
+    seconds = _number(at)
+    if seconds <= 0:
+        raise at.error(f"must be a positive number of seconds, got {at.node.value}")
+    return seconds
+
+
+_JUMP_HOP = re.compile(r"(?:[^@\s,]+@)?(?:\[[0-9A-Fa-f:.]+\]|[^@\s,:\[\]]+)(?::(\d+))?")
+
+
+def _jump(at: _At) -> str:
+    """ssh -J syntax: [user@]host[:port], several hops separated by commas."""
+    value = _string(at)
+    for hop in value.split(","):
+        match = _JUMP_HOP.fullmatch(hop)
+        if not match or (match.group(1) and not 1 <= int(match.group(1)) <= 65535):
+            raise at.error(f"expected [user@]host[:port] (like ssh -J), got {value!r}")
+    return value
+
+
+_SETTING_READERS: dict[str, Callable[[_At], object]] = {
+    "user": _string,
+    "port": _port,
+    "identity_file": _path_setting,
+    "known_hosts": _path_setting,
+    "host_keys": lambda at: _choice(at, "host key policy", HOST_KEY_POLICIES),
+    "jump": _jump,
+    "connect_timeout": _timeout,
+    "python": _string,
+    "sudo": _boolean,
+}
+
+
+def _settings(fields: dict[str, _At]) -> dict[str, _Setting]:
+    """The node settings among a mapping's fields; null resets a nullable one to ssh's default."""
+    settings = {}
+    for key, at in fields.items():
+        if key not in _SETTING_READERS:
+            continue
+        if at.is_null() and key in NULLABLE_SETTINGS:
+            settings[key] = _Setting(None, at)
+        else:
+            settings[key] = _Setting(_SETTING_READERS[key](at), at)
+    return settings
+
+
+@dataclass
+class _NodeEntry:
+    name: str
+    at: _At  # the nodes[] entry it came from
+    address: Optional[str]
+    settings: dict[str, _Setting]
+
+
+def _expand(at: _At, what: str) -> list[str]:
+    """Names from a python-hostlist expression, in written order, duplicates kept for the caller."""
+    expression = _string(at)
+    try:
+        names = hostlist.expand_hostlist(expression, allow_duplicates=True)
+    except hostlist.BadHostlist as exc:
+        raise at.error(f"malformed hostlist expression {expression!r} ({exc})") from None
+    for name in names:
+        if not NAME_PATTERN.fullmatch(name):
+            raise at.error(f"invalid {what} {name!r} in {expression!r}; {NAME_RULE}")
+    return names
+
+
+def _node_entries(at: _At) -> list[_NodeEntry]:
+    entries: list[_NodeEntry] = []
+    first_line: dict[str, int] = {}
+    items = _list(at)
+    if not items:
+        raise at.error("empty; list at least one node")
+    for item in items:
+        if isinstance(item.node, yaml.MappingNode):
+            fields = _fields(item, NODE_KEYS, required=("name",))
+            new = [
+                _NodeEntry(
+                    name=_name(fields["name"], "node name"),
+                    at=item,
+                    address=_string(fields["address"]) if "address" in fields else None,
+                    settings=_settings(fields),
+                )
+            ]
+        elif isinstance(item.node, yaml.ScalarNode) and item.node.tag != _NULL:
+            new = [_NodeEntry(name, item, None, {}) for name in _expand(item, "node name")]
+        else:
+            raise _wrong_type(item, "a hostlist string or a mapping with 'name'")
+        for entry in new:
+            if entry.name in first_line:
+                first = first_line[entry.name]
+                raise item.error(f"duplicate node {entry.name!r}; already listed at line {first}")
+            first_line[entry.name] = item.line
+        entries.extend(new)
+    return entries
+
+
+@dataclass
+class _Group:
+    name: str
+    members: list[str]
+    settings: dict[str, _Setting]
+
+
+def _groups(at: _At, node_names: list[str]) -> list[_Group]:
+    position = {name: index for index, name in enumerate(node_names)}
+    groups = []
+    for name, key_at, value_at in _read_mapping(at):
+        _name(key_at, "group name")
+        fields = _fields(value_at, GROUP_KEYS, required=("nodes",))
+        members_at = fields["nodes"]
+        if isinstance(members_at.node, yaml.SequenceNode):
+            listed = [(item, n) for item in _list(members_at) for n in _expand(item, "node name")]
+        else:
+            listed = [(members_at, n) for n in _expand(members_at, "node name")]
+        if not listed:
+            raise members_at.error("empty; a group needs at least one node")
+        members: list[str] = []
+        for where, member in listed:
+            if member not in position:
+                close = difflib.get_close_matches(member, node_names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise where.error(f"unknown node {member!r}{hint}")
+            if member not in members:
+                members.append(member)
+        members.sort(key=position.__getitem__)
+        groups.append(_Group(name, members, _settings(fields)))
+    return groups
+
+
+def _resolve_settings(
+    entry: _NodeEntry, cluster: dict[str, _Setting], groups: list[_Group]
+) -> dict[str, _Setting]:
+    """cluster < group < node; two groups disagreeing on a key the node leaves open is an error."""
+    resolved = dict(cluster)
+    from_group: dict[str, tuple[_Group, _Setting]] = {}
+    for group in groups:
+        if entry.name not in group.members:
+            continue
+        for key, setting in group.settings.items():
+            if key in from_group and key not in entry.settings:
+                other, earlier = from_group[key]
+                if earlier.value != setting.value:
+                    raise setting.at.error(
+                        f"{_show(setting.value)} conflicts with {_show(earlier.value)} from group "
+                        f"{other.name!r} (line {earlier.at.line}) for node {entry.name!r}, which "
+                        f"is in both groups; set {key} on the node or make the groups agree"
+                    )
+            from_group[key] = (group, setting)
+    resolved.update({key: setting for key, (_, setting) in from_group.items()})
+    resolved.update(entry.settings)
+    return resolved
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value)
+
+
+def _ssh_settings(settings: dict[str, _Setting]) -> SshSettings:
+    """SshSettings from resolved settings, checking the local files ssh will need."""
+    ssh = SshSettings(**{key: settings[key].value for key in SSH_KEYS if key in settings})
+    if ssh.identity_file is not None:
+        _require_file(settings["identity_file"], "")
+    if ssh.known_hosts is not None and ssh.host_keys == "strict":
+        _require_file(
+            settings["known_hosts"],
+            " (host_keys is strict; collect the keys first, or use host_keys: accept-new)",
+        )
+    return ssh
+
+
+def _require_file(setting: _Setting, why: str) -> None:
+    path = Path(setting.value)
+    if not path.exists():
+        raise setting.at.error(f"no such file {str(path)!r}{why}")
+    if not path.is_file():
+        raise setting.at.error(f"not a regular file {str(path)!r}{why}")
+
+
+def _scratch(at: _At) -> tuple[ScratchPath, ...]:
+    paths: list[ScratchPath] = []
+    first_line: dict[str, int] = {}
+    for item in _list(at):
+        if isinstance(item.node, yaml.MappingNode):
+            fields = _fields(item, SCRATCH_KEYS, required=("path",))
+            path_at = fields["path"]
+            kind = _choice(fields["kind"], "kind", SCRATCH_KINDS) if "kind" in fields else "local"
+            destructive = _boolean(fields["destructive"]) if "destructive" in fields else False
+        elif isinstance(item.node, yaml.ScalarNode) and item.node.tag != _NULL:
+            path_at, kind, destructive = item, "local", False
+        else:
+            raise _wrong_type(item, "a path or a mapping with 'path'")
+        path = _string(path_at)
+        if not path.startswith("/"):
+            raise path_at.error(f"scratch paths must be absolute, got {path!r}")
+        path = posixpath.normpath(path)
+        if path == "/" or path.startswith("//"):
+            raise path_at.error(f"{path!r} is not a scratch directory")
+        if path in first_line:
+            first = first_line[path]
+            raise path_at.error(f"duplicate scratch path {path!r}; first at line {first}")
+        first_line[path] = path_at.line
+        paths.append(ScratchPath(path=path, kind=kind, destructive=destructive))
+    return tuple(paths)
+
+
+def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
+    """Read and fully validate an inventory file, with its profile and reference overrides."""
+    path = Path(path)
+    data, root = _document(path, "an inventory mapping")
+    fields = _fields(root, TOP_LEVEL_KEYS, required=("cluster", "profile", "nodes"))
+
+    name = _name(fields["cluster"], "cluster name")
+    transport = (
+        _choice(fields["transport"], "transport", TRANSPORTS) if "transport" in fields else "ssh"
+    )
+    profile_at = fields["profile"]
+    profile_path, problem = _locate_profile(_string(profile_at), root.source.directory)
+    if profile_path is None:
+        raise profile_at.error(problem)
+    profile, raw_references = _read_profile(profile_path)
+    if "references" in fields:
+        profile = _apply_reference_overrides(
+            fields["references"], profile, raw_references, path.name
+        )
+
+    cluster_fields = {key: fields[key] for key in ("python", "sudo") if key in fields}
+    if "ssh" in fields:
+        # Checked for typos even with transport local, where it is then ignored.
+        cluster_fields.update(_fields(fields["ssh"], SSH_KEYS))
+    cluster_settings = _settings(cluster_fields)
+
+    entries = _node_entries(fields["nodes"])
+    if transport == "local" and len(entries) != 1:
+        raise fields["nodes"].error(
+            f"transport 'local' means this machine, so exactly one node; got {len(entries)}"
+        )
+    node_names = [entry.name for entry in entries]
+    groups = _groups(fields["groups"], node_names) if "groups" in fields else []
+
+    nodes = []
+    for entry in entries:
+        settings = _resolve_settings(entry, cluster_settings, groups)
+        ssh = SshSettings() if transport == "local" else _ssh_settings(settings)
+        nodes.append(
+            Node(
+                name=entry.name,
+                address=entry.address or entry.name,
+                transport=transport,
+                ssh=ssh,
+                python=settings["python"].value if "python" in settings else "python3",
+                sudo=settings["sudo"].value if "sudo" in settings else False,
+                groups=tuple(sorted(g.name for g in groups if entry.name in g.members)),
+            )
+        )
+
+    return Cluster(
+        name=name,
+        profile=profile,
+        transport=transport,
+        nodes=tuple(nodes),
+        groups={group.name: tuple(group.members) for group in groups},
+        scratch=_scratch(fields["scratch"]) if "scratch" in fields else (),
+        source_path=os.path.abspath(path),
+        digest=hashlib.sha256(data).hexdigest(),
+    )
