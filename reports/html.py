@@ -1,0 +1,829 @@
+"""Render results.json (schema handover.results/1) into one self-contained HTML report.
+
+The report is signed and attached to contracts, so it loads nothing from anywhere, prints
+well, and renders the same bytes for the same results (no "generated at" timestamp). Every
+string in the results is untrusted: the Jinja environment autoescapes everything, and this
+module only hands the template plain values and numbers, never markup.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable, Optional, Union
+
+import hostlist
+import pandas as pd
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+TEMPLATE_DIR = Path(__file__).parent / "templates"
+TEMPLATE = "report.html.j2"
+
+AREA_ORDER = ("system", "hardware", "network", "storage", "hpc", "training")
+# Worst first: a matrix cell holding several results shows the worst of them.
+OUTCOME_RANK = {"error": 4, "failed": 3, "skipped": 2, "passed": 1}
+FAILED_OUTCOMES = ("failed", "error")
+SYMBOLS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–", "missing": "?"}
+VERDICT_CLASSES = {"CERTIFIED": "certified", "NOT CERTIFIED": "not-certified",
+                   "INCOMPLETE": "incomplete"}
+CLUSTER_ROW = "cluster"
+TOOLTIP_CHARS = 400
+BANNER_REASONS = 12
+OUTLIER_FRACTION = 0.10  # a node this far on the wrong side of the median is called out
+SIGNATURE_NAMESPACE = "handover"
+
+_SHELL_SAFE = re.compile(r"[A-Za-z0-9@._+/=:-]+")
+_CONTROL_CHARS = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+_environment = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True,
+                           undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                           keep_trailing_newline=True)
+
+
+def render_html(results: dict) -> str:
+    """One complete HTML document for a results dict; pure, so the same input gives the same bytes."""
+    return _environment.get_template(TEMPLATE).render(report=build_view(results))
+
+
+def write_html(results: dict, path: Union[str, Path]) -> Path:
+    """Write the report as UTF-8 bytes exactly as rendered, so the signature covers what is read."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(render_html(results).encode("utf-8"))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+
+
+def text(value) -> str:
+    """A printable string: ANSI colour codes and control characters from tool output removed."""
+    if value is None:
+        return ""
+    return _CONTROL_CHARS.sub("", str(value))
+
+
+def format_number(value) -> str:
+    """Three significant digits; whole numbers (counts, exact sizes) are kept exact below 10^6."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return text(value)
+    number = float(value)
+    if not math.isfinite(number):
+        return str(number)
+    if number == int(number) and abs(number) < 1e6:
+        return f"{int(number):,}"
+    magnitude = math.floor(math.log10(abs(number)))
+    if magnitude >= 6 or magnitude < -3:
+        return f"{number:.3g}"
+    decimals = 2 - magnitude
+    return f"{round(number, decimals):,.{max(decimals, 0)}f}"
+
+
+def format_margin(margin) -> str:
+    """A margin (fraction of the reference value) as a signed percentage."""
+    if margin is None or not isinstance(margin, (int, float)):
+        return "—"
+    percent = format_number(abs(margin) * 100)
+    return f"{'-' if margin < 0 else '+'}{percent}%"
+
+
+def format_duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 60:
+        return f"{format_number(seconds)} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _parse_time(value) -> Optional[datetime]:
+    try:
+        return datetime.fromisoformat(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _compress(names: Iterable[str]) -> str:
+    """node1,node2,node3 -> node[1-3]; falls back to a plain list for names hostlist rejects."""
+    names = list(names)
+    try:
+        return hostlist.collect_hostlist(names)
+    except Exception:  # hostlist raises its own BadHostlist and ValueError on odd names
+        return ", ".join(names)
+
+
+def _tooltip(lines: list[str]) -> str:
+    joined = "\n".join(lines)
+    return joined if len(joined) <= TOOLTIP_CHARS else joined[: TOOLTIP_CHARS - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------------
+# View model: what the template shows, already ordered, formatted and counted.
+
+
+@dataclass
+class Cell:
+    state: str  # passed | failed | error | skipped | missing | blank (not applicable)
+    symbol: str = ""
+    tooltip: str = ""
+    anchor: str = ""
+
+
+@dataclass
+class MatrixRow:
+    label: str
+    is_cluster: bool
+    status: str
+    cells: list[Cell]
+
+
+@dataclass
+class Column:
+    check: str
+    area: str
+    failed: int = 0
+
+
+@dataclass
+class Matrix:
+    areas: list[tuple[str, int]]  # (area, number of columns), in column order
+    columns: list[Column]
+    rows: list[MatrixRow]
+
+
+@dataclass
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    state: str  # ok | fail | none
+    tooltip: str
+
+
+@dataclass
+class Chart:
+    width: int
+    height: int
+    plot_left: int
+    plot_right: int
+    plot_top: int
+    plot_bottom: int
+    bars: list[Bar]
+    band: Optional[tuple[float, float]]  # (y top, y bottom) of the accepted band
+    reference_y: Optional[float]
+    ticks: list[tuple[float, str]]
+    labels: list[tuple[float, str]]  # node names under the bars, every n-th when crowded
+    caption: str  # the prefix cut from crowded labels (gpu-h100-01 -> 01), if any
+    title: str
+
+
+@dataclass
+class MetricRow:
+    name: str
+    node: str
+    is_cluster: bool
+    value: str
+    criterion: str
+    margin: str
+    source: str
+    ok: Optional[bool]
+    anchor: str
+
+
+@dataclass
+class MetricView:
+    key: str
+    check: str
+    name: str
+    unit: str
+    rows: list[MetricRow]
+    count: int
+    failed: int
+    low: str
+    median: str
+    high: str
+    criterion: str
+    sources: list[str]
+    outliers: list[str]
+    chart: Optional[Chart]
+
+
+@dataclass
+class Failure:
+    anchor: str
+    where: str
+    is_cluster: bool
+    check: str
+    area: str
+    outcome: str
+    kind: str
+    message: str
+    log_excerpt: str
+    test_id: str
+    duration: str
+    finished: str
+    raw: list[str]
+    metrics: list[MetricRow]
+
+
+@dataclass
+class Skip:
+    anchor: str
+    where: str
+    check: str
+    kind: str
+    message: str
+
+
+@dataclass
+class Count:
+    label: str
+    value: int
+    state: str
+
+
+@dataclass
+class View:
+    title: str
+    cluster: str
+    profile: str
+    profile_description: str
+    run_id: str
+    verdict: str
+    verdict_class: str
+    banner_reasons: list[str]
+    reasons: list[str]
+    interrupted: bool
+    node_counts: list[Count]
+    check_counts: list[Count]
+    matrix: Matrix
+    symbols: dict
+    attention_nodes: list[dict]
+    metrics: list[MetricView]
+    failures: list[Failure]
+    skips: list[Skip]
+    provenance: dict
+    tools: list[dict]
+    signer: Optional[dict]
+    schema: str = ""
+
+
+def build_view(results: dict) -> View:
+    """Order, count and format the results for the template (no markup is produced here)."""
+    run = results.get("run") or {}
+    verdict = results.get("verdict") or {}
+    checks = list(results.get("checks") or [])
+    node_entries = list(results.get("nodes") or [])
+    layout = _layout(run, node_entries, checks)
+    status_of = {text(n.get("name")): text(n.get("status")) for n in node_entries}
+
+    status = text(verdict.get("status")) or "INCOMPLETE"
+    reasons = [text(r) for r in verdict.get("reasons") or []]
+    cluster = text(run.get("cluster")) or "unnamed cluster"
+    return View(
+        title=f"{cluster}: {status} — handover report {text(run.get('run_id'))}",
+        cluster=cluster,
+        profile=text(run.get("profile")),
+        profile_description=text(run.get("profile_description")),
+        run_id=text(run.get("run_id")),
+        verdict=status,
+        verdict_class=VERDICT_CLASSES.get(status, "unknown"),
+        banner_reasons=reasons[:BANNER_REASONS],
+        reasons=reasons,
+        interrupted=bool(run.get("interrupted")),
+        node_counts=_node_counts(node_entries),
+        check_counts=_check_counts(checks),
+        matrix=_matrix(checks, layout, status_of),
+        symbols=SYMBOLS,
+        attention_nodes=[{"name": text(n.get("name")), "status": text(n.get("status")),
+                          "reasons": [text(r) for r in n.get("reasons") or []]}
+                         for n in node_entries if n.get("status") != "passed"],
+        metrics=_metrics(checks, layout),
+        failures=_failures(checks, layout),
+        skips=_skips(checks, layout),
+        provenance=_provenance(run),
+        tools=_tools(run.get("tools") or []),
+        signer=_signer(results.get("signer")),
+        schema=text(results.get("schema")),
+    )
+
+
+@dataclass
+class Layout:
+    """Where each check sits: matrix rows (nodes, then the cluster row) and columns (checks)."""
+
+    nodes: list[str]  # node rows in run order; the cluster row, if any, is at len(nodes)
+    row_of: dict[str, int]
+    frame: pd.DataFrame  # one line per check entry: index, row, check, area, outcome, rank
+    columns: list[Column]
+    position: dict[str, int]  # check name -> column number
+
+    @property
+    def cluster_row(self) -> int:
+        return len(self.nodes)
+
+    def row(self, check: dict) -> int:
+        node = check.get("node")
+        return self.cluster_row if node is None else self.row_of[text(node)]
+
+    def label(self, row: int) -> str:
+        return CLUSTER_ROW if row == self.cluster_row else self.nodes[row]
+
+    def order(self, index: int, check: dict) -> tuple:
+        """Reading order for per-check sections: node rows as in the matrix, then its columns."""
+        position = self.position.get(text(check.get("check")) or "unnamed", 0)
+        return (self.row(check), position, index)
+
+
+def _layout(run: dict, node_entries: list[dict], checks: list[dict]) -> Layout:
+    """Rows: the selected nodes in run order, then any node only seen in the results."""
+    named = [*(run.get("nodes") or []), *(n.get("name") for n in node_entries),
+             *(c.get("node") for c in checks)]
+    nodes = list(dict.fromkeys(text(name) for name in named if name is not None))
+    row_of = {name: row for row, name in enumerate(nodes)}
+    records = []
+    for index, check in enumerate(checks):
+        outcome = _outcome(check)
+        node = check.get("node")
+        records.append({"index": index, "row": len(nodes) if node is None else row_of[text(node)],
+                        "check": text(check.get("check")) or "unnamed",
+                        "area": text(check.get("area")) or "other",
+                        "outcome": outcome, "rank": OUTCOME_RANK[outcome]})
+    frame = pd.DataFrame.from_records(
+        records, columns=["index", "row", "check", "area", "outcome", "rank"])
+    columns = _column_order(frame)
+    return Layout(nodes=nodes, row_of=row_of, frame=frame, columns=columns,
+                  position={column.check: number for number, column in enumerate(columns)})
+
+
+def _column_order(frame: pd.DataFrame) -> list[Column]:
+    """Checks grouped by area (known areas in pipeline order), each group in first-seen order."""
+    if frame.empty:
+        return []
+    firsts = frame.groupby("check", sort=False).agg(area=("area", "first"), index=("index", "min"))
+    known = {area: position for position, area in enumerate(AREA_ORDER)}
+    area_first = firsts.groupby("area", sort=False)["index"].min()
+    ordered = sorted(firsts.itertuples(),
+                     key=lambda c: (known.get(c.area, len(known)), area_first[c.area], c.index))
+    return [Column(check=c.Index, area=c.area) for c in ordered]
+
+
+def _where(check: dict) -> str:
+    return CLUSTER_ROW if check.get("node") is None else text(check.get("node"))
+
+
+def _outcome(check: dict) -> str:
+    """The check's outcome; anything unrecognised counts as an error, so it cannot pass unseen."""
+    outcome = text(check.get("outcome"))
+    return outcome if outcome in OUTCOME_RANK else "error"
+
+
+def _anchor(check_index: int, outcome: str) -> str:
+    if outcome in FAILED_OUTCOMES:
+        return f"fail-{check_index}"
+    if outcome == "skipped":
+        return f"skip-{check_index}"
+    return ""
+
+
+def _first_line(value) -> str:
+    lines = text(value).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str]) -> Matrix:
+    frame, columns = layout.frame, layout.columns
+    has_cluster_row = bool((frame["row"] == layout.cluster_row).any())
+    row_count = len(layout.nodes) + (1 if has_cluster_row else 0)
+    # Worst outcome per (row, check); ties go to the earliest entry so the anchor is stable.
+    worst = (frame.sort_values(["rank", "index"], ascending=[False, True])
+             .groupby(["row", "check"], sort=False).first())
+    members = frame.groupby(["row", "check"], sort=False)["index"].agg(list)
+    per_node_checks = set(frame.loc[frame["row"] < layout.cluster_row, "check"])
+    cluster_checks = set(frame.loc[frame["row"] == layout.cluster_row, "check"])
+
+    for column in columns:
+        column.failed = 0
+    matrix_rows = []
+    for row in range(row_count):
+        label = layout.label(row)
+        is_cluster = row == layout.cluster_row
+        cells = []
+        for column in columns:
+            key = (row, column.check)
+            if key in worst.index:
+                outcome = worst.at[key, "outcome"]
+                tooltip = _tooltip([_cell_line(checks[i], label) for i in members[key]])
+                cells.append(Cell(outcome, SYMBOLS[outcome], tooltip,
+                                  _anchor(int(worst.at[key, "index"]), outcome)))
+                if outcome in FAILED_OUTCOMES:
+                    column.failed += 1
+            elif column.check in (cluster_checks if is_cluster else per_node_checks):
+                cells.append(Cell("missing", SYMBOLS["missing"],
+                                  f"{label} · {column.check}: no result"))
+            else:
+                cells.append(Cell("blank"))
+        status = _cluster_status(frame, row) if is_cluster else status_of.get(label, "")
+        matrix_rows.append(MatrixRow(label, is_cluster, status, cells))
+
+    areas: list[tuple[str, int]] = []
+    for column in columns:
+        if areas and areas[-1][0] == column.area:
+            areas[-1] = (column.area, areas[-1][1] + 1)
+        else:
+            areas.append((column.area, 1))
+    return Matrix(areas=areas, columns=columns, rows=matrix_rows)
+
+
+def _cell_line(check: dict, label: str) -> str:
+    kind = f" ({text(check.get('kind'))})" if check.get("kind") else ""
+    message = _first_line(check.get("message"))
+    line = f"{label} · {text(check.get('check'))}: {_outcome(check)}{kind}"
+    return f"{line} — {message}" if message else line
+
+
+def _cluster_status(frame: pd.DataFrame, cluster_row: int) -> str:
+    outcomes = set(frame.loc[frame["row"] == cluster_row, "outcome"])
+    if outcomes & set(FAILED_OUTCOMES):
+        return "failed"
+    return "incomplete" if "skipped" in outcomes else "passed"
+
+
+def _node_counts(node_entries: list[dict]) -> list[Count]:
+    statuses = [text(n.get("status")) for n in node_entries]
+    counts = [Count("nodes", len(statuses), "total"),
+              Count("passed", statuses.count("passed"), "passed"),
+              Count("failed", statuses.count("failed"), "failed")]
+    if statuses.count("incomplete"):
+        counts.append(Count("incomplete", statuses.count("incomplete"), "skipped"))
+    counts.append(Count("untested", statuses.count("untested"), "missing"))
+    return counts
+
+
+def _check_counts(checks: list[dict]) -> list[Count]:
+    outcomes = [_outcome(c) for c in checks]
+    counts = [Count("checks", len(outcomes), "total"),
+              Count("passed", outcomes.count("passed"), "passed"),
+              Count("failed", outcomes.count("failed"), "failed")]
+    if outcomes.count("error"):
+        counts.append(Count("errors", outcomes.count("error"), "error"))
+    counts.append(Count("skipped", outcomes.count("skipped"), "skipped"))
+    return counts
+
+
+def _failures(checks: list[dict], layout: Layout) -> list[Failure]:
+    failed = [(i, c) for i, c in enumerate(checks) if _outcome(c) in FAILED_OUTCOMES]
+    failures = []
+    for index, check in sorted(failed, key=lambda pair: layout.order(*pair)):
+        metrics = [_metric_row(check, metric, "") for metric in check.get("metrics") or []]
+        failures.append(Failure(
+            anchor=f"fail-{index}",
+            where=_where(check),
+            is_cluster=check.get("node") is None,
+            check=text(check.get("check")),
+            area=text(check.get("area")),
+            outcome=_outcome(check),
+            kind=text(check.get("kind")),
+            message=text(check.get("message")).strip(),
+            log_excerpt=text(check.get("log_excerpt")).rstrip(),
+            test_id=text(check.get("test_id")),
+            duration=format_duration(check.get("duration_s")),
+            finished=text(check.get("finished")),
+            raw=[text(r) for r in check.get("raw") or []],
+            metrics=[m for m in metrics if m.ok is False] or metrics,
+        ))
+    return failures
+
+
+def _skips(checks: list[dict], layout: Layout) -> list[Skip]:
+    skipped = [(i, c) for i, c in enumerate(checks) if _outcome(c) == "skipped"]
+    return [Skip(anchor=f"skip-{index}", where=_where(check), check=text(check.get("check")),
+                 kind=text(check.get("kind")), message=text(check.get("message")).strip())
+            for index, check in sorted(skipped, key=lambda pair: layout.order(*pair))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def reference_bounds(reference: Optional[dict]) -> tuple[Optional[float], Optional[float]]:
+    """The accepted band's absolute bounds: lower/upper are fractions of value, or absolute at 0."""
+    if not reference:
+        return None, None
+    value = _number(reference.get("value"))
+    if value is None:
+        return None, None
+    lower, upper = _number(reference.get("lower")), _number(reference.get("upper"))
+    low = None if lower is None else (lower if value == 0 else value * (1 + lower))
+    high = None if upper is None else (upper if value == 0 else value * (1 + upper))
+    return low, high
+
+
+
+def _ok(value) -> Optional[bool]:
+    """A metric's verdict as True, False or None (no reference), whatever container held it."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return bool(value)
+
+
+def _metric_row(check: dict, metric: dict, anchor: str) -> MetricRow:
+    reference = metric.get("reference") or {}
+    measured = _with_unit(_number(metric.get("value")), text(metric.get("unit")))
+    return MetricRow(
+        name=text(metric.get("name")),
+        node=_where(check),
+        is_cluster=check.get("node") is None,
+        value=measured,
+        criterion=text(metric.get("criterion")) or ("no reference" if not reference else "—"),
+        margin=format_margin(_number(metric.get("margin"))),
+        source=text(reference.get("source")) or "—",
+        ok=_ok(metric.get("ok")),
+        anchor=anchor,
+    )
+
+
+def _metrics_frame(checks: list[dict], layout: Layout) -> pd.DataFrame:
+    """One line per measured metric, with the band's absolute bounds for charts and outliers."""
+    records = []
+    for index, check in enumerate(checks):
+        for position, metric in enumerate(check.get("metrics") or []):
+            reference = metric.get("reference") or {}
+            low, high = reference_bounds(reference)
+            records.append({
+                "check": text(check.get("check")) or "unnamed", "name": text(metric.get("name")),
+                "unit": text(metric.get("unit")), "reference_unit": text(reference.get("unit")),
+                "row": layout.row(check), "index": index, "position": position,
+                "value": _number(metric.get("value")), "margin": _number(metric.get("margin")),
+                "ok": _ok(metric.get("ok")), "low": low, "high": high,
+                "reference": _number(reference.get("value")),
+            })
+    columns = ["check", "name", "unit", "reference_unit", "row", "index", "position", "value",
+               "margin", "ok", "low", "high", "reference"]
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+def _metrics(checks: list[dict], layout: Layout) -> list[MetricView]:
+    """One view per (check, metric), in matrix column order."""
+    frame = _metrics_frame(checks, layout)
+    if frame.empty:
+        return []
+    groups = sorted(frame.groupby(["check", "name"], sort=False),
+                    key=lambda item: (layout.position.get(item[0][0], 0), item[1]["index"].min()))
+    return [_metric_view(f"metric-{number}", check_name, metric_name, group, checks, layout)
+            for number, ((check_name, metric_name), group) in enumerate(groups)]
+
+
+def _worst_first(entry: dict) -> tuple:
+    """Sort key: smallest margin first, failures before unjudged values, then matrix order."""
+    margin = entry["margin"]
+    known = margin is not None and not math.isnan(margin)
+    return (not known, margin if known else 0.0, _ok(entry["ok"]) is not False, entry["row"],
+            entry["index"])
+
+
+def _metric_view(key: str, check_name: str, metric_name: str, group: pd.DataFrame,
+                 checks: list[dict], layout: Layout) -> MetricView:
+    """The table worst margin first, min/median/max, outliers and a bar chart for one metric."""
+    table = []
+    for entry in sorted(group.to_dict("records"), key=_worst_first):
+        check = checks[entry["index"]]
+        metric = check["metrics"][entry["position"]]
+        anchor = f"fail-{entry['index']}" if _outcome(check) in FAILED_OUTCOMES else ""
+        table.append(_metric_row(check, metric, anchor))
+
+    values = group["value"].dropna()
+    unit = next((u for u in group["unit"] if u), "")
+    criterion = next((r.criterion for r in table if r.criterion not in ("—", "no reference")), "")
+    return MetricView(
+        key=key,
+        check=check_name,
+        name=metric_name,
+        unit=unit,
+        rows=table,
+        count=len(group),
+        failed=sum(1 for row in table if row.ok is False),
+        low=_with_unit(values.min() if len(values) else None, unit),
+        median=_with_unit(values.median() if len(values) else None, unit),
+        high=_with_unit(values.max() if len(values) else None, unit),
+        criterion=criterion,
+        sources=list(dict.fromkeys(r.source for r in table if r.source != "—")),
+        outliers=_outliers(group, layout, unit),
+        chart=_chart(group, layout, f"{check_name} · {metric_name}", unit) if len(values) else None,
+    )
+
+
+def _with_unit(value: Optional[float], unit: str) -> str:
+    return "—" if value is None else f"{format_number(float(value))} {unit}".strip()
+
+
+def _bad_sides(group: pd.DataFrame) -> tuple[bool, bool]:
+    """Which side of the median is the bad one: a floor means low is bad, a ceiling high is bad."""
+    has_low = group["low"].notna().any()
+    has_high = group["high"].notna().any()
+    if has_low and not has_high:
+        return True, False
+    if has_high and not has_low:
+        return False, True
+    return True, True
+
+
+def _outliers(group: pd.DataFrame, layout: Layout, unit: str) -> list[str]:
+    """Nodes more than OUTLIER_FRACTION from the median on the bad side, worst first."""
+    measured = group.dropna(subset=["value"])
+    if len(measured) < 3:
+        return []
+    median = statistics.median(measured["value"])
+    if median == 0:
+        return []
+    low_bad, high_bad = _bad_sides(group)
+    found = []
+    for entry in measured.to_dict("records"):
+        deviation = (entry["value"] - median) / abs(median)
+        if (low_bad and deviation < -OUTLIER_FRACTION) or (high_bad and deviation > OUTLIER_FRACTION):
+            found.append((-abs(deviation), entry["row"], entry["value"], deviation))
+    return [f"{layout.label(row)}: {_with_unit(value, unit)} ({format_margin(deviation)} vs median)"
+            for _, row, value, deviation in sorted(found)]
+
+
+CHART_WIDTH, CHART_HEIGHT = 640, 168
+PLOT_LEFT, PLOT_RIGHT, PLOT_TOP, PLOT_BOTTOM = 58, 630, 10, 128
+MAX_BAR_WIDTH = 40
+LABEL_CHAR_PX = 6.0
+LABEL_CHARS = 14
+
+
+def _nice_ticks(low: float, high: float, count: int = 4) -> list[float]:
+    """Round tick values (1, 2, 5 x 10^k steps) spanning low..high."""
+    raw_step = (high - low) / count
+    power = 10 ** math.floor(math.log10(raw_step))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw_step)
+    ticks = []
+    value = math.ceil(low / step) * step
+    while value <= high + step * 1e-9:
+        ticks.append(round(value, 12))
+        value += step
+    return ticks
+
+
+def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str) -> Chart:
+    """Bars per node in node order on a zero-based axis, with the accepted band shaded.
+
+    Zero-based so bar lengths stay honest; the band and the reference are drawn only when
+    they are in the metric's own unit.
+    """
+    measured = group.dropna(subset=["value"]).sort_values(["row", "index"]).to_dict("records")
+    values = [entry["value"] for entry in measured]
+    same_unit = all(not e["reference_unit"] or e["reference_unit"] == unit for e in measured)
+    lows = [e["low"] for e in measured if _present(e["low"])] if same_unit else []
+    highs = [e["high"] for e in measured if _present(e["high"])] if same_unit else []
+    low, high = (min(lows) if lows else None), (max(highs) if highs else None)
+    references = {e["reference"] for e in measured if _present(e["reference"])} if same_unit else set()
+    reference = references.pop() if len(references) == 1 else None
+    marks = [m for m in (low, high, reference) if m is not None]
+
+    axis_low, axis_high = min([0.0, *values, *marks]), max([0.0, *values, *marks])
+    if axis_high == axis_low:
+        axis_high = axis_low + 1.0
+    axis_high += (axis_high - axis_low) * 0.06
+    ticks = _nice_ticks(axis_low, axis_high)
+    axis_low, axis_high = min(axis_low, ticks[0]), max(axis_high, ticks[-1])
+
+    def y_of(value: float) -> float:
+        fraction = (value - axis_low) / (axis_high - axis_low)
+        return round(PLOT_BOTTOM - fraction * (PLOT_BOTTOM - PLOT_TOP), 2)
+
+    slot = (PLOT_RIGHT - PLOT_LEFT) / len(values)
+    gap = max(slot - MAX_BAR_WIDTH, slot * 0.2) if slot >= 4 else 0.0
+    zero = y_of(0.0)
+    nodes = [layout.label(entry["row"]) for entry in measured]
+    bars = []
+    for position, (node, entry) in enumerate(zip(nodes, measured)):
+        top = y_of(entry["value"])
+        state = {True: "ok", False: "fail"}.get(_ok(entry["ok"]), "none")
+        bars.append(Bar(x=round(PLOT_LEFT + position * slot + gap / 2, 2), y=min(top, zero),
+                        width=round(max(slot - gap, 0.5), 2), height=round(abs(zero - top), 2),
+                        state=state, tooltip=f"{node}: {_with_unit(entry['value'], unit)}"))
+    prefix, names = "", nodes
+    if _label_step(names, slot) > 1:
+        prefix, names = _short_names(nodes)
+    step = _label_step(names, slot)
+    labels = [(round(PLOT_LEFT + (position + 0.5) * slot, 2),
+               name if len(name) <= LABEL_CHARS else name[:LABEL_CHARS - 1] + "…")
+              for position, name in enumerate(names) if position % step == 0]
+
+    band = None
+    if low is not None or high is not None:
+        band = (y_of(high) if high is not None else PLOT_TOP,
+                y_of(low) if low is not None else PLOT_BOTTOM)
+    return Chart(width=CHART_WIDTH, height=CHART_HEIGHT, plot_left=PLOT_LEFT,
+                 plot_right=PLOT_RIGHT, plot_top=PLOT_TOP, plot_bottom=PLOT_BOTTOM, bars=bars,
+                 band=band, reference_y=None if reference is None else y_of(reference),
+                 ticks=[(y_of(t), format_number(t)) for t in ticks], labels=labels,
+                 caption=f"{prefix}…" if prefix else "",
+                 title=f"{title} ({unit})" if unit else title)
+
+
+def _present(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _short_names(nodes: list[str]) -> tuple[str, list[str]]:
+    """Drop the prefix all node names share (gpu-h100-01 -> 01) so bar labels fit under bars."""
+    prefix = os.path.commonprefix(nodes) if len(set(nodes)) > 1 else ""
+    if any(len(node) == len(prefix) for node in nodes):
+        prefix = ""
+    return prefix, [node[len(prefix):] for node in nodes]
+
+
+def _label_step(names: list[str], slot: float) -> int:
+    """Label every n-th bar so that labels of about LABEL_CHAR_PX per character do not overlap."""
+    widest = min(max((len(name) for name in names), default=1), LABEL_CHARS) * LABEL_CHAR_PX + 4
+    return max(1, math.ceil(widest / slot))
+
+
+# ---------------------------------------------------------------------------------------------
+# Provenance
+
+
+def _provenance(run: dict) -> dict:
+    harness = run.get("harness") or {}
+    inventory = run.get("inventory") or {}
+    started, finished = _parse_time(run.get("started")), _parse_time(run.get("finished"))
+    duration = None
+    if started and finished:
+        try:
+            duration = format_duration((finished - started).total_seconds())
+        except TypeError:  # one timestamp naive, the other aware
+            duration = None
+    if run.get("finished"):
+        finished_text = text(run.get("finished"))
+    else:
+        finished_text = "not finished (interrupted)" if run.get("interrupted") else "not recorded"
+    nodes = [text(n) for n in run.get("nodes") or []]
+    return {
+        "harness_version": text(harness.get("version")) or "unknown",
+        "harness_commit": text(harness.get("commit")) or "not recorded",
+        "inventory_path": text(inventory.get("path")) or "not recorded",
+        "inventory_sha256": text(inventory.get("sha256")) or "not recorded",
+        "profile": text(run.get("profile")) or "not recorded",
+        "profile_description": text(run.get("profile_description")),
+        "argv": " ".join(text(a) for a in run.get("argv") or []) or "not recorded",
+        "started": text(run.get("started")) or "not recorded",
+        "finished": finished_text,
+        "duration": duration or "—",
+        "nodes": f"{len(nodes)}: {_compress(nodes)}" if nodes else "none recorded",
+    }
+
+
+def _tools(tools: list[dict]) -> list[dict]:
+    """One line per tool and version with the nodes that have it; a tool with several versions is flagged."""
+    if not tools:
+        return []
+    frame = pd.DataFrame.from_records(
+        [{"tool": text(t.get("tool")), "version": text(t.get("version")) or "unknown",
+          "node": text(t.get("node")) or CLUSTER_ROW} for t in tools],
+        columns=["tool", "version", "node"])
+    versions_per_tool = frame.groupby("tool", sort=False)["version"].nunique()
+    lines = []
+    for (tool, version), group in frame.groupby(["tool", "version"], sort=False):
+        nodes = list(dict.fromkeys(group["node"]))
+        lines.append({"tool": tool, "version": version, "count": len(nodes),
+                      "nodes": _compress(nodes), "mixed": bool(versions_per_tool[tool] > 1)})
+    return sorted(lines, key=lambda line: (line["tool"], -line["count"], line["version"]))
+
+
+def _signer(signer: Optional[dict]) -> Optional[dict]:
+    """Signer details and the exact commands to check report.html against its signature."""
+    if not signer:
+        return None
+    public_key = text(signer.get("public_key")).strip()
+    fields = public_key.split()
+    # Only plain tokens go into the shell commands, so copying them is always harmless.
+    identity = fields[2] if len(fields) > 2 and _SHELL_SAFE.fullmatch(fields[2]) else "handover"
+    key_ok = len(fields) >= 2 and all(_SHELL_SAFE.fullmatch(f) for f in fields[:2])
+    return {
+        "fingerprint": text(signer.get("fingerprint")) or "not recorded",
+        "public_key": public_key or "not recorded",
+        "identity": identity,
+        "allowed_signers": f"{identity} {fields[0]} {fields[1]}" if key_ok else "",
+        "verify": (f"ssh-keygen -Y verify -f allowed_signers -I {identity} "
+                   f"-n {SIGNATURE_NAMESPACE} -s report.html.sig < report.html"),
+    }

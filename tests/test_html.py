@@ -1,0 +1,415 @@
+"""The HTML report: what it shows, that untrusted strings stay inert, and that it stands alone."""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from typing import Optional
+
+import pytest
+
+from reports.html import format_margin, format_number, render_html, write_html
+
+SCRIPT = "<script>alert(1)</script>"
+ATTRIBUTE_BREAK = '"><img src=x onerror=alert(2)>'
+VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+             "track", "wbr"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders: results dicts shaped like handover.results/1
+
+
+def metric(name: str, value: Optional[float], floor: Optional[float] = None, unit: str = "GiB",
+           source: str = "smoke floor") -> dict:
+    """A metric judged against a floor (reference value with a zero lower tolerance), or unjudged."""
+    if floor is None:
+        return {"name": name, "value": value, "unit": unit, "reference": None, "criterion": None,
+                "margin": None, "ok": None}
+    margin = (value - floor) / floor
+    return {"name": name, "value": value, "unit": unit,
+            "reference": {"value": floor, "lower": 0.0, "upper": None, "unit": unit, "source": source},
+            "criterion": f">= {floor:g} {unit}", "margin": margin, "ok": margin >= 0}
+
+
+def check(node: Optional[str], name: str, outcome: str = "passed", *, area: str = "system",
+          kind: Optional[str] = None, message: str = "", log: str = "",
+          metrics: tuple = ()) -> dict:
+    where = node if node is not None else "cluster"
+    return {"test_id": f"suites/test_{area}.py::test_{name}[{where}]", "check": name, "area": area,
+            "node": node, "outcome": outcome, "kind": kind, "message": message,
+            "log_excerpt": log, "duration_s": 0.12, "finished": "2026-11-30T15:17:03+00:00",
+            "raw": [f"raw/{name}/{where}.stdout"], "metrics": list(metrics)}
+
+
+def results(nodes: list[str], checks: list[dict], *, status: str = "CERTIFIED",
+            reasons: Optional[list[str]] = None, node_status: Optional[dict] = None,
+            signer: bool = True, **run: object) -> dict:
+    """A complete results dict; node statuses default to what the checks imply."""
+    statuses = []
+    for name in nodes:
+        outcomes = {c["outcome"] for c in checks if c["node"] == name}
+        default = ("untested" if not outcomes else
+                   "failed" if outcomes & {"failed", "error"} else "passed")
+        state = (node_status or {}).get(name, default)
+        statuses.append({"name": name, "status": state,
+                         "reasons": [] if state == "passed" else [f"{name} is {state}"]})
+    document = {
+        "schema": "handover.results/1",
+        "run": {"run_id": "20261130T151700Z-3fa2", "cluster": "demo", "profile": "cpu-only",
+                "profile_description": "CPU-only smoke profile",
+                "inventory": {"path": "/abs/inventory/demo.yaml", "sha256": "ab" * 32},
+                "harness": {"version": "0.1.0", "commit": "abc1234"},
+                "started": "2026-11-30T15:17:00+00:00", "finished": "2026-11-30T15:19:12+00:00",
+                "interrupted": False, "argv": ["pytest", "--inventory", "inventory/demo.yaml"],
+                "nodes": list(nodes),
+                "tools": [{"node": n, "tool": "stress-ng", "version": "0.15.06"} for n in nodes]},
+        "verdict": {"status": status, "reasons": reasons if reasons is not None else ["all good"]},
+        "nodes": statuses,
+        "checks": checks,
+    }
+    if signer:
+        document["signer"] = {"fingerprint": "SHA256:abcdefghijklmnop",
+                              "public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample handover@vm"}
+    document["run"].update(run)
+    return document
+
+
+def cluster_of(node_count: int, check_names: list[str]) -> dict:
+    nodes = [f"node{i}" for i in range(1, node_count + 1)]
+    checks = [check(n, name, area=("system", "hardware", "network")[k % 3],
+                    metrics=(metric(f"{name}_value", 10.0 + i % 7, floor=8.0),))
+              for i, n in enumerate(nodes) for k, name in enumerate(check_names)]
+    return results(nodes, checks)
+
+
+# ---------------------------------------------------------------------------------------------
+# A small DOM from html.parser, strict about nesting so unbalanced output fails loudly
+
+
+@dataclass
+class Element:
+    tag: str
+    attrs: dict
+    children: list = field(default_factory=list)
+    parent: Optional["Element"] = None
+
+    def text(self) -> str:
+        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
+
+    def classes(self) -> set[str]:
+        return set((self.attrs.get("class") or "").split())
+
+    def iter(self):
+        for child in self.children:
+            if isinstance(child, Element):
+                yield child
+                yield from child.iter()
+
+    def find_all(self, tag: str, cls: Optional[str] = None) -> list["Element"]:
+        return [e for e in self.iter() if e.tag == tag and (cls is None or cls in e.classes())]
+
+    def find(self, tag: str, cls: Optional[str] = None) -> "Element":
+        found = self.find_all(tag, cls)
+        assert found, f"no <{tag} class={cls}>"
+        return found[0]
+
+    def by_id(self, element_id: str) -> "Element":
+        found = [e for e in self.iter() if e.attrs.get("id") == element_id]
+        assert len(found) == 1, f"{len(found)} elements with id {element_id!r}"
+        return found[0]
+
+
+class TreeBuilder(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.root = Element("#document", {})
+        self.current = self.root
+
+    def handle_starttag(self, tag, attrs):
+        element = Element(tag, dict(attrs), parent=self.current)
+        self.current.children.append(element)
+        if tag not in VOID_TAGS:
+            self.current = element
+
+    def handle_startendtag(self, tag, attrs):
+        self.current.children.append(Element(tag, dict(attrs), parent=self.current))
+
+    def handle_endtag(self, tag):
+        assert tag not in VOID_TAGS, f"end tag for void element <{tag}>"
+        assert self.current.tag == tag, f"</{tag}> closes <{self.current.tag}>"
+        self.current = self.current.parent
+
+    def handle_data(self, data):
+        self.current.children.append(data)
+
+
+def parse(document: str) -> Element:
+    builder = TreeBuilder()
+    builder.feed(document)
+    builder.close()
+    assert builder.current is builder.root, f"<{builder.current.tag}> never closed"
+    return builder.root
+
+
+def matrix_rows(root: Element) -> list[tuple[str, list[str]]]:
+    """(row label, cell symbols) for each matrix body row; '' for a not-applicable cell."""
+    rows = []
+    for tr in root.find("table", "matrix").find("tbody").find_all("tr"):
+        label = tr.find("th").text().strip()
+        cells = [td.text().strip() for td in tr.find_all("td") if "status" not in td.classes()]
+        rows.append((label, cells))
+    return rows
+
+
+def metric_table(root: Element, metric_name: str) -> list[list[str]]:
+    section = next(s for s in root.find_all("section", "metric")
+                   if s.find("h3").text().startswith(metric_name))
+    return [[td.text().strip() for td in tr.find_all("td")]
+            for tr in section.find("table").find("tbody").find_all("tr")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+
+
+@pytest.mark.parametrize("status, css_class", [
+    ("CERTIFIED", "verdict-certified"),
+    ("NOT CERTIFIED", "verdict-not-certified"),
+    ("INCOMPLETE", "verdict-incomplete"),
+])
+def test_verdict_banner_shows_status_reasons_and_colour_class(status, css_class):
+    document = results(["node1"], [check("node1", "memory")], status=status,
+                       reasons=[f"reason for {status}"])
+    banner = parse(render_html(document)).by_id("verdict")
+    assert css_class in banner.classes()
+    assert banner.find("div", "status").text() == status
+    assert f"reason for {status}" in banner.text()
+
+
+def test_header_names_cluster_profile_and_run():
+    header = parse(render_html(results(["node1"], [check("node1", "memory")]))).by_id("top")
+    assert "demo" in header.text()
+    assert "cpu-only" in header.text()
+    assert "20261130T151700Z-3fa2" in header.text()
+
+
+def test_matrix_has_a_row_per_node_plus_cluster_row_with_symbols():
+    nodes = ["node1", "node2", "node3", "node4"]
+    checks = [
+        *(check(n, "memory") for n in nodes),
+        check("node1", "cpu"), check("node2", "cpu", "failed", kind="sanity", message="2 cores"),
+        check("node3", "cpu", "skipped", kind="unreachable", message="ssh timed out"),
+        *(check(n, "nvme", area="storage") for n in nodes[:3]),
+        check("node4", "nvme", "error", area="storage", kind="error", message="Traceback"),
+        check(None, "uniformity", message="identical"),
+    ]
+    rows = matrix_rows(parse(render_html(results(nodes, checks, status="NOT CERTIFIED"))))
+    # Columns: system (memory, cpu, uniformity) then storage (nvme).
+    assert rows == [
+        ("node1", ["✓", "✓", "", "✓"]),
+        ("node2", ["✓", "✗", "", "✓"]),
+        ("node3", ["✓", "–", "", "✓"]),
+        ("node4", ["✓", "?", "", "!"]),
+        ("cluster", ["", "", "✓", ""]),
+    ]
+
+
+def test_matrix_columns_grouped_by_area_and_cells_carry_the_message():
+    checks = [check("node1", "nccl", area="training"), check("node1", "memory", area="system"),
+              check("node1", "hbm", area="hardware", message="HBM bandwidth 3.0 TB/s")]
+    root = parse(render_html(results(["node1"], checks)))
+    areas = [th.text() for th in root.find("table", "matrix").find("tr", "areas").find_all("th")]
+    assert areas[1:-1] == ["system", "hardware", "training"]
+    titles = [s.attrs.get("title", "") for s in root.find("table", "matrix").find_all("span", "sq")]
+    assert any("HBM bandwidth 3.0 TB/s" in title for title in titles)
+
+
+def test_failed_cell_links_to_its_details_with_the_log_excerpt():
+    log = "stress-ng: fail: [1234] memory corruption at 0x7f00\nexit status 2"
+    checks = [check("node1", "memory"),
+              check("node2", "memory", "failed", kind="sanity", message="memory corrupted", log=log)]
+    root = parse(render_html(results(["node1", "node2"], checks, status="NOT CERTIFIED")))
+    links = [a for a in root.find("table", "matrix").find_all("a", "sq-failed")]
+    assert len(links) == 1 and links[0].text() == "✗"
+    target = root.by_id(links[0].attrs["href"].lstrip("#"))
+    assert "node2" in target.find("h3").text()
+    assert "memory corrupted" in target.text()
+    assert target.find("pre", "log").text() == log
+
+
+def test_skipped_checks_are_listed_with_their_reason():
+    checks = [check("node1", "memory"),
+              check("node2", "memory", "skipped", kind="unreachable", message="no route to host")]
+    root = parse(render_html(results(["node1", "node2"], checks, status="INCOMPLETE")))
+    rows = [[td.text().strip() for td in tr.find_all("td")]
+            for tr in root.by_id("skipped").parent.find_all("tr") if tr.find_all("td")]
+    assert ["node2", "memory", "unreachable", "no route to host"] in rows
+
+
+def test_failed_and_untested_nodes_are_listed_with_reasons():
+    checks = [check("node1", "memory"), check("node2", "memory", "failed", message="too small")]
+    root = parse(render_html(results(["node1", "node2", "node3"], checks, status="NOT CERTIFIED")))
+    table = root.by_id("nodes").parent
+    text = " ".join(tr.text() for tr in table.find_all("tr"))
+    assert "node2 is failed" in text and "node3 is untested" in text
+    assert "node1 is" not in text
+
+
+def test_untrusted_strings_are_escaped_everywhere():
+    evil = SCRIPT + ATTRIBUTE_BREAK
+    checks = [
+        check(evil, evil, "failed", area=evil, kind=evil, message=evil, log=evil,
+              metrics=(metric(evil, 1.0, floor=2.0, unit=evil, source=evil),)),
+        check(evil, "disk", "skipped", kind=evil, message=evil),
+        check(None, evil, "error", message=evil, log=evil),
+    ]
+    document = results([evil], checks, status=evil, reasons=[evil], node_status={evil: evil},
+                       cluster=evil, profile=evil, profile_description=evil, run_id=evil,
+                       argv=[evil], inventory={"path": evil, "sha256": evil},
+                       harness={"version": evil, "commit": evil},
+                       started=evil, finished=evil,
+                       tools=[{"node": evil, "tool": evil, "version": evil}])
+    document["signer"] = {"fingerprint": evil, "public_key": f"ssh-ed25519 AAAA {evil}"}
+    output = render_html(document)
+    assert "<script" not in output.lower()
+    assert "<img" not in output.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img" in output
+    root = parse(output)
+    assert not root.find_all("script") and not root.find_all("img")
+    assert all(not name.startswith("on") for e in root.iter() for name in e.attrs)
+    assert [label for label, _ in matrix_rows(root)] == [evil, "cluster"]
+
+
+def test_report_loads_nothing_from_outside():
+    output = render_html(cluster_of(4, ["memory", "cpu"])).lower()
+    for pattern in (r"src\s*=\s*[\"']?\s*(https?:)?//", r"href\s*=\s*[\"']?\s*(https?:)?//",
+                    r"@import", r"url\(", r"<link", r"<script", r"<iframe", r"<object"):
+        assert not re.search(pattern, output), pattern
+
+
+def test_metric_table_lists_worst_margin_first_and_highlights_failures():
+    values = {"node1": 30.0, "node2": 3.0, "node3": 12.0, "node4": 4.1}
+    checks = [check(n, "memory", "failed" if v < 4 else "passed",
+                    metrics=(metric("memory_total", v, floor=4.0),)) for n, v in values.items()]
+    root = parse(render_html(results(list(values), checks, status="NOT CERTIFIED")))
+    rows = metric_table(root, "memory_total")
+    assert [r[0] for r in rows] == ["node2", "node4", "node3", "node1"]
+    assert [r[3] for r in rows] == ["-25%", "+2.50%", "+200%", "+650%"]
+    assert rows[0][1] == "3 GiB"
+    section = next(s for s in root.find_all("section", "metric"))
+    bad_rows = [tr for tr in section.find("tbody").find_all("tr") if "bad" in tr.classes()]
+    assert len(bad_rows) == 1 and "node2" in bad_rows[0].text()
+    assert bad_rows[0].find("a").attrs["href"].startswith("#fail-")
+
+
+def test_metric_chart_draws_band_and_marks_nodes_below_it():
+    values = {"node1": 30.0, "node2": 3.0, "node3": 12.0}
+    checks = [check(n, "memory", metrics=(metric("memory_total", v, floor=4.0),))
+              for n, v in values.items()]
+    root = parse(render_html(results(list(values), checks)))
+    svg = root.find("section", "metric").find("svg", "chart")
+    bars = svg.find_all("rect", "bar")
+    assert len(bars) == 3
+    assert [b.find("title").text() for b in bars] == ["node1: 30 GiB", "node2: 3 GiB",
+                                                      "node3: 12 GiB"]
+    assert ["bar-fail" in b.classes() for b in bars] == [False, True, False]
+    assert svg.find_all("rect", "band")
+    assert "median 12 GiB" in root.find("section", "metric").find("div", "stats").text()
+    assert "node2" in root.find("section", "metric").find("div", "outliers").text()
+
+
+def test_large_cluster_renders_quickly_and_stays_small():
+    document = cluster_of(64, [f"check{k:02d}" for k in range(12)])
+    render_html(document)
+    started = time.perf_counter()
+    output = render_html(document)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 2.0, f"{elapsed:.2f} s"
+    assert len(output.encode()) < 3_000_000
+    rows = matrix_rows(parse(output))
+    assert len(rows) == 64 and all(cells == ["✓"] * 12 for _, cells in rows)
+
+
+def test_interrupted_run_says_so():
+    document = results(["node1", "node2"], [check("node1", "memory")], status="INCOMPLETE",
+                       interrupted=True, finished=None)
+    root = parse(render_html(document))
+    assert "interrupted" in root.by_id("interrupted").text()
+    assert "not finished (interrupted)" in root.by_id("top").text()
+
+
+def test_finished_run_has_no_interrupted_notice():
+    output = render_html(results(["node1"], [check("node1", "memory")]))
+    assert 'id="interrupted"' not in output
+
+
+def test_missing_optional_fields_render():
+    document = results(["node1"], [check("node1", "memory", metrics=(metric("memory_total", 8.0),))],
+                       signer=False, harness={"version": "0.1.0", "commit": None}, finished=None)
+    root = parse(render_html(document))
+    provenance = root.by_id("provenance").parent.text()
+    assert "not signed" in provenance
+    assert "commit not recorded" in provenance
+    assert metric_table(root, "memory_total") == [["node1", "8 GiB", "no reference", "—", "—"]]
+
+
+def test_bare_results_render_as_incomplete():
+    root = parse(render_html({"schema": "handover.results/1"}))
+    assert "verdict-incomplete" in root.by_id("verdict").classes()
+
+
+def test_signer_and_verification_command_are_shown():
+    root = parse(render_html(results(["node1"], [check("node1", "memory")])))
+    provenance = root.by_id("provenance").parent.text()
+    assert "SHA256:abcdefghijklmnop" in provenance
+    assert ("ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover "
+            "-s report.html.sig < report.html") in provenance
+    assert "handover@vm ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample" in provenance
+
+
+def test_provenance_lists_inventory_harness_and_tools():
+    root = parse(render_html(results(["node1", "node2"], [check("node1", "memory")])))
+    provenance = root.by_id("provenance").parent.text()
+    for fact in ("/abs/inventory/demo.yaml", "ab" * 32, "abc1234", "0.1.0",
+                 "pytest --inventory inventory/demo.yaml", "2 min 12 s", "stress-ng", "0.15.06",
+                 "node[1-2]"):
+        assert fact in provenance, fact
+
+
+def test_document_is_well_formed_and_self_contained():
+    root = parse(render_html(cluster_of(3, ["memory", "cpu"])))
+    for tag in ("html", "head", "body", "main", "style"):
+        assert len(root.find_all(tag)) == 1, tag
+    assert [e.tag for e in root.find("head").children if isinstance(e, Element)].count("title") == 1
+    assert root.find("html").attrs.get("lang") == "en"
+
+
+def test_write_html_writes_the_rendered_bytes(tmp_path):
+    document = cluster_of(2, ["memory"])
+    path = write_html(document, tmp_path / "run" / "report.html")
+    assert path.read_bytes() == render_html(document).encode("utf-8")
+    assert render_html(document) == render_html(document)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (23.456, "23.5"), (0.12, "0.120"), (4, "4"), (4.0, "4"), (51234.5, "51,200"),
+    (2048, "2,048"), (-3.14159, "-3.14"), (999.7, "1,000"),
+    (12345678.9, "1.23e+07"), (0.000123, "0.000123"), (0.0000123, "1.23e-05"), (None, "—"),
+])
+def test_numbers_have_three_significant_digits(value, expected):
+    assert format_number(value) == expected
+
+
+@pytest.mark.parametrize("margin, expected", [(5.37, "+537%"), (-0.0512, "-5.12%"), (0, "+0%"),
+                                              (None, "—")])
+def test_margins_are_signed_percentages(margin, expected):
+    assert format_margin(margin) == expected
+
+
+def test_terminal_colour_codes_are_stripped_from_logs():
+    log = "\x1b[31mFAIL\x1b[0m: link down\x07"
+    checks = [check("node1", "ib_links", "failed", area="network", message="link down", log=log)]
+    root = parse(render_html(results(["node1"], checks, status="NOT CERTIFIED")))
+    assert root.find("pre", "log").text() == "FAIL: link down"
