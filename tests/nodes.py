@@ -1,0 +1,32 @@
+"""Helpers the transport, fan-out and end-to-end tests share."""
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+from pathlib import Path
+
+from inventory.loader import load_inventory
+from inventory.model import Cluster
+
+
+def ns_inventory(ns_cluster, path: Path, **kwargs) -> Cluster:
+    return load_inventory(ns_cluster.write_inventory(path, **kwargs))
+
+
+def unique_sleep() -> str:
+    """A command line no other test (or earlier run) shares, to look for leftovers by."""
+    return f"sleep {random.randint(300, 899)}.{random.randint(1, 10**6)}"
+
+
+def leftovers(marker: str) -> list[str]:
+    """Processes whose command line contains marker (the nodes share this PID namespace)."""
+    found = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+    return [line for line in found.splitlines() if "pgrep" not in line]
+
+
+def wait_for_no_leftovers(marker: str, within_s: float = 10) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while (found := leftovers(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found

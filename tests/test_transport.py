@@ -1,0 +1,157 @@
+"""The transports, local and ssh, against real processes and real sshd nodes.
+
+One body per behaviour, run against both backends (as pytest-testinfra tests its backends).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+import time
+
+import pytest
+
+from inventory.model import Node
+from runners import system
+from runners.transport import LocalTransport, make_transport
+from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
+
+
+@pytest.fixture(params=["local", "ssh"])
+def transport(request, tmp_path):
+    if request.param == "local":
+        node = Node("localhost", "localhost", "local", python=sys.executable)
+    else:
+        cluster = ns_inventory(request.getfixturevalue("ns_cluster"), tmp_path / "inv.yaml")
+        node = cluster.nodes[0]
+    transport = make_transport(node)
+    yield transport
+    transport.close()
+
+
+def test_local_transport_does_not_import_ssh_libraries():
+    code = ("import sys; from runners.transport import make_transport; from inventory.model import Node; "
+            "t = make_transport(Node('n', 'n', 'local')); assert t.run(['true'], timeout=5).ok; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fabric', 'paramiko', 'invoke')))")
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_argument_arrives_as_one_word(transport, tmp_path):
+    canary = tmp_path / "pwned"
+    words = ["a b", "$(touch " + str(canary) + ")", "'", '"', ";", "`id`", "*", "\\n", ""]
+    result = transport.run(["printf", "<%s>\\n", *words], timeout=10)
+    assert result.ok, result.explain()
+    assert result.stdout.splitlines() == [f"<{w}>" for w in words]
+    assert not canary.exists()
+
+
+def test_result_carries_exit_code_streams_and_duration(transport):
+    result = transport.run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    assert not result.ok and result.status == "exit-3" and not result.timed_out
+    assert 0 < result.duration_s < 10
+    assert "exited 3: err" in result.explain()
+
+
+def test_payload_ships_through_stdin_and_runs_with_the_nodes_python(transport):
+    result = system.probe(transport)
+    assert result.ok, result.explain()
+    facts = system.parse_system_facts(result.stdout)
+    assert facts.logical_cpus >= 1 and facts.memory_total_kib > 0
+    script = "import sys, json; print(json.dumps(sys.argv[1:]))"
+    echoed = transport.run_script(script, ["x y", "--z"], timeout=10)
+    assert json.loads(echoed.stdout) == ["x y", "--z"]
+
+
+def test_environment_values_are_quoted(transport):
+    result = transport.run(["sh", "-c", 'printf "%s" "$GREETING"'], timeout=10,
+                           env={"GREETING": "it's $(id) ; x"})
+    assert result.stdout == "it's $(id) ; x"
+
+
+def test_timeout_kills_the_whole_process_tree_on_the_node(transport):
+    marker = unique_sleep()
+    result = transport.run(["sh", "-c", f"{marker} & {marker} & {marker}"], timeout=2)
+    assert result.timed_out and not result.ok and result.status == "timeout"
+    assert 1.5 < result.duration_s < 10
+    assert wait_for_no_leftovers(marker) == []
+
+
+def test_kill_running_reaches_processes_that_left_the_process_group(transport):
+    """What Ctrl-C does: even a setsid'd grandchild is found by its tag and killed."""
+    marker = unique_sleep()
+    finished = []
+    worker = threading.Thread(target=lambda: finished.append(
+        transport.run(["sh", "-c", f"setsid {marker} & {marker}"], timeout=60)))
+    worker.start()
+    sleepers = lambda: [line for line in leftovers(marker) if line.split(None, 1)[1] == marker]
+    deadline = time.monotonic() + 10
+    while len(sleepers()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(sleepers()) == 2
+    transport.kill_running()
+    worker.join(20)
+    assert finished and not finished[0].ok
+    assert wait_for_no_leftovers(marker) == []
+
+
+def test_stopped_sshd_is_unreachable_not_an_exception(ns_cluster_factory, tmp_path):
+    nodes = ns_cluster_factory(2)
+    cluster = ns_inventory(nodes, tmp_path / "inv.yaml")
+    nodes.stop_sshd("node2")
+    result = make_transport(cluster.node("node2")).run(["true"], timeout=5)
+    assert result.failure == "unreachable" and result.exit_code is None
+    assert "node2 unreachable" in result.explain()
+
+
+def test_dead_link_is_unreachable_within_the_connect_timeout(ns_cluster_factory, tmp_path):
+    nodes = ns_cluster_factory(1)
+    cluster = ns_inventory(nodes, tmp_path / "inv.yaml", extra={})
+    node = dataclasses.replace(cluster.nodes[0],
+                               ssh=dataclasses.replace(cluster.nodes[0].ssh, connect_timeout=2))
+    nodes.link_down("node1")
+    started = time.monotonic()
+    result = make_transport(node).run(["true"], timeout=5)
+    assert result.failure == "unreachable"
+    assert time.monotonic() - started < 6
+
+
+def test_wrong_key_is_an_auth_failure(ns_cluster, tmp_path):
+    import subprocess
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    node = ns_inventory(ns_cluster, tmp_path / "inv.yaml").nodes[0]
+    node = dataclasses.replace(node, ssh=dataclasses.replace(node.ssh, identity_file=str(tmp_path / "other")))
+    result = make_transport(node).run(["true"], timeout=5)
+    assert result.failure == "auth", result
+
+
+def test_unknown_host_key_is_refused_by_default(ns_cluster, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    node = ns_inventory(ns_cluster, tmp_path / "inv.yaml", known_hosts=empty).nodes[0]
+    result = make_transport(node).run(["true"], timeout=5)
+    assert result.failure == "host-key", result
+    assert empty.read_text() == ""
+
+
+def test_accept_new_learns_unknown_hosts_but_refuses_changed_keys(ns_cluster, tmp_path):
+    learned = tmp_path / "known_hosts"
+    learned.write_text("")
+    cluster = ns_inventory(ns_cluster, tmp_path / "inv.yaml", known_hosts=learned, host_keys="accept-new")
+    first = cluster.nodes[0]
+    assert make_transport(first).run(["true"], timeout=5).ok
+    assert first.address in learned.read_text()
+    # node2 presenting node1's key: rewrite the learned line to claim node2's address has it
+    second = cluster.nodes[1]
+    key_line = learned.read_text().split(None, 1)[1]
+    learned.write_text(f"{second.address} {key_line}")
+    result = make_transport(second).run(["true"], timeout=5)
+    assert result.failure == "host-key", result
+
+
+def test_local_transport_reports_a_missing_program():
+    result = LocalTransport(Node("n", "n", "local")).run(["/nonexistent/tool"], timeout=5)
+    assert not result.ok and result.exit_code == 127
