@@ -97,7 +97,16 @@ class RunRecord:
     header: dict
     checks: list[dict] = field(default_factory=list)
     tools: list[dict] = field(default_factory=list)
+    selection: Optional[dict] = None  # nodes and test ids left after -k/-m/--nodes
     end: Optional[dict] = None
+
+    @property
+    def nodes(self) -> list[str]:
+        return (self.selection or self.header)["nodes"]
+
+    @property
+    def planned(self) -> list[str]:
+        return (self.selection or {}).get("tests", [])
 
     @property
     def interrupted(self) -> bool:
@@ -131,6 +140,8 @@ def read_ledger(run_dir: Path) -> RunRecord:
             latest[entry["test_id"]] = entry
         elif kind == "tool":
             record.tools.append(entry)
+        elif kind == "selection":
+            record.selection = entry
         elif kind == "end":
             record.end = entry
     record.checks = list(latest.values())

@@ -67,6 +67,21 @@ class Recorder:
                 self._printed_at[progress.step] = elapsed
                 reporter.write_line("[handover] " + progress.line())
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Narrow the run to the nodes that -k/-m left tests for, and note what is planned.
+
+        Cluster-wide checks need every node, so any of them keeps the whole --nodes selection.
+        """
+        params = [getattr(item, "callspec", None) for item in session.items]
+        per_node = {p.params["node"] for p in params if p and "node" in p.params}
+        cluster_wide = any(not (p and "node" in p.params) for p in params)
+        if not cluster_wide:
+            self.cluster_run.nodes = [n for n in self.cluster_run.nodes if n.name in per_node]
+        self.ledger.append({"type": "selection",
+                            "nodes": [n.name for n in self.cluster_run.nodes],
+                            "tests": [item.nodeid for item in session.items]})
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         outcome = yield

@@ -23,8 +23,8 @@ METRICS_CSV = "metrics.csv"
 
 def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dict, Verdict]:
     header = record.header
-    verdict = judge(header, record.checks, record.interrupted)
     profile = header.get("profile", {})
+    verdict = judge(profile, record.nodes, record.checks, record.planned, record.interrupted)
     results = {
         "schema": RESULTS_SCHEMA,
         "run": {
@@ -38,7 +38,7 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
             "finished": (record.end or {}).get("finished"),
             "interrupted": record.interrupted,
             "argv": header.get("argv", []),
-            "nodes": header.get("nodes", []),
+            "nodes": record.nodes,
             "tools": [{k: t.get(k) for k in ("node", "tool", "version")} for t in record.tools],
         },
         "verdict": {"status": verdict.status, "reasons": verdict.reasons},

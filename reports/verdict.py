@@ -29,9 +29,9 @@ class Verdict:
         return self.status == NOT_CERTIFIED or bool(self.untested_nodes)
 
 
-def judge(header: dict, checks: list[dict], interrupted: bool) -> Verdict:
-    nodes: list[str] = header.get("nodes", [])
-    profile = header.get("profile", {})
+def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str],
+          interrupted: bool) -> Verdict:
+    """profile: the run header's profile (mandatory, references); planned: collected test ids."""
     mandatory: list[str] = profile.get("mandatory", [])
     references: dict = profile.get("references", {})
 
@@ -76,6 +76,11 @@ def judge(header: dict, checks: list[dict], interrupted: bool) -> Verdict:
             if reason:
                 per_node[node]["incomplete"].append(reason)
                 incomplete.append(f"{node}: {reason}")
+
+    done_ids = {entry["test_id"] for entry in checks}
+    missing = [test_id for test_id in planned if test_id not in done_ids]
+    if missing:
+        incomplete.append(f"{len(missing)} planned check(s) have no result, e.g. {missing[0]}")
 
     untested = [n for n in nodes if not per_node[n]["seen"]]
     node_rows = []

@@ -1,0 +1,48 @@
+"""Fixtures for the harness's own tests: real sshd nodes in network namespaces (see netns.py)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from netns import NamespaceCluster, netns_available
+
+
+def _require_netns() -> None:
+    """Skip where namespaces are impossible, but fail on CI: it runs as root and must run these."""
+    available, reason = netns_available()
+    if available:
+        return
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        pytest.fail(f"CI is set but namespace nodes are unavailable: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def ns_cluster(tmp_path_factory):
+    """Four started nodes shared by the session; tests must leave them working."""
+    _require_netns()
+    with NamespaceCluster(tmp_path_factory.mktemp("ns_cluster"), 4) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def ns_cluster_factory(tmp_path):
+    """make(count, prefix="node") -> a fresh started cluster, stopped at the end of the test."""
+    _require_netns()
+    clusters: list[NamespaceCluster] = []
+
+    def make(count: int, prefix: str = "node") -> NamespaceCluster:
+        cluster = NamespaceCluster(tmp_path / f"cluster{len(clusters)}", count, prefix)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield make
+    errors = []
+    for cluster in clusters:
+        try:
+            cluster.stop()
+        except RuntimeError as error:
+            errors.append(str(error))
+    if errors:
+        pytest.fail("; ".join(errors))
