@@ -33,7 +33,7 @@ def now_iso() -> str:
 
 
 def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(4)
 
 
 def safe_name(text: str) -> str:
@@ -57,9 +57,16 @@ class Ledger:
     def create(cls, base: Path, cluster: str, header: dict) -> "Ledger":
         """Make out/<cluster>/<run-id>/, point `latest` at it, and write the run header."""
         cluster_dir = Path(base) / safe_name(cluster)
-        run_id = new_run_id()
-        run_dir = cluster_dir / run_id
-        (run_dir / RAW_DIR).mkdir(parents=True)
+        cluster_dir.mkdir(parents=True, exist_ok=True)
+        while True:  # two runs started in the same second must not share a directory
+            run_id = new_run_id()
+            run_dir = cluster_dir / run_id
+            try:
+                run_dir.mkdir()
+                break
+            except FileExistsError:
+                continue
+        (run_dir / RAW_DIR).mkdir()
         latest = cluster_dir / "latest"
         temporary = cluster_dir / f".latest-{run_id}"
         temporary.symlink_to(run_id)

@@ -59,21 +59,14 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
         if not entries:
             incomplete.append(f"mandatory check {check!r} has no result")
             continue
-        if any(e.get("node") is None for e in entries):
-            for e in entries:
-                if e["outcome"] == "skipped":
-                    incomplete.append(f"cluster: mandatory check {check!r} skipped: {_first_line(e)}")
+        cluster_wide = [e for e in entries if e.get("node") is None]
+        if cluster_wide:
+            incomplete.extend(f"cluster: {reason}" for e in cluster_wide if (reason := _not_done(e)))
             continue
-        done = {e["node"]: e for e in entries}
         for node in nodes:
-            entry = done.get(node)
-            if entry is None:
-                reason = f"mandatory check {check!r} has no result"
-            elif entry["outcome"] == "skipped":
-                reason = f"mandatory check {check!r} skipped: {_first_line(entry)}"
-            else:
-                reason = _unjudged(entry)
-            if reason:
+            reasons = [_not_done(e) for e in entries if e.get("node") == node] or \
+                [f"mandatory check {check!r} has no result"]
+            for reason in filter(None, reasons):
                 per_node[node]["incomplete"].append(reason)
                 incomplete.append(f"{node}: {reason}")
 
@@ -101,26 +94,37 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
         incomplete.insert(0, "the run was interrupted before it finished")
     if failures:
         return Verdict(NOT_CERTIFIED, failures + incomplete, node_rows, untested)
+    passed = sum(1 for entry in checks if entry["outcome"] == "passed")
+    if not passed:
+        incomplete.append("no check passed")
     if incomplete:
         return Verdict(INCOMPLETE, incomplete, node_rows, untested)
-    return Verdict(CERTIFIED, [f"all {len(checks)} checks passed on {len(nodes)} node(s)"],
-                   node_rows, untested)
+    skipped = len(checks) - passed
+    summary = (f"all {passed} checks passed on {len(nodes)} node(s)" if not skipped else
+               f"{passed} checks passed on {len(nodes)} node(s), {skipped} optional ones skipped")
+    return Verdict(CERTIFIED, [summary], node_rows, untested)
 
 
 def _first_line(entry: dict) -> str:
-    return (entry.get("message") or "").strip().splitlines()[0] if entry.get("message") else ""
+    lines = (entry.get("message") or "").strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def _unmeasured(entry: dict, references: dict) -> list[str]:
-    """References of this check that a passing entry has no value for (fail closed)."""
-    measured = {m["name"] for m in entry.get("metrics", []) if m.get("value") is not None}
+    """A passing entry's referenced metrics that have no value or lie outside their band."""
+    metrics = entry.get("metrics", [])
+    measured = {m["name"] for m in metrics if m.get("value") is not None}
     return [f"{entry['check']}: metric {name!r} has a reference but no measurement"
             for name, ref in references.items()
-            if ref.get("check") == entry["check"] and name not in measured]
+            if ref.get("check") == entry["check"] and name not in measured] + \
+        [f"{entry['check']}: metric {m['name']!r} is outside its band ({m.get('criterion')})"
+         for m in metrics if m.get("ok") is False]
 
 
-def _unjudged(entry: dict) -> str:
-    """A mandatory check's metric that had no reference to judge it by."""
+def _not_done(entry: dict) -> str:
+    """Why a mandatory check's entry does not count: skipped, or a metric with no reference."""
+    if entry["outcome"] == "skipped":
+        return f"mandatory check {entry['check']!r} skipped: {_first_line(entry)}"
     loose = [m["name"] for m in entry.get("metrics", []) if m.get("reference") is None]
     if loose:
         return f"mandatory check {entry['check']!r}: no reference for {', '.join(loose)}"

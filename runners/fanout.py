@@ -6,9 +6,10 @@ running on every node before it propagates.
 """
 from __future__ import annotations
 
+import queue
+import threading
 import time
 import traceback
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
@@ -45,42 +46,58 @@ def fan_out(transports: Mapping[str, Transport], step: Callable[[Transport], Res
     """Call step(transport) for every node concurrently; return {node name: Result} in input order.
 
     A step that raises becomes a Result with failure 'error'; a node still running at the
-    deadline becomes a timed-out Result and its remote work is killed.
+    deadline becomes a timed-out Result and its remote work is killed. Workers are daemon
+    threads, so a node stuck in connect cannot hold the harness after Ctrl-C.
     """
     progress = Progress(step=name, total=len(transports))
     results: dict[str, Result] = {}
     started = time.monotonic()
-    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(transports) or 1)),
-                              thread_name_prefix=f"fanout-{name}")
-    futures = {}
+    waiting: queue.SimpleQueue = queue.SimpleQueue()
+    finished: queue.SimpleQueue = queue.SimpleQueue()  # (node, None) on start, (node, Result) at the end
+    stop = threading.Event()
+    for item in transports.items():
+        waiting.put(item)
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                node, transport = waiting.get_nowait()
+            except queue.Empty:
+                return
+            finished.put((node, None))  # started; the main thread alone keeps the progress
+            finished.put((node, _guarded(step, node, transport)))
+
+    for index in range(max(1, min(workers, len(transports)))):
+        threading.Thread(target=work, name=f"fanout-{name}-{index}", daemon=True).start()
     try:
-        for node, transport in transports.items():
-            futures[pool.submit(_guarded, step, node, transport)] = node
-            progress.running.add(node)
-        pending = set(futures)
-        while pending:
+        while len(results) < len(transports):
             remaining = None if deadline_s is None else deadline_s - (time.monotonic() - started)
             if remaining is not None and remaining <= 0:
                 break
-            finished, pending = wait(pending, timeout=_tick(remaining), return_when=FIRST_COMPLETED)
-            for future in finished:
-                node = futures[future]
-                results[node] = future.result()
+            try:
+                node, result = finished.get(timeout=_tick(remaining))
+            except queue.Empty:
+                pass
+            else:
+                if result is None:
+                    progress.running.add(node)
+                    continue
+                results[node] = result
                 progress.running.discard(node)
-                progress.done[node] = results[node].status
+                progress.done[node] = result.status
             if on_progress:
                 on_progress(progress)
-        for future in pending:  # past the deadline
-            node = futures[future]
-            transports[node].kill_running()
-            results[node] = Result(node, name, None, "", "", time.monotonic() - started,
-                                   timed_out=True, detail=f"fan-out deadline of {deadline_s} s")
     except BaseException:
+        stop.set()
         for transport in transports.values():
             transport.kill_running()
         raise
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    stop.set()
+    for node in transports:
+        if node not in results:  # past the deadline, running or never started
+            transports[node].kill_running()
+            results[node] = Result(node, name, None, "", "", time.monotonic() - started,
+                                   timed_out=True, detail=f"fan-out deadline of {deadline_s} s")
     return {node: results[node] for node in transports}
 
 

@@ -258,8 +258,6 @@ def test_a_mandatory_metric_without_a_reference_is_incomplete(tmp_path):
     assert "no reference" in node_row(verdict, "n1")["reasons"][0]
 
 
-@pytest.mark.xfail(strict=True, reason="verdict.judge skips _unjudged for cluster-wide (node null) "
-                                       "mandatory checks, so their unreferenced metrics certify")
 def test_a_cluster_wide_mandatory_metric_without_a_reference_is_incomplete(tmp_path):
     unjudged = check(None, "uniformity", metrics=[metric("kernel_versions", 1, "count", judged=False)])
     verdict = verdict_of(write_run(tmp_path, replaced(clean_run(), unjudged)))
@@ -397,14 +395,11 @@ def test_a_later_failing_entry_for_the_same_test_replaces_a_pass(tmp_path):
     assert verdict.reasons == ["n1: memory failed (performance): slow"]
 
 
-# Where verdict.py disagrees with the rules
+# Edge cases found while writing these tests
 
 
-@pytest.mark.parametrize("skipped_first", [
-    pytest.param(True, marks=pytest.mark.xfail(
-        strict=True, reason="judge keeps one entry per (check, node) ({e['node']: e}), so an "
-                            "earlier skipped variant of a mandatory check is hidden by a later pass")),
-    False], ids=["skipped-variant-first", "skipped-variant-last"])
+@pytest.mark.parametrize("skipped_first", [True, False],
+                         ids=["skipped-variant-first", "skipped-variant-last"])
 def test_a_skipped_variant_of_a_mandatory_check_on_a_node_is_incomplete(tmp_path, skipped_first):
     """A mandatory check parametrized beyond the node (test_memory[n1-dimm0]) has several entries."""
     variants = [check("n1", "memory", "skipped", message="dimm0 not readable",
@@ -419,9 +414,6 @@ def test_a_skipped_variant_of_a_mandatory_check_on_a_node_is_incomplete(tmp_path
     assert verdict.reasons == ["n1: mandatory check 'memory' skipped: dimm0 not readable"]
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError,
-                   reason="verdict._first_line indexes splitlines()[0] of a message that is only "
-                          "whitespace (the recorder falls back to an unstripped note)")
 def test_a_failed_check_with_a_blank_message_is_still_not_certified(tmp_path):
     bad = check("n1", "memory", "failed", kind="performance", message="\n",
                 metrics=[metric("memory_total", 1, "GiB")])

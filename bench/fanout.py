@@ -1,0 +1,233 @@
+"""Benchmark: a per-node check on N real sshd nodes costs close to what it costs on one.
+
+For each cluster size N this starts N sshd nodes in network namespaces (tests/netns.py), loads
+the inventory they write, and times fan-outs of runners.system.probe (a Python payload shipped
+over SSH that returns the node's system facts; --step true times the remote command `true`):
+
+  cold    the first fan-out on fresh transports: TCP connect, SSH handshake and key auth, probe
+  warm    a second fan-out on the same transports: the connections are reused
+  serial  the warm step again, one node after another (workers=1), for N <= --serial-max
+
+Each figure is the median of --repeat runs; in every run every node must answer (probe: with\nits own hostname).
+Run from the repository root as root: `.venv/bin/python bench/fanout.py` (or `make bench`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py by path
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from inventory.loader import load_inventory  # noqa: E402
+from netns import NamespaceCluster, netns_available  # noqa: E402
+from runners import system  # noqa: E402
+from runners.fanout import DEFAULT_WORKERS, fan_out  # noqa: E402
+from runners.transport import Result, Transport, make_transport  # noqa: E402
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def sizes_arg(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not sizes or any(not 1 <= n <= 253 for n in sizes):
+        raise argparse.ArgumentTypeError("sizes must be 1..253 nodes each")
+    return sizes
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def run_true(transport: Transport) -> Result:
+    """The cheapest remote command: what the transport and the fan-out cost by themselves."""
+    return transport.run(["true"], timeout=30)
+
+
+# name -> (step, whether its stdout is system facts to check against the node's name)
+STEPS: dict[str, tuple[Callable[[Transport], Result], bool]] = {
+    "probe": (system.probe, True),
+    "true": (run_true, False),
+}
+
+
+def timed_fan_out(transports: Mapping[str, Transport], step: str, *,
+                  workers: int) -> tuple[float, dict[str, Result]]:
+    """Wall-clock seconds of one fan-out of the step, after checking that every node answered."""
+    function, gives_facts = STEPS[step]
+    started = time.perf_counter()
+    results = fan_out(transports, function, name=step, workers=workers)
+    elapsed = time.perf_counter() - started
+    failed = [result.explain() for result in results.values() if not result.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(results)} nodes failed, e.g. {failed[0]}")
+    for name, result in results.items():
+        hostname = system.parse_system_facts(result.stdout).hostname if gives_facts else name
+        if hostname != name:
+            raise RuntimeError(f"{name} answered with the facts of {hostname!r}")
+    return elapsed, results
+
+
+def close_all(transports: Mapping[str, Transport]) -> None:
+    for transport in transports.values():
+        transport.close()
+
+
+def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, workdir: Path) -> dict:
+    cluster = NamespaceCluster(workdir / f"n{n}", n)
+    transports: dict[str, Transport] = {}
+    try:
+        log(f"N={n}: starting {n} sshd node(s)")
+        started = time.perf_counter()
+        cluster.start()
+        start_s = time.perf_counter() - started
+        inventory = load_inventory(cluster.write_inventory(workdir / f"n{n}" / "inventory.yaml"))
+        transports = {node.name: make_transport(node) for node in inventory.nodes}
+        cold, warm, warm_node_s = [], [], []
+        for run in range(repeat):
+            close_all(transports)  # the next fan-out connects and authenticates again
+            cold.append(timed_fan_out(transports, step, workers=workers)[0])
+            elapsed, results = timed_fan_out(transports, step, workers=workers)
+            warm.append(elapsed)
+            warm_node_s.append(statistics.median(r.duration_s for r in results.values()))
+            log(f"N={n}: run {run + 1}/{repeat}: cold {cold[-1]:.3f} s, warm {warm[-1]:.3f} s")
+        serial = []
+        if n <= serial_max:
+            for run in range(repeat):
+                serial.append(timed_fan_out(transports, step, workers=1)[0])
+                log(f"N={n}: run {run + 1}/{repeat}: serial {serial[-1]:.3f} s")
+    finally:
+        close_all(transports)
+        log(f"N={n}: stopping the nodes")
+        cluster.stop()
+    warm_s = statistics.median(warm)
+    serial_s = statistics.median(serial) if serial else None
+    return {
+        "nodes": n,
+        "cold_s": statistics.median(cold),
+        "warm_s": warm_s,
+        "serial_s": serial_s,
+        "warm_per_node_ms": 1000 * warm_s / n,
+        "speedup_vs_serial": serial_s / warm_s if serial_s is not None else None,
+        "warm_node_step_median_ms": 1000 * statistics.median(warm_node_s),
+        "cluster_start_s": start_s,
+        "runs": {"cold_s": cold, "warm_s": warm, "serial_s": serial},
+    }
+
+
+def table(rows: list[dict]) -> str:
+    base = rows[0]["warm_s"]
+    header = ("N", "cold s", "warm s", "serial s", "warm per-node ms", "speed-up vs serial",
+              f"warm vs N={rows[0]['nodes']}")
+    lines = [header]
+    for row in rows:
+        serial = row["serial_s"]
+        lines.append((
+            str(row["nodes"]),
+            f"{row['cold_s']:.3f}",
+            f"{row['warm_s']:.3f}",
+            f"{serial:.3f}" if serial is not None else "-",
+            f"{row['warm_per_node_ms']:.1f}",
+            f"{row['speedup_vs_serial']:.1f}x" if serial is not None else "-",
+            f"{row['warm_s'] / base:.1f}x",
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = ["| " + " | ".join(cell.rjust(width) for cell, width in zip(line, widths)) + " |"
+           for line in lines]
+    out.insert(1, "|" + "|".join("-" * (width + 1) + ":" for width in widths) + "|")
+    return "\n".join(out)
+
+
+def conclusion(rows: list[dict], step: str) -> str:
+    first, last = rows[0], rows[-1]
+    text = (f"Warm {STEP_LABELS[step]} on {last['nodes']} node(s) took {last['warm_s']:.2f} s against "
+            f"{first['warm_s']:.2f} s on {first['nodes']}: {last['nodes'] / first['nodes']:g}x the nodes "
+            f"for {last['warm_s'] / first['warm_s']:.1f}x the time")
+    serial = [row for row in rows if row["serial_s"] is not None and row["nodes"] > 1]
+    if serial:
+        best = serial[-1]
+        text += (f"; at {best['nodes']} nodes the fan-out was {best['speedup_vs_serial']:.1f}x "
+                 f"faster than one node after another")
+    return text + "."
+
+
+STEP_LABELS = {"probe": "system.probe", "true": "`true`"}
+
+
+def machine() -> dict:
+    return {
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "system": platform.platform(),
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg("1,8,32,64"),
+                        help="cluster sizes to measure, comma-separated (default 1,8,32,64)")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="runs per measurement; the median is reported (default 3)")
+    parser.add_argument("--workers", type=positive_int, default=DEFAULT_WORKERS,
+                        help=f"fan-out pool size (default {DEFAULT_WORKERS}, the harness's default)")
+    parser.add_argument("--serial-max", type=int, default=32,
+                        help="largest N also timed serially (default 32)")
+    parser.add_argument("--step", choices=sorted(STEPS), default="probe",
+                        help="probe: runners.system.probe, the Python payload shipped through stdin "
+                             "(default); true: the remote command `true`, the transport alone")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures to FILE")
+    args = parser.parse_args(argv)
+
+    available, reason = netns_available()
+    if not available:
+        log(f"fanout bench: cannot start namespace nodes: {reason}")
+        return 2
+
+    when = datetime.now(timezone.utc)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="handover-bench-") as tmp:
+        for n in sorted(set(args.sizes)):
+            rows.append(measure(n, args.step, repeat=args.repeat, workers=args.workers,
+                                serial_max=args.serial_max, workdir=Path(tmp)))
+
+    info = machine()
+    print(f"fan-out of {STEP_LABELS[args.step]} over SSH to namespace sshd nodes; median of {args.repeat} runs; "
+          f"{info['cpus']} CPUs, {when:%Y-%m-%d %H:%M} UTC")
+    print(table(rows))
+    print(conclusion(rows, args.step))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "date": when.isoformat(timespec="seconds"),
+            "machine": info,
+            "step": args.step,
+            "repeat": args.repeat,
+            "workers": args.workers,
+            "serial_max": args.serial_max,
+            "results": rows,
+        }, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""End to end: the acceptance suites run by pytest against real nodes, then the run directory
+(results.json, junit.xml, report.html, signatures) is checked as an operator and a customer would.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from nodes import ns_inventory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def handover(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "reports.cli", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def run_suites(inventory, out, key, *extra, timeout=300) -> subprocess.CompletedProcess:
+    """Paths outside the checkout go with '=': pytest takes a bare path for a test location."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", f"--inventory={inventory}", f"--out={out}",
+         f"--sign-key={key}", "-p", "no:cacheprovider", *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def sign_key(tmp_path_factory):
+    key = tmp_path_factory.mktemp("key") / "operator"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops@example.com",
+                    "-f", str(key)], check=True)
+    return key
+
+
+def run_dir_of(out: Path, cluster: str) -> Path:
+    return (out / cluster / "latest").resolve()
+
+
+def results_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def ssh_keygen_verifies(run_dir: Path, name: str) -> bool:
+    with open(run_dir / name, "rb") as data:
+        return subprocess.run(
+            ["ssh-keygen", "-Y", "verify", "-f", str(run_dir / "allowed_signers"),
+             "-I", "ops@example.com", "-n", "handover", "-s", str(run_dir / f"{name}.sig")],
+            stdin=data, capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def healthy_run(ns_cluster, sign_key, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("healthy")
+    inventory = ns_cluster.write_inventory(tmp / "cluster.yaml")
+    done = run_suites(inventory, tmp / "out", sign_key)
+    return done, run_dir_of(tmp / "out", "nscluster")
+
+
+def test_four_node_cluster_is_certified(healthy_run):
+    done, run_dir = healthy_run
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: CERTIFIED" in done.stdout
+    results = results_of(run_dir)
+    assert results["schema"] == "handover.results/1"
+    assert results["verdict"]["status"] == "CERTIFIED"
+    assert [n["status"] for n in results["nodes"]] == ["passed"] * 4
+    memory = [c for c in results["checks"] if c["check"] == "memory"]
+    assert sorted(c["node"] for c in memory) == ["node1", "node2", "node3", "node4"]
+    assert all(m["metrics"][0]["ok"] and m["metrics"][0]["unit"] == "GiB" for m in memory)
+    assert (run_dir / "raw" / "system_facts" / "node3.stdout").is_file()
+
+
+def test_junit_ids_are_node_names(healthy_run):
+    _, run_dir = healthy_run
+    cases = {c.get("name") for c in ET.parse(run_dir / "junit.xml").iter("testcase")}
+    assert {f"test_kernel[node{i}]" for i in range(1, 5)} <= cases
+    assert "test_uniformity" in cases and "certification" in cases
+
+
+def test_report_and_results_are_signed_and_verify_with_stock_ssh_keygen(healthy_run):
+    _, run_dir = healthy_run
+    html = (run_dir / "report.html").read_text()
+    assert "CERTIFIED" in html and "node4" in html
+    assert ssh_keygen_verifies(run_dir, "report.html")
+    assert ssh_keygen_verifies(run_dir, "results.json")
+    verified = handover("verify", run_dir, "--allowed-signers", run_dir / "allowed_signers")
+    assert verified.returncode == 0, verified.stdout
+    assert verified.stdout.count("good signature by ops@example.com") == 2
+
+
+def test_changing_one_byte_fails_verification(healthy_run, tmp_path):
+    _, run_dir = healthy_run
+    copy = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(run_dir), str(copy)], check=True)
+    report = copy / "report.html"
+    data = bytearray(report.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    report.write_bytes(bytes(data))
+    verified = handover("verify", copy)
+    assert verified.returncode == 1
+    assert "BAD report.html" in verified.stdout and "OK  results.json" in verified.stdout
+    assert not ssh_keygen_verifies(copy, "report.html")
+
+
+def test_local_inventory_is_certified(sign_key, tmp_path):
+    done = run_suites(ROOT / "inventory" / "local.yaml", tmp_path / "out", sign_key)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert results_of(run_dir_of(tmp_path / "out", "local"))["verdict"]["status"] == "CERTIFIED"
+
+
+def test_stopped_node_fails_as_unreachable_and_the_others_pass(ns_cluster_factory, sign_key, tmp_path):
+    nodes = ns_cluster_factory(4)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    nodes.stop_sshd("node2")
+    done = run_suites(inventory, tmp_path / "out", sign_key)
+    assert done.returncode == 1
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    results = results_of(run_dir)
+    assert results["verdict"]["status"] == "NOT CERTIFIED"
+    status = {n["name"]: n["status"] for n in results["nodes"]}
+    assert status == {"node1": "passed", "node2": "failed", "node3": "passed", "node4": "passed"}
+    node2 = [c for c in results["checks"] if c["node"] == "node2"]
+    assert node2 and all(c["outcome"] == "failed" and c["kind"] == "unreachable" for c in node2)
+    assert "node2 unreachable" in node2[0]["message"]
+    uniformity = next(c for c in results["checks"] if c["check"] == "uniformity")
+    assert uniformity["outcome"] == "passed" and "no facts from node2" in uniformity["message"]
+    assert "NOT CERTIFIED" in (run_dir / "report.html").read_text()
+    assert ssh_keygen_verifies(run_dir, "report.html")
+
+
+def test_nodes_option_and_k_select_nodes(ns_cluster, sign_key, tmp_path):
+    inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml")
+    done = run_suites(inventory, tmp_path / "out", sign_key, "--nodes", "node[2-3]")
+    assert done.returncode == 0, done.stdout
+    assert results_of(run_dir_of(tmp_path / "out", "nscluster"))["run"]["nodes"] == ["node2", "node3"]
+    done = run_suites(inventory, tmp_path / "out2", sign_key, "-k", "node4 and memory")
+    assert done.returncode == 0, done.stdout
+    results = results_of(run_dir_of(tmp_path / "out2", "nscluster"))
+    assert results["run"]["nodes"] == ["node4"]
+    assert [c["test_id"].split("::")[1] for c in results["checks"]] == ["test_memory[node4]"]
+    assert results["verdict"]["status"] == "INCOMPLETE"  # the other mandatory checks did not run
+
+
+def test_interrupted_run_keeps_its_results_and_can_be_reported(ns_cluster_factory, sign_key, tmp_path):
+    """Ctrl-C while a node hangs at connect: what finished is kept, the report says INCOMPLETE."""
+    nodes = ns_cluster_factory(2)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml", extra={})
+    text = inventory.read_text().replace("connect_timeout: 5", "connect_timeout: 60")
+    inventory.write_text(text)
+    nodes.link_down("node2")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", f"--inventory={inventory}", f"--out={tmp_path / 'out'}",
+         f"--sign-key={sign_key}", "-p", "no:cacheprovider"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, output  # pytest's "interrupted"
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    results = results_of(run_dir)
+    assert results["run"]["interrupted"] is True
+    assert results["verdict"]["status"] in ("INCOMPLETE", "NOT CERTIFIED")
+    assert any("interrupted" in reason for reason in results["verdict"]["reasons"])
+    (run_dir / "report.html").unlink()
+    rendered = handover("report", run_dir, "--sign-key", sign_key)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "verdict:" in rendered.stdout and (run_dir / "report.html").is_file()
+    assert ssh_keygen_verifies(run_dir, "report.html")
+
+
+@pytest.mark.parametrize("inventory_text, message", [
+    ("cluster: x\nprofile: cpu-only\nnodez: [a]\n", "nodez: unknown key; did you mean 'nodes'?"),
+    ("cluster: x\nprofile: h100\nnodes: [a]\n", "profile: unknown profile 'h100'"),
+    ("cluster: x\nprofile: cpu-only\nnodes: [gpu[01-]\n", "YAML syntax error"),
+])
+def test_bad_inventory_is_one_message_and_a_nonzero_exit(inventory_text, message, sign_key, tmp_path):
+    inventory = tmp_path / "bad.yaml"
+    inventory.write_text(inventory_text)
+    done = run_suites(inventory, tmp_path / "out", sign_key)
+    assert done.returncode != 0
+    assert message in done.stderr and "bad.yaml" in done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    checked = handover("inventory", inventory)
+    assert checked.returncode == 2 and message in checked.stderr and "Traceback" not in checked.stderr
+
+
+def test_suites_without_an_inventory_say_what_is_missing(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "--inventory" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_default_signing_key_is_created_once(tmp_path):
+    env = {**os.environ, "HANDOVER_HOME": str(tmp_path / "home")}
+    inventory = ROOT / "inventory" / "local.yaml"
+    args = [sys.executable, "-m", "pytest", f"--inventory={inventory}", f"--out={tmp_path / 'out'}",
+            "-p", "no:cacheprovider"]
+    first = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    second = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert "created signing key" in first.stdout and "created signing key" not in second.stdout
+    assert (tmp_path / "home" / "signing_key").is_file()

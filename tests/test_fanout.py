@@ -1,0 +1,69 @@
+"""Fan-out over real sshd nodes: a per-node map where a dead node is data, concurrency, deadline."""
+from __future__ import annotations
+
+import time
+
+from runners.fanout import fan_out
+from runners.transport import make_transport
+from nodes import ns_inventory, unique_sleep, wait_for_no_leftovers
+
+
+def transports_for(cluster):
+    return {node.name: make_transport(node) for node in cluster.nodes}
+
+
+def test_a_dead_node_is_an_entry_not_an_exception(ns_cluster_factory, tmp_path):
+    nodes = ns_cluster_factory(4)
+    cluster = ns_inventory(nodes, tmp_path / "inv.yaml")
+    nodes.stop_sshd("node3")
+    results = fan_out(transports_for(cluster), lambda t: t.run(["hostname"], timeout=10), name="hostname")
+    assert list(results) == ["node1", "node2", "node3", "node4"]
+    assert {n: r.status for n, r in results.items()} == {
+        "node1": "ok", "node2": "ok", "node3": "unreachable", "node4": "ok"}
+    assert [results[n].stdout.strip() for n in ("node1", "node2", "node4")] == ["node1", "node2", "node4"]
+
+
+def test_nodes_run_concurrently(ns_cluster, tmp_path):
+    cluster = ns_inventory(ns_cluster, tmp_path / "inv.yaml")
+    transports = transports_for(cluster)
+    fan_out(transports, lambda t: t.run(["true"], timeout=10))  # connect first
+    started = time.monotonic()
+    results = fan_out(transports, lambda t: t.run(["sleep", "2"], timeout=10), name="sleep")
+    elapsed = time.monotonic() - started
+    assert all(r.ok for r in results.values())
+    assert elapsed < 4, f"4 nodes x 2 s took {elapsed:.1f} s: not concurrent"
+
+
+def test_deadline_turns_stragglers_into_timeouts_and_kills_them(ns_cluster, tmp_path):
+    cluster = ns_inventory(ns_cluster, tmp_path / "inv.yaml")
+    marker = unique_sleep()
+    seen = []
+
+    def step(transport):
+        argv = ["sh", "-c", marker] if transport.node.name == "node2" else ["true"]
+        return transport.run(argv, timeout=120)
+
+    started = time.monotonic()
+    results = fan_out(transports_for(cluster), step, name="straggler", deadline_s=3,
+                      on_progress=lambda p: seen.append(p.line()))
+    assert time.monotonic() - started < 10
+    assert results["node2"].timed_out and "deadline" in results["node2"].detail
+    assert all(results[n].ok for n in ("node1", "node3", "node4"))
+    assert wait_for_no_leftovers(marker) == []
+    assert any("3/4 nodes done" in line and "node2" in line for line in seen)
+
+
+def test_a_step_that_raises_is_an_error_entry(tmp_path):
+    from inventory.model import Node
+    from runners.transport import LocalTransport
+
+    transports = {"a": LocalTransport(Node("a", "a", "local")), "b": LocalTransport(Node("b", "b", "local"))}
+
+    def step(transport):
+        if transport.node.name == "b":
+            raise ValueError("parser blew up")
+        return transport.run(["true"], timeout=5)
+
+    results = fan_out(transports, step)
+    assert results["a"].ok
+    assert results["b"].failure == "error" and "ValueError: parser blew up" in results["b"].detail
