@@ -71,12 +71,16 @@ STEPS: dict[str, tuple[Callable[[Transport], Result], bool]] = {
 
 
 def timed_fan_out(transports: Mapping[str, Transport], step: str, *,
-                  workers: int) -> tuple[float, dict[str, Result]]:
-    """Wall-clock seconds of one fan-out of the step, after checking that every node answered."""
+                  workers: int) -> tuple[float, float, dict[str, Result]]:
+    """Wall-clock and harness CPU seconds of one fan-out of the step, once every node answered.
+
+    The CPU time is this process's (all its threads): what the harness itself spends, apart from
+    the sshd sessions and remote commands, which on a real cluster run on the nodes' own CPUs.
+    """
     function, gives_facts = STEPS[step]
-    started = time.perf_counter()
+    cpu_started, started = time.process_time(), time.perf_counter()
     results = fan_out(transports, function, name=step, workers=workers)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     failed = [result.explain() for result in results.values() if not result.ok]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(results)} nodes failed, e.g. {failed[0]}")
@@ -84,7 +88,7 @@ def timed_fan_out(transports: Mapping[str, Transport], step: str, *,
         hostname = system.parse_system_facts(result.stdout).hostname if gives_facts else name
         if hostname != name:
             raise RuntimeError(f"{name} answered with the facts of {hostname!r}")
-    return elapsed, results
+    return elapsed, cpu, results
 
 
 def close_all(transports: Mapping[str, Transport]) -> None:
@@ -102,12 +106,13 @@ def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, wo
         start_s = time.perf_counter() - started
         inventory = load_inventory(cluster.write_inventory(workdir / f"n{n}" / "inventory.yaml"))
         transports = {node.name: make_transport(node) for node in inventory.nodes}
-        cold, warm, warm_node_s = [], [], []
+        cold, warm, warm_cpu, warm_node_s = [], [], [], []
         for run in range(repeat):
             close_all(transports)  # the next fan-out connects and authenticates again
             cold.append(timed_fan_out(transports, step, workers=workers)[0])
-            elapsed, results = timed_fan_out(transports, step, workers=workers)
+            elapsed, cpu, results = timed_fan_out(transports, step, workers=workers)
             warm.append(elapsed)
+            warm_cpu.append(cpu)
             warm_node_s.append(statistics.median(r.duration_s for r in results.values()))
             log(f"N={n}: run {run + 1}/{repeat}: cold {cold[-1]:.3f} s, warm {warm[-1]:.3f} s")
         serial = []
@@ -116,9 +121,11 @@ def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, wo
                 serial.append(timed_fan_out(transports, step, workers=1)[0])
                 log(f"N={n}: run {run + 1}/{repeat}: serial {serial[-1]:.3f} s")
     finally:
-        close_all(transports)
-        log(f"N={n}: stopping the nodes")
-        cluster.stop()
+        try:
+            close_all(transports)
+        finally:
+            log(f"N={n}: stopping the nodes")
+            cluster.stop()
     warm_s = statistics.median(warm)
     serial_s = statistics.median(serial) if serial else None
     return {
@@ -127,17 +134,18 @@ def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, wo
         "warm_s": warm_s,
         "serial_s": serial_s,
         "warm_per_node_ms": 1000 * warm_s / n,
+        "warm_harness_cpu_s": statistics.median(warm_cpu),
         "speedup_vs_serial": serial_s / warm_s if serial_s is not None else None,
         "warm_node_step_median_ms": 1000 * statistics.median(warm_node_s),
         "cluster_start_s": start_s,
-        "runs": {"cold_s": cold, "warm_s": warm, "serial_s": serial},
+        "runs": {"cold_s": cold, "warm_s": warm, "warm_harness_cpu_s": warm_cpu, "serial_s": serial},
     }
 
 
 def table(rows: list[dict]) -> str:
     base = rows[0]["warm_s"]
     header = ("N", "cold s", "warm s", "serial s", "warm per-node ms", "speed-up vs serial",
-              f"warm vs N={rows[0]['nodes']}")
+              f"warm vs N={rows[0]['nodes']}", "warm harness CPU s")
     lines = [header]
     for row in rows:
         serial = row["serial_s"]
@@ -149,6 +157,7 @@ def table(rows: list[dict]) -> str:
             f"{row['warm_per_node_ms']:.1f}",
             f"{row['speedup_vs_serial']:.1f}x" if serial is not None else "-",
             f"{row['warm_s'] / base:.1f}x",
+            f"{row['warm_harness_cpu_s']:.3f}",
         ))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = ["| " + " | ".join(cell.rjust(width) for cell, width in zip(line, widths)) + " |"

@@ -77,10 +77,24 @@ class SshTransport(Transport):
             if self._connection is None or not self._connection.is_connected:
                 self._connection = self._new_connection(self.node.address, self.node.ssh.user,
                                                         self.node.ssh.port)
-                if self.node.ssh.jump:
-                    self._connection.gateway = self._new_connection(*_split_jump(self.node.ssh.jump))
+                jump = self._jump_chain()
+                if jump is not None:
+                    self._connection.gateway = jump
+                self._secure(self._connection)
                 self._connection.open()
             return self._connection
+
+    def _jump_chain(self) -> Optional[Connection]:
+        """ssh -J a,b: reach b through a, then the node through b; host keys checked at each hop.
+
+        Without an inventory jump, fabric applies ~/.ssh/config's ProxyJump itself.
+        """
+        gateway = None
+        for hop in filter(None, (self.node.ssh.jump or "").split(",")):
+            connection = self._new_connection(*_split_jump(hop.strip()))
+            connection.gateway = gateway
+            gateway = connection
+        return gateway
 
     def _new_connection(self, host: str, user: Optional[str], port: Optional[int]) -> Connection:
         ssh = self.node.ssh
@@ -90,19 +104,25 @@ class SshTransport(Transport):
         if ssh.identity_file:
             connect_kwargs["key_filename"] = [ssh.identity_file]
         config = Config(overrides={"run": {"hide": True, "warn": True}})
-        connection = Connection(host, user=user, port=port, config=config,
-                                connect_timeout=timeout, connect_kwargs=connect_kwargs)
-        known_hosts = (ssh.known_hosts
-                       or _expand(connection.ssh_config.get("userknownhostsfile"))
-                       or DEFAULT_KNOWN_HOSTS)
-        client = connection.client
-        if os.path.exists(known_hosts):
-            client.load_host_keys(known_hosts)
-        if ssh.host_keys == "accept-new":
-            client.set_missing_host_key_policy(AcceptNewPolicy(known_hosts))
-        else:
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        return connection
+        return Connection(host, user=user, port=port, config=config, connect_timeout=timeout,
+                          connect_kwargs=connect_kwargs)
+
+    def _secure(self, connection: Connection) -> None:
+        """Apply the host-key policy to a connection and every hop before it, including hops
+        fabric made from ~/.ssh/config's ProxyJump (fabric itself would auto-add their keys)."""
+        while isinstance(connection, Connection):
+            ssh = self.node.ssh
+            known_hosts = (ssh.known_hosts
+                           or _expand(connection.ssh_config.get("userknownhostsfile"))
+                           or DEFAULT_KNOWN_HOSTS)
+            client = connection.client
+            if os.path.exists(known_hosts):
+                client.load_host_keys(known_hosts)
+            if ssh.host_keys == "accept-new":
+                client.set_missing_host_key_policy(AcceptNewPolicy(known_hosts))
+            else:
+                client.set_missing_host_key_policy(paramiko.RejectPolicy())
+            connection = connection.gateway
 
     def _execute(self, command, *, display, stdin, timeout):
         started = time.monotonic()

@@ -155,3 +155,53 @@ def test_accept_new_learns_unknown_hosts_but_refuses_changed_keys(ns_cluster, tm
 def test_local_transport_reports_a_missing_program():
     result = LocalTransport(Node("n", "n", "local")).run(["/nonexistent/tool"], timeout=5)
     assert not result.ok and result.exit_code == 127
+
+
+def test_a_large_payload_ships_quickly(transport):
+    """Payloads go through stdin in chunks; one byte per tick took 20 s for 2 KB once."""
+    script = "# padding\n" * 20_000 + "print('shipped')\n"  # 200 KB
+    started = time.monotonic()
+    result = transport.run_script(script, timeout=30)
+    assert result.stdout == "shipped\n"
+    assert time.monotonic() - started < 5
+
+
+def test_root_commands_go_through_sudo_when_the_inventory_says_so(transport):
+    sudo_node = dataclasses.replace(transport.node, sudo=True)
+    through_sudo = make_transport(sudo_node)
+    try:
+        result = through_sudo.run(["sh", "-c", 'echo "$(id -u) $SUDO_COMMAND"'], timeout=10, root=True)
+        assert result.ok, result.explain()
+        uid, command = result.stdout.strip().split(" ", 1)
+        assert uid == "0" and "timeout" in command and "HANDOVER_TAG=" in command
+        plain = through_sudo.run(["sh", "-c", 'echo "${SUDO_COMMAND:-none}"'], timeout=10)
+        assert plain.stdout.strip() == "none"
+        marker = unique_sleep()
+        timed_out = through_sudo.run(["sh", "-c", f"{marker} & {marker}"], timeout=2, root=True)
+        assert timed_out.timed_out
+        assert wait_for_no_leftovers(marker) == []
+    finally:
+        through_sudo.close()
+
+
+def test_jump_host_reaches_a_node_only_its_neighbours_can_resolve(ns_cluster, tmp_path):
+    """node2 is a name only the nodes' /etc/hosts know, so only a hop through node1 gets there."""
+    node1, node2 = ns_cluster.node("node1"), ns_cluster.node("node2")
+    keys = {line.split()[0]: line.split(None, 1)[1] for line in ns_cluster.known_hosts.read_text().splitlines()}
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{node1.address} {keys[node1.address]}\nnode2 {keys[node2.address]}\n")
+    inventory = ns_cluster.write_inventory(tmp_path / "inv.yaml", known_hosts=known, extra={
+        "nodes": [{"name": "node2", "address": "node2"}]})
+    text = inventory.read_text().replace("connect_timeout: 5", f"connect_timeout: 5\n  jump: root@{node1.address}")
+    inventory.write_text(text)
+    from inventory.loader import load_inventory
+    node = load_inventory(inventory).nodes[0]
+    assert node.ssh.jump == f"root@{node1.address}"
+    through = make_transport(node)
+    try:
+        result = through.run(["hostname"], timeout=10)
+        assert result.ok and result.stdout.strip() == "node2", result.explain()
+    finally:
+        through.close()
+    direct = make_transport(dataclasses.replace(node, ssh=dataclasses.replace(node.ssh, jump=None)))
+    assert direct.run(["hostname"], timeout=10).failure == "unreachable"
