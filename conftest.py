@@ -15,6 +15,10 @@ import pytest
 
 from inventory.loader import InventoryError, load_inventory
 from inventory.model import Cluster, Node, Profile
+from reports import signing
+from reports.ledger import Ledger, LedgerError, read_ledger
+from reports.recorder import PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_RAW, Recorder, run_header
+from suites.checks import Metrics
 
 DEFAULT_OUT = "out"
 
@@ -28,6 +32,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--nodes", metavar="PATTERN",
                     help="only these nodes: comma-separated hostlist expressions or globs "
                          "(gpu[001-004],gpu01*)")
+    group.addoption("--resume", metavar="RUN_DIR",
+                    help="continue an interrupted run: run only the checks it has no result for, "
+                         "appending to its ledger (e.g. out/<cluster>/latest)")
     group.addoption("--sign-key", metavar="KEY",
                     help="Ed25519 OpenSSH private key that signs the report "
                          "(default: a per-machine key, created on first use)")
@@ -37,22 +44,36 @@ def pytest_configure(config: pytest.Config) -> None:
     inventory = config.getoption("--inventory")
     if not inventory:
         return
-    from reports import signing
-    from reports.recorder import Recorder
-
     try:
         cluster = load_inventory(inventory)
     except InventoryError as error:
         raise pytest.UsageError(str(error)) from None
     nodes = select_nodes(cluster, config.getoption("--nodes"))
     key = signing_key(config)
-    config.pluginmanager.register(
-        Recorder(config, cluster, nodes, Path(config.getoption("--out")), key), Recorder.name)
+    resume = config.getoption("--resume")
+    if resume:
+        ledger, resumed = resumed_ledger(Path(resume), cluster)
+    else:
+        ledger, resumed = Ledger.create(Path(config.getoption("--out")), cluster.name,
+                                        run_header(cluster, nodes)), None
+    config.pluginmanager.register(Recorder(config, cluster, nodes, ledger, key, resumed),
+                                  Recorder.name)
+
+
+def resumed_ledger(run_dir: Path, cluster: Cluster):
+    """The ledger of an earlier run of the same inventory, and what it holds."""
+    try:
+        record = read_ledger(run_dir)
+    except LedgerError as error:
+        raise pytest.UsageError(f"--resume: {error}") from None
+    if record.header.get("inventory", {}).get("sha256") != cluster.digest:
+        raise pytest.UsageError(
+            f"--resume: {run_dir} was run with a different inventory "
+            f"({record.header.get('inventory', {}).get('path')}); resume with the same file")
+    return Ledger(run_dir.resolve()), record
 
 
 def signing_key(config: pytest.Config):
-    from reports import signing
-
     path = config.getoption("--sign-key")
     try:
         if path:
@@ -122,8 +143,6 @@ def cluster_run(recorder):
 @pytest.fixture
 def record(request):
     """Evidence a check leaves in the results: a note, raw output paths, metrics."""
-    from reports.recorder import PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_RAW
-
     class Evidence:
         def note(self, text: str) -> None:
             request.node.user_properties.append((PROPERTY_NOTE, text))
@@ -152,6 +171,4 @@ def on_node(cluster_run, node, record):
 @pytest.fixture
 def metrics(request, profile, record):
     """metrics.judge(name=(value, unit), ...) against the profile's references for this check."""
-    from suites.checks import Metrics
-
     return Metrics(request.node.originalname.removeprefix("test_"), profile, record.metrics)

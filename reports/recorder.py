@@ -16,7 +16,7 @@ import pytest
 
 from inventory.model import Cluster, Node
 from reports import signing
-from reports.ledger import Ledger, now_iso
+from reports.ledger import Ledger, RunRecord, now_iso
 from reports.render import RenderedRun, render_run
 from runners.cluster import ClusterRun
 from runners.fanout import Progress
@@ -33,11 +33,12 @@ class Recorder:
     name = "handover-recorder"
 
     def __init__(self, config: pytest.Config, cluster: Cluster, nodes: list[Node],
-                 out: Path, key: signing.SigningKey):
+                 ledger: Ledger, key: signing.SigningKey, resumed: Optional[RunRecord] = None):
         self.config = config
         self.cluster = cluster
         self.key = key
-        self.ledger = Ledger.create(out, cluster.name, run_header(cluster, nodes))
+        self.ledger = ledger
+        self.resumed = resumed
         self.cluster_run = ClusterRun(cluster, nodes, self._save_raw, self._progress)
         self.rendered: Optional[RenderedRun] = None
         self._printed_at: dict[str, float] = {}  # step -> seconds into it
@@ -67,6 +68,18 @@ class Recorder:
                 self._printed_at[progress.step] = elapsed
                 reporter.write_line("[handover] " + progress.line())
 
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """When resuming, leave out what the run already has a result for."""
+        if self.resumed is None:
+            return
+        done = {entry["test_id"] for entry in self.resumed.checks}
+        keep = [item for item in items if item.nodeid not in done]
+        deselected = [item for item in items if item.nodeid in done]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = keep
+        self.ledger.append({"type": "resume", "at": now_iso(), "already_done": len(deselected)})
+
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Narrow the run to the nodes that -k/-m left tests for, and note what is planned.
@@ -78,9 +91,12 @@ class Recorder:
         cluster_wide = any(not (p and "node" in p.params) for p in params)
         if not cluster_wide:
             self.cluster_run.nodes = [n for n in self.cluster_run.nodes if n.name in per_node]
+        planned = [item.nodeid for item in session.items]
+        if self.resumed is not None:
+            planned = list(dict.fromkeys(self.resumed.planned + planned))
         self.ledger.append({"type": "selection",
                             "nodes": [n.name for n in self.cluster_run.nodes],
-                            "tests": [item.nodeid for item in session.items]})
+                            "tests": planned})
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):

@@ -149,7 +149,7 @@ def test_nodes_option_and_k_select_nodes(ns_cluster, sign_key, tmp_path):
     assert results["verdict"]["status"] == "INCOMPLETE"  # the other mandatory checks did not run
 
 
-def test_interrupted_run_keeps_its_results_and_can_be_reported(ns_cluster_factory, sign_key, tmp_path):
+def test_interrupted_run_keeps_its_results_and_can_be_reported_and_resumed(ns_cluster_factory, sign_key, tmp_path):
     """Ctrl-C while a node hangs at connect: what finished is kept, the report says INCOMPLETE."""
     nodes = ns_cluster_factory(2)
     inventory = nodes.write_inventory(tmp_path / "cluster.yaml", extra={})
@@ -174,6 +174,27 @@ def test_interrupted_run_keeps_its_results_and_can_be_reported(ns_cluster_factor
     assert rendered.returncode == 0, rendered.stderr
     assert "verdict:" in rendered.stdout and (run_dir / "report.html").is_file()
     assert ssh_keygen_verifies(run_dir, "report.html")
+
+    # The link is mended; --resume runs only what has no result and completes the same run.
+    nodes.link_up("node2")
+    done_before = {c["test_id"] for c in results["checks"]}
+    resumed = run_suites(inventory, tmp_path / "unused", sign_key, f"--resume={run_dir}")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    results = results_of(run_dir)
+    assert results["verdict"]["status"] == "CERTIFIED" and results["run"]["interrupted"] is False
+    assert len(results["checks"]) == 2 * 5 + 1
+    if done_before:
+        assert f"{len(done_before)} deselected" in resumed.stdout
+    assert not (tmp_path / "unused").exists()
+
+
+def test_resume_refuses_a_different_inventory(ns_cluster, sign_key, tmp_path):
+    first = ns_cluster.write_inventory(tmp_path / "a.yaml", nodes=["node1"])
+    run_suites(first, tmp_path / "out", sign_key, "-k", "reachable")
+    other = ns_cluster.write_inventory(tmp_path / "b.yaml", nodes=["node2"])
+    done = run_suites(other, tmp_path / "out", sign_key, f"--resume={run_dir_of(tmp_path / 'out', 'nscluster')}")
+    assert done.returncode != 0
+    assert "--resume" in done.stderr and "different inventory" in done.stderr
 
 
 @pytest.mark.parametrize("inventory_text, message", [
