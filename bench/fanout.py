@@ -174,8 +174,8 @@ def conclusion(rows: list[dict], step: str) -> str:
     serial = [row for row in rows if row["serial_s"] is not None and row["nodes"] > 1]
     if serial:
         best = serial[-1]
-        text += (f"; at {best['nodes']} nodes the fan-out was {best['speedup_vs_serial']:.1f}x "
-                 f"faster than one node after another")
+        text += (f"; at {best['nodes']} nodes, one node after another took "
+                 f"{best['speedup_vs_serial']:.1f}x as long as the fan-out")
     return text + "."
 
 
@@ -239,4 +239,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("fanout bench: interrupted; its nodes were stopped")
+        sys.exit(130)

@@ -102,6 +102,10 @@ class Recorder:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         outcome = yield
         report = outcome.get_result()
+        error = call.excinfo.value if call.excinfo else None
+        if isinstance(error, CheckFailure):
+            # An expected kind of failure: the reason and the evidence, not a traceback.
+            report.longrepr = f"[{error.kind}] {error}" + (f"\n{error.log}" if error.log else "")
         if report.when == "call" or (report.when == "setup" and not report.passed) or \
                 (report.when == "teardown" and report.failed):
             self.ledger.append(check_entry(item, call, report))

@@ -48,7 +48,7 @@ class _ChunkedInput(StringIO):
         return super().read(self.CHUNK)
 
 
-def _classify(exc: BaseException) -> tuple[str, str]:
+def _classify(exc: BaseException, connect_timeout: float) -> tuple[str, str]:
     """Map a connection error to a per-node outcome word and a one-line explanation."""
     if isinstance(exc, paramiko.BadHostKeyException):
         return "host-key", (f"host key for {exc.hostname} does not match known_hosts "
@@ -58,7 +58,7 @@ def _classify(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, paramiko.AuthenticationException):
         return "auth", f"authentication failed: {exc}"
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return "unreachable", f"connect timed out: {exc or 'no answer'}"
+        return "unreachable", f"no answer within the connect timeout ({connect_timeout:g} s)"
     if isinstance(exc, (OSError, paramiko.SSHException, EOFError)):
         return "unreachable", f"{type(exc).__name__}: {exc}"
     return "error", f"{type(exc).__name__}: {exc}"
@@ -130,7 +130,7 @@ class SshTransport(Transport):
             connection = self._connect()
         except Exception as exc:  # every way of not connecting is a per-node outcome
             self._drop_connection()
-            failure, detail = _classify(exc)
+            failure, detail = _classify(exc, self.node.ssh.connect_timeout)
             return Result(self.node.name, display, None, "", "", time.monotonic() - started,
                           failure=failure, detail=detail)
         try:
@@ -142,7 +142,7 @@ class SshTransport(Transport):
                           time.monotonic() - started, timed_out=True)
         except Exception as exc:
             self._drop_connection()
-            failure, detail = _classify(exc)
+            failure, detail = _classify(exc, self.node.ssh.connect_timeout)
             return Result(self.node.name, display, None, "", "", time.monotonic() - started,
                           failure=failure, detail=detail)
         duration = time.monotonic() - started

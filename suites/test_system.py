@@ -15,9 +15,12 @@ pytestmark = [pytest.mark.system, pytest.mark.quick]
 STEP = "system_facts"
 
 
-@pytest.fixture
-def facts(on_node) -> system.SystemFacts:
-    """This node's facts, from one concurrent probe of every selected node."""
+def facts_of(on_node) -> system.SystemFacts:
+    """This node's facts, from one concurrent probe of every selected node.
+
+    Called in the test body, not a fixture, so an unreachable node is a failed check rather
+    than a setup error.
+    """
     return parsed(system.parse_system_facts, on_node(STEP, system.probe))
 
 
@@ -28,7 +31,8 @@ def test_reachable(on_node, recorder, node, record):
     record.note(f"answered as {found.hostname} in {result.duration_s:.2f} s")
 
 
-def test_os(facts, profile, record):
+def test_os(on_node, profile, record):
+    facts = facts_of(on_node)
     allowed = profile.expect.get("os_ids")
     record.note(facts.os_pretty)
     if allowed and facts.os_id not in allowed:
@@ -36,7 +40,8 @@ def test_os(facts, profile, record):
                                  f"profile {profile.name} allows: {', '.join(allowed)}")
 
 
-def test_kernel(facts, profile, record):
+def test_kernel(on_node, profile, record):
+    facts = facts_of(on_node)
     minimum = profile.expect.get("kernel_min")
     record.note(f"{facts.kernel} ({facts.arch})")
     if minimum and version_tuple(facts.kernel) < version_tuple(minimum):
@@ -44,7 +49,8 @@ def test_kernel(facts, profile, record):
                                  f"the minimum of profile {profile.name}")
 
 
-def test_cpu(facts, profile, metrics, record):
+def test_cpu(on_node, profile, metrics, record):
+    facts = facts_of(on_node)
     pattern = profile.expect.get("cpu_model")
     record.note(f"{facts.cpu_model}, {facts.logical_cpus} logical CPUs")
     if pattern and not re.search(pattern, facts.cpu_model):
@@ -53,7 +59,8 @@ def test_cpu(facts, profile, metrics, record):
     metrics.judge(cpu_cores=(facts.logical_cpus, "cores"))
 
 
-def test_memory(facts, metrics, record):
+def test_memory(on_node, metrics, record):
+    facts = facts_of(on_node)
     record.note(f"{facts.memory_total_gib:.1f} GiB")
     metrics.judge(memory_total=(round(facts.memory_total_gib, 2), "GiB"))
 
