@@ -3,6 +3,7 @@
     handover report RUN_DIR [--sign-key KEY]       render (and sign) a run from its ledger
     handover verify RUN_DIR [--allowed-signers F]  check the signatures; non-zero on any mismatch
     handover inventory FILE                        validate an inventory and list its nodes
+    handover parse TOOL FILE                       a tool's saved output as JSON (sanity in `ok`)
 
 Running the acceptance suites is pytest's job: pytest --inventory inventory/<cluster>.yaml
 """
@@ -34,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     inventory = verbs.add_parser("inventory", help="validate an inventory and list its nodes")
     inventory.add_argument("file", type=Path, metavar="FILE")
     inventory.set_defaults(handler=cmd_inventory)
+
+    parse = verbs.add_parser("parse", help="parse a saved tool output into JSON on stdout")
+    parse.add_argument("tool", metavar="TOOL", help="one of: " + ", ".join(sorted(tool_parsers())))
+    parse.add_argument("file", type=Path, metavar="FILE")
+    parse.set_defaults(handler=cmd_parse)
 
     args = parser.parse_args(argv)
     return args.handler(args)
@@ -99,6 +105,45 @@ def cmd_inventory(args) -> int:
         print(f"group {group}: {hostlist.collect_hostlist(list(members))}")
     for scratch in cluster.scratch:
         print(f"scratch {scratch.path} ({scratch.kind}{', destructive' if scratch.destructive else ''})")
+    return 0
+
+
+def tool_parsers() -> dict:
+    """TOOL -> parser, gathered from every runners module's PARSERS mapping.
+
+    A tool module registers itself by defining PARSERS = {"fio": parse_fio}; each parser is
+    pure (text in, result out) and raises ParseError for text that is not the tool's output.
+    """
+    import importlib
+    import pkgutil
+
+    import runners
+
+    found = {}
+    for module in pkgutil.iter_modules(runners.__path__):
+        found.update(getattr(importlib.import_module(f"runners.{module.name}"), "PARSERS", {}))
+    return found
+
+
+def cmd_parse(args) -> int:
+    import dataclasses
+    import json
+
+    from runners.parsing import ParseError
+
+    parsers = tool_parsers()
+    if args.tool not in parsers:
+        return fail(f"parse: unknown tool {args.tool!r}; known: {', '.join(sorted(parsers))}")
+    try:
+        text = args.file.read_text(encoding="utf-8", errors="replace")
+    except OSError as error:
+        return fail(f"{args.file}: {error.strerror}")
+    try:
+        parsed = parsers[args.tool](text)
+    except ParseError as error:
+        return fail(f"{args.file}: not {args.tool} output: {error}")
+    result = dataclasses.asdict(parsed) if dataclasses.is_dataclass(parsed) else parsed
+    print(json.dumps(result, indent=2))
     return 0
 
 
