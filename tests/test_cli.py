@@ -1,0 +1,61 @@
+"""The handover command's verbs and its usage errors: one line, exit 2, never a traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def handover(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "reports.cli", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_inventory_lists_the_nodes_in_hostlist_form():
+    done = handover("inventory", ROOT / "inventory" / "local.yaml")
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[0] == "cluster local: 1 node(s) localhost"
+    assert "profile cpu-only" in done.stdout and "transport local" in done.stdout
+
+
+def test_parse_an_unknown_tool_names_the_known_ones(tmp_path):
+    sample = tmp_path / "out.txt"
+    sample.write_text("hello\n")
+    done = handover("parse", "no-such-tool", sample)
+    assert done.returncode == 2
+    assert done.stderr.startswith("handover: parse: unknown tool 'no-such-tool'; known:")
+    assert "Traceback" not in done.stderr
+
+
+def test_parse_a_missing_file_is_one_line(tmp_path):
+    from reports.cli import tool_parsers
+
+    for tool in sorted(tool_parsers())[:1]:
+        done = handover("parse", tool, tmp_path / "missing.txt")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "No such file" in done.stderr
+
+
+def test_every_registered_parser_rejects_text_that_is_not_its_tools(tmp_path):
+    from reports.cli import tool_parsers
+
+    garbage = tmp_path / "garbage.txt"
+    garbage.write_text("this is not the output of any tool\n")
+    for tool in sorted(tool_parsers()):
+        done = handover("parse", tool, garbage)
+        assert done.returncode == 2, tool
+        assert done.stderr.startswith(f"handover: {garbage}: not {tool} output:"), done.stderr
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_report_and_verify_of_a_directory_that_is_not_a_run(tmp_path):
+    report = handover("report", tmp_path)
+    assert report.returncode == 2 and "no ledger here" in report.stderr
+    verify = handover("verify", tmp_path / "missing")
+    assert verify.returncode == 2 and "no such run directory" in verify.stderr
+
+
+def test_usage_errors_exit_2():
+    assert handover().returncode == 2
+    assert handover("frobnicate").returncode == 2
