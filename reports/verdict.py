@@ -36,6 +36,8 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
     references: dict = profile.get("references", {})
 
     failures, incomplete = [], []
+    # One unreachable node fails every check the same way: say so once, naming the checks.
+    failed_alike: dict[tuple[str, str, str], list[str]] = {}
     per_node: dict = defaultdict(lambda: {"failed": [], "incomplete": [], "seen": False})
     by_check: dict = defaultdict(list)
     for entry in checks:
@@ -44,8 +46,9 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
         if entry.get("node"):
             per_node[entry["node"]]["seen"] = True
         if entry["outcome"] in FAILED_OUTCOMES:
-            why = f"{where}: {entry['check']} failed ({entry.get('kind') or 'error'}): {_first_line(entry)}"
-            failures.append(why)
+            kind, message = entry.get("kind") or "error", _first_line(entry)
+            failed_alike.setdefault((where, kind, message), []).append(entry["check"])
+            why = f"{where}: {entry['check']} failed ({kind}): {message}"
             if entry.get("node"):
                 per_node[entry["node"]]["failed"].append(why)
         elif entry["outcome"] == "passed":
@@ -53,6 +56,9 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
                 failures.append(f"{where}: {miss}")
                 if entry.get("node"):
                     per_node[entry["node"]]["failed"].append(miss)
+
+    failures[:0] = [f"{where}: {', '.join(names)} failed ({kind}): {message}"
+                    for (where, kind, message), names in failed_alike.items()]
 
     for check in mandatory:
         entries = by_check.get(check, [])
