@@ -157,6 +157,15 @@ def test_a_failed_check_is_not_certified_and_named(tmp_path, outcome):
     assert node_row(verdict, "n1")["status"] == "passed"
 
 
+def test_checks_that_failed_alike_on_a_node_are_one_reason(tmp_path):
+    down = "n2 unreachable: no answer within the connect timeout (10 s)"
+    entries = [check(e["node"], e["check"], "failed", kind="unreachable", message=down)
+               if e["node"] == "n2" else e for e in clean_run()]
+    verdict = verdict_of(write_run(tmp_path, entries))
+    assert verdict.reasons == [f"n2: reachable, memory, cpu failed (unreachable): {down}"]
+    assert len(node_row(verdict, "n2")["reasons"]) == 3  # the node table keeps each check
+
+
 def test_a_failure_without_a_kind_is_called_an_error(tmp_path):
     bad = check("n1", "reachable", "error", message="ConnectionError: no route to host")
     verdict = verdict_of(write_run(tmp_path, replaced(clean_run(), bad)))
