@@ -382,6 +382,7 @@ EXPECT_FIELDS: dict[str, Callable[[_At], object]] = {
     "os_ids": _string_list,  # accepted os-release IDs
     "kernel_min": _version,  # lowest acceptable kernel release, e.g. "4.18"
     "cpu_model": _regex,  # pattern the CPU model name must match
+    "shared_fstypes": _string_list,  # filesystem types a shared scratch path may have (lustre, nfs4)
 }
 
 
