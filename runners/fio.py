@@ -108,13 +108,16 @@ def declared(path: str, scratch: Sequence[ScratchPath]) -> ScratchPath:
 
 
 def run_on_scratch(transport: Transport, path: str, scratch: Sequence[ScratchPath], plan: Plan,
-                   argv: Sequence[str]) -> Result:
-    """Run fio `argv` in a file of its own under the declared scratch `path` on one node."""
+                   argv: Sequence[str], timeout: Optional[float] = None) -> Result:
+    """Run fio `argv` in a file of its own under the declared scratch `path` on one node.
+
+    timeout defaults to what the plan needs with a margin.
+    """
     entry = declared(path, scratch)
     spec = {"action": "run", "node": transport.node.name, "path": entry.path,
             "destructive": entry.destructive, "needed_bytes": plan.needed_bytes, "fio": list(argv)}
     return transport.run_script(payloads.load("fio_scratch"), [json.dumps(spec)],
-                                timeout=timeout_for(plan, argv))
+                                timeout=timeout or timeout_for(plan, argv))
 
 
 def probe_mount(transport: Transport, path: str) -> Result:
