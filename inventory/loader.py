@@ -383,6 +383,17 @@ EXPECT_FIELDS: dict[str, Callable[[_At], object]] = {
     "kernel_min": _version,  # lowest acceptable kernel release, e.g. "4.18"
     "cpu_model": _regex,  # pattern the CPU model name must match
     "shared_fstypes": _string_list,  # filesystem types a shared scratch path may have (lustre, nfs4)
+    # GPU SKUs (suites/test_hardware.py); gpu_count present makes a missing NVML a failure.
+    "gpu_count": _integer,  # GPUs per node
+    "gpu_model": _regex,  # pattern NVML's device name must match
+    "ecc": _boolean,  # ECC must be enabled
+    "ecc_correctable_max": _integer,  # aggregate correctable ECC errors above this warn
+    "pcie_gen": _integer,  # maximum PCIe link generation of every GPU
+    "pcie_width": _integer,  # maximum PCIe link width of every GPU
+    "nvlink_links": _integer,  # active NVLinks per GPU
+    "persistence_mode": _boolean,
+    "mig_mode": _boolean,
+    "compute_mode": lambda at: _choice(at, "compute mode", ("Default", "Exclusive_Process", "Prohibited")),
 }
 
 

@@ -1,0 +1,298 @@
+"""GPU facts through NVML: probe (runs the gpu_facts payload), parse, and pure evaluations.
+
+Each evaluation takes parsed facts and the profile's `expect` mapping and returns the problems
+it found, as sentences naming the GPU (index and bus id), the expected and the found value.
+An expectation the profile does not state is not checked.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from runners import payloads
+from runners.parsing import ParseError
+from runners.transport import Result, Transport
+
+PROBE_TIMEOUT_S = 120  # NVML start-up on 8 GPUs without persistence mode can take many seconds
+MIB = 2**20
+COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+    serial: str
+    vbios: str
+    inforom: str
+    bus_id: str
+    memory_total_mib: Optional[int]
+    ecc_current: Optional[bool]
+    ecc_pending: Optional[bool]
+    uncorrectable_volatile: Optional[int]
+    uncorrectable_aggregate: Optional[int]
+    correctable_volatile: Optional[int]
+    correctable_aggregate: Optional[int]
+    remap_pending: Optional[bool]  # None: NVML does not support row remapping on this GPU
+    remap_failure: Optional[bool]
+    retired_pending: Optional[bool]  # None: page retirement not supported (Hopper remaps rows)
+    pcie_gen_current: Optional[int]
+    pcie_gen_max: Optional[int]
+    pcie_width_current: Optional[int]
+    pcie_width_max: Optional[int]
+    pcie_replay: Optional[int]
+    nvlink_active: Optional[int]  # None: NVML reports no NVLink at all on this GPU
+    persistence: Optional[bool]
+    mig_current: Optional[bool]
+    compute_mode: Optional[str]
+    power_limit_mw: Optional[int]
+    power_limit_default_mw: Optional[int]
+    temp_slowdown: Optional[int]
+    temp_shutdown: Optional[int]
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.bus_id})" if self.bus_id else f"GPU {self.index}"
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    available: bool
+    reason: str  # why NVML is unavailable; "" when available
+    driver: str = ""
+    cuda_driver: Optional[int] = None
+    gpus: list[Gpu] = field(default_factory=list)
+
+
+def probe(transport: Transport) -> Result:
+    return transport.run_script(payloads.load("gpu_facts"), timeout=PROBE_TIMEOUT_S)
+
+
+def _value(raw: Any) -> Any:
+    """None for NVML's {"error": ..., "msg": ...} stand-ins, the value otherwise."""
+    return None if isinstance(raw, dict) and "error" in raw else raw
+
+
+def _int(raw: Any) -> Optional[int]:
+    raw = _value(raw)
+    return int(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
+
+
+def _flag(raw: Any) -> Optional[bool]:
+    raw = _value(raw)
+    if isinstance(raw, bool):
+        return raw
+    return bool(raw) if isinstance(raw, int) else None
+
+
+def _pair(raw: Any) -> tuple[Optional[bool], Optional[bool]]:
+    """(current, pending) of NVML's ECC and MIG mode getters."""
+    raw = _value(raw)
+    if isinstance(raw, (list, tuple)) and len(raw) == 2:
+        return _flag(raw[0]), _flag(raw[1])
+    return None, None
+
+
+def _remapped(raw: Any) -> tuple[Optional[bool], Optional[bool]]:
+    """(pending, failure) from a dict, or from the tuple text "(corr, unc, pending, failure)"."""
+    raw = _value(raw)
+    if isinstance(raw, dict):
+        return _flag(raw.get("pending")), _flag(raw.get("failure"))
+    if isinstance(raw, str):
+        numbers = [int(n) for n in re.findall(r"\d+", raw)]
+        if len(numbers) == 4:
+            return bool(numbers[2]), bool(numbers[3])
+    if isinstance(raw, list) and len(raw) == 4:
+        return bool(raw[2]), bool(raw[3])
+    return None, None
+
+
+def _nvlink_active(links: Any) -> Optional[int]:
+    if not isinstance(links, list):
+        return None
+    states = [_value(link.get("state")) for link in links if isinstance(link, dict)]
+    known = [state for state in states if state is not None]
+    return sum(1 for state in known if state) if known else None
+
+
+def _text(raw: Any) -> str:
+    raw = _value(raw)
+    return "" if raw is None else str(raw)
+
+
+def _gpu(index: int, raw: dict) -> Gpu:
+    memory = _value(raw.get("memory")) or {}
+    pci = _value(raw.get("pci")) or {}
+    ecc_current, ecc_pending = _pair(raw.get("ecc_mode"))
+    mig_current, _ = _pair(raw.get("mig_mode"))
+    remap_pending, remap_failure = _remapped(raw.get("remapped_rows"))
+    total = memory.get("total") if isinstance(memory, dict) else None
+    compute = _int(raw.get("compute_mode"))
+    return Gpu(
+        index=int(raw.get("index", index)),
+        name=_text(raw.get("name")),
+        uuid=_text(raw.get("uuid")),
+        serial=_text(raw.get("serial")),
+        vbios=_text(raw.get("vbios")),
+        inforom=_text(raw.get("inforom_image")),
+        bus_id=str(pci.get("busId", "")) if isinstance(pci, dict) else "",
+        memory_total_mib=int(total) // MIB if isinstance(total, int) else None,
+        ecc_current=ecc_current,
+        ecc_pending=ecc_pending,
+        uncorrectable_volatile=_int(raw.get("ecc_dbe_volatile")),
+        uncorrectable_aggregate=_int(raw.get("ecc_dbe_aggregate")),
+        correctable_volatile=_int(raw.get("ecc_sbe_volatile")),
+        correctable_aggregate=_int(raw.get("ecc_sbe_aggregate")),
+        remap_pending=remap_pending,
+        remap_failure=remap_failure,
+        retired_pending=_flag(raw.get("retired_pending")),
+        pcie_gen_current=_int(raw.get("pcie_gen_cur")),
+        pcie_gen_max=_int(raw.get("pcie_gen_max")),
+        pcie_width_current=_int(raw.get("pcie_width_cur")),
+        pcie_width_max=_int(raw.get("pcie_width_max")),
+        pcie_replay=_int(raw.get("pcie_replay")),
+        nvlink_active=_nvlink_active(raw.get("nvlink")),
+        persistence=_flag(raw.get("persistence")),
+        mig_current=mig_current,
+        compute_mode=COMPUTE_MODES.get(compute, str(compute)) if compute is not None else None,
+        power_limit_mw=_int(raw.get("power_limit_mw")),
+        power_limit_default_mw=_int(raw.get("power_limit_default_mw")),
+        temp_slowdown=_int(raw.get("temp_slowdown")),
+        temp_shutdown=_int(raw.get("temp_shutdown")),
+    )
+
+
+def parse_gpu_facts(text: str) -> GpuFacts:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"GPU facts are not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ParseError("GPU facts are not a JSON object")
+    if data.get("available") is False:
+        return GpuFacts(available=False, reason=f"NVML unavailable ({data.get('error')}): "
+                                                f"{data.get('reason', '')}")
+    if not isinstance(data.get("gpus"), list):
+        raise ParseError("GPU facts have neither `available: false` nor a `gpus` list")
+    gpus = [_gpu(index, raw) for index, raw in enumerate(data["gpus"])]
+    return GpuFacts(available=True, reason="", driver=_text(data.get("driver")),
+                    cuda_driver=_int(data.get("cuda_driver")), gpus=gpus)
+
+
+# ---------------------------------------------------------------- evaluations (pure)
+
+
+def inventory_problems(facts: GpuFacts, expect: dict) -> list[str]:
+    """GPU count and model as the profile says."""
+    problems = []
+    count = expect.get("gpu_count")
+    if count is not None and len(facts.gpus) != count:
+        problems.append(f"{len(facts.gpus)} GPU(s) found, expected {count}")
+    pattern = expect.get("gpu_model")
+    if pattern:
+        for gpu in facts.gpus:
+            if not re.search(pattern, gpu.name):
+                problems.append(f"{gpu.label} is {gpu.name!r}, expected a match for {pattern!r}")
+    return problems
+
+
+def ecc_problems(facts: GpuFacts, expect: dict) -> tuple[list[str], list[str]]:
+    """(problems, warnings): ECC on, no uncorrectable errors, no pending or failed row remap.
+
+    Correctable errors above the profile's `ecc_correctable_max` are a warning, not a failure.
+    """
+    problems, warnings = [], []
+    limit = expect.get("ecc_correctable_max")
+    for gpu in facts.gpus:
+        if expect.get("ecc", True):
+            if gpu.ecc_current is not True:
+                problems.append(f"{gpu.label}: ECC is {_state(gpu.ecc_current)}, expected enabled")
+            elif gpu.ecc_pending is False:
+                problems.append(f"{gpu.label}: ECC will be disabled at the next reset")
+        for scope, count in (("volatile", gpu.uncorrectable_volatile),
+                             ("aggregate", gpu.uncorrectable_aggregate)):
+            if count:
+                problems.append(f"{gpu.label}: {count} uncorrectable ECC error(s) ({scope})")
+        if gpu.remap_pending:
+            problems.append(f"{gpu.label}: a row remap is pending (reset the GPU to apply it)")
+        if gpu.remap_failure:
+            problems.append(f"{gpu.label}: row remapping failed (RMA candidate)")
+        if gpu.retired_pending:
+            problems.append(f"{gpu.label}: page retirement is pending (reset the GPU)")
+        correctable = gpu.correctable_aggregate
+        if limit is not None and correctable is not None and correctable > limit:
+            warnings.append(f"{gpu.label}: {correctable} correctable ECC errors (aggregate), "
+                            f"above the profile's {limit}")
+    return problems, warnings
+
+
+def pcie_problems(facts: GpuFacts, expect: dict) -> tuple[list[str], list[str]]:
+    """(problems, notes): link generation and width capability as the profile says.
+
+    Links train down to a lower generation at idle to save power, so a current generation below
+    the maximum is only a note here; the current width below the maximum is a problem.
+    """
+    problems, notes = [], []
+    want_gen, want_width = expect.get("pcie_gen"), expect.get("pcie_width")
+    for gpu in facts.gpus:
+        if want_gen is not None and gpu.pcie_gen_max != want_gen:
+            problems.append(f"{gpu.label}: PCIe link at most Gen{gpu.pcie_gen_max}, "
+                            f"expected Gen{want_gen}")
+        if want_width is not None and gpu.pcie_width_max != want_width:
+            problems.append(f"{gpu.label}: PCIe link at most x{gpu.pcie_width_max}, "
+                            f"expected x{want_width}")
+        if (gpu.pcie_width_current is not None and gpu.pcie_width_max is not None
+                and gpu.pcie_width_current < gpu.pcie_width_max):
+            problems.append(f"{gpu.label}: PCIe link running x{gpu.pcie_width_current} "
+                            f"of x{gpu.pcie_width_max}")
+        if (gpu.pcie_gen_current is not None and gpu.pcie_gen_max is not None
+                and gpu.pcie_gen_current < gpu.pcie_gen_max):
+            notes.append(f"{gpu.label}: Gen{gpu.pcie_gen_current} now (idle links train down)")
+    return problems, notes
+
+
+def nvlink_problems(facts: GpuFacts, expect: dict) -> list[str]:
+    want = expect.get("nvlink_links")
+    if not want:
+        return []
+    return [f"{gpu.label}: {gpu.nvlink_active or 0} active NVLink(s), expected {want}"
+            for gpu in facts.gpus if (gpu.nvlink_active or 0) != want]
+
+
+def mode_problems(facts: GpuFacts, expect: dict) -> list[str]:
+    """Persistence, MIG and compute mode; enforced power limit at the default; thresholds set."""
+    problems = []
+    for gpu in facts.gpus:
+        for label, want, found in (("persistence mode", expect.get("persistence_mode"), gpu.persistence),
+                                   ("MIG mode", expect.get("mig_mode"), gpu.mig_current)):
+            if want is not None and found is not want:
+                problems.append(f"{gpu.label}: {label} is {_state(found)}, expected "
+                                f"{_state(want)}")
+        want_compute = expect.get("compute_mode")
+        if want_compute and gpu.compute_mode != want_compute:
+            problems.append(f"{gpu.label}: compute mode is {gpu.compute_mode}, expected {want_compute}")
+        if gpu.power_limit_mw != gpu.power_limit_default_mw or gpu.power_limit_mw is None:
+            problems.append(f"{gpu.label}: enforced power limit {_watts(gpu.power_limit_mw)} differs "
+                            f"from the default {_watts(gpu.power_limit_default_mw)}")
+        if gpu.temp_slowdown is None or gpu.temp_shutdown is None:
+            problems.append(f"{gpu.label}: temperature thresholds missing (slowdown "
+                            f"{gpu.temp_slowdown}, shutdown {gpu.temp_shutdown})")
+    return problems
+
+
+def firmware_set(facts: GpuFacts) -> dict[str, str]:
+    """What must be uniform across nodes: driver, and the VBIOS and InfoROM set of the GPUs."""
+    return {"driver": facts.driver,
+            "VBIOS": ",".join(sorted({gpu.vbios for gpu in facts.gpus})),
+            "InfoROM": ",".join(sorted({gpu.inforom for gpu in facts.gpus}))}
+
+
+def _state(value: Optional[bool]) -> str:
+    return {True: "enabled", False: "disabled", None: "unknown"}[value]
+
+
+def _watts(milliwatts: Optional[int]) -> str:
+    return "unknown" if milliwatts is None else f"{milliwatts / 1000:g} W"

@@ -1,0 +1,178 @@
+"""Hardware: GPU health and configuration through NVML, kernel-log Xids, stress-ng, DCGM.
+
+A node without NVML skips the GPU checks on a profile that expects no GPUs (no `gpu_count`),
+and fails them on a GPU profile: a GPU node whose driver cannot be reached is not deliverable.
+"""
+from __future__ import annotations
+
+import pytest
+
+from runners import dcgmi, kernel_log, nvml, stress_ng
+from runners.parsing import ParseError
+from suites.checks import ExpectationFailure, SanityFailure, excerpt, parsed, require
+from suites.test_system import odd_ones_out
+
+pytestmark = [pytest.mark.hardware, pytest.mark.quick]
+
+GPU_STEP = "gpu_facts"
+STRESS_STEP = "stress_ng"
+KERNEL_STEP = "kernel_log"
+DCGM_STEP = "dcgmi_diag"
+GIB_PER_MIB = 1 / 1024
+
+
+def gpu_facts_of(on_node, profile) -> nvml.GpuFacts:
+    """This node's NVML facts; skip or fail (by profile) when the node has no NVML."""
+    facts = parsed(nvml.parse_gpu_facts, on_node(GPU_STEP, nvml.probe))
+    if not facts.available:
+        expected = profile.expect.get("gpu_count")
+        if expected:
+            raise ExpectationFailure(f"profile {profile.name} expects {expected} GPU(s), but "
+                                     f"{facts.reason}")
+        pytest.skip(facts.reason)
+    return facts
+
+
+def fail_on(problems: list[str], kind=ExpectationFailure) -> None:
+    if problems:
+        raise kind("; ".join(problems))
+
+
+def test_gpu_inventory(on_node, profile, recorder, node, record, metrics):
+    facts = gpu_facts_of(on_node, profile)
+    recorder.record_tool(node, "nvidia-driver", facts.driver)
+    models = sorted({gpu.name for gpu in facts.gpus})
+    record.note(f"{len(facts.gpus)} GPU(s): {', '.join(models) or 'none'}; driver {facts.driver}")
+    fail_on(nvml.inventory_problems(facts, profile.expect))
+    sizes = [gpu.memory_total_mib for gpu in facts.gpus if gpu.memory_total_mib is not None]
+    smallest = round(min(sizes) * GIB_PER_MIB, 2) if sizes else None
+    metrics.judge(gpu_memory=(smallest, "GiB"))
+
+
+def test_gpu_ecc(on_node, profile, record):
+    facts = gpu_facts_of(on_node, profile)
+    problems, warnings = nvml.ecc_problems(facts, profile.expect)
+    record.note("; ".join(["WARNING: " + w for w in warnings])
+                or f"ECC clean on {len(facts.gpus)} GPU(s)")
+    fail_on(problems)
+
+
+def test_gpu_pcie(on_node, profile, record):
+    facts = gpu_facts_of(on_node, profile)
+    problems, notes = nvml.pcie_problems(facts, profile.expect)
+    links = sorted({f"Gen{g.pcie_gen_max} x{g.pcie_width_max}" for g in facts.gpus})
+    replays = sum(g.pcie_replay or 0 for g in facts.gpus)
+    record.note(f"links {', '.join(links)}; {replays} replay(s)"
+                + ("; " + "; ".join(notes) if notes else ""))
+    fail_on(problems)
+
+
+def test_gpu_nvlink(on_node, profile, record):
+    facts = gpu_facts_of(on_node, profile)
+    active = [g.nvlink_active or 0 for g in facts.gpus]
+    record.note(f"active NVLinks per GPU: {active}")
+    fail_on(nvml.nvlink_problems(facts, profile.expect))
+
+
+def test_gpu_modes(on_node, profile, record):
+    facts = gpu_facts_of(on_node, profile)
+    record.note(f"{len(facts.gpus)} GPU(s) checked for persistence, MIG, compute mode, power limit")
+    fail_on(nvml.mode_problems(facts, profile.expect))
+
+
+@pytest.mark.cluster
+def test_gpu_uniformity(cluster_run, record):
+    """Same driver, VBIOS and InfoROM set on every node with NVML; odd ones out are named."""
+    sets = {}
+    for node, result in cluster_run.gather(GPU_STEP, nvml.probe).items():
+        try:
+            facts = nvml.parse_gpu_facts(result.stdout) if result.ok else None
+        except ParseError:
+            facts = None
+        if facts is not None and facts.available:
+            sets[node] = nvml.firmware_set(facts)
+    if not sets:
+        pytest.skip("no node answered with NVML facts")
+    record.note(f"{len(sets)} node(s) compared")
+    differences = [odd_ones_out(label, {n: s[label] for n, s in sets.items()})
+                   for label in ("driver", "VBIOS", "InfoROM")]
+    fail_on([d for d in differences if d])
+
+
+def test_kernel_log(on_node, record):
+    result = on_node(KERNEL_STEP, kernel_log.read)
+    reason = kernel_log.unreadable_reason(result)
+    if reason:
+        pytest.skip(reason)
+    log = parsed(kernel_log.parse_kernel_log, result)
+    worst = [e for e in log.events if e.severity == kernel_log.CRITICAL]
+    others = [e for e in log.events if e.severity != kernel_log.CRITICAL]
+    summary = [f"{e.kind} {e.code if e.code is not None else ''} {e.device}: {e.meaning} -> "
+               f"{e.action}".replace("  ", " ") for e in worst + others]
+    record.note(f"{log.lines} line(s), {len(log.events)} event(s)"
+                + ("; WARNING: " + " | ".join(summary[:5]) if summary else ""))
+    if worst:
+        raise SanityFailure(f"{len(worst)} critical kernel event(s): " + " | ".join(summary[:len(worst)]),
+                            "\n".join(e.line for e in worst))
+
+
+def stress_text(result) -> str:
+    """The log (stderr) followed by the --yaml document (stdout): the parser reads both."""
+    return result.stderr + "\n" + result.stdout
+
+
+def test_stress_ng(on_node, cluster_run, recorder, node, record, metrics):
+    result = on_node(STRESS_STEP, stress_ng.stress)
+    if result.exit_code == 127 and result.failure is None:
+        pytest.skip("stress-ng is not installed (apt-get install stress-ng)")
+    if result.failure or result.timed_out:
+        require(result)
+    try:
+        run = stress_ng.parse_stress_ng(stress_text(result))
+    except ParseError as error:
+        raise SanityFailure(f"{node}: stress-ng exited {result.exit_code} "
+                            f"({stress_ng.exit_meaning(result.exit_code)}): {error}",
+                            excerpt(result.stderr or result.stdout)) from None
+    recorder.record_tool(node, "stress-ng", run.version or "unknown")
+    if result.exit_code != 0 or not run.ok:
+        details = run.failures or [f"{s.name}: {s.bogo_ops:g} bogo ops" for s in run.stressors]
+        raise SanityFailure(f"{node}: stress-ng exited {result.exit_code} "
+                            f"({stress_ng.exit_meaning(result.exit_code)}): {'; '.join(details)}",
+                            excerpt(result.stderr))
+    rates = {}
+    for other, other_result in cluster_run.gather(STRESS_STEP, stress_ng.stress).items():
+        try:
+            other_run = stress_ng.parse_stress_ng(stress_text(other_result))
+        except ParseError:
+            continue
+        if other_result.exit_code == 0 and other_run.ok:
+            rates[other] = {s.name: s.bogo_ops_per_s for s in other_run.stressors}
+    warnings = stress_ng.slow_stressors(rates, node)
+    record.note(", ".join(f"{s.name} {s.bogo_ops_per_s:.1f}" for s in run.stressors)
+                + " bogo-ops/s" + ("; WARNING: " + "; ".join(warnings) if warnings else ""))
+    metrics.judge(**{f"stress_{s.name}": (round(s.bogo_ops_per_s, 2), "bogo-ops/s")
+                     for s in run.stressors})
+
+
+def test_dcgm_diag(on_node, profile, record):
+    facts = gpu_facts_of(on_node, profile)
+    result = on_node(DCGM_STEP, dcgmi.diag)
+    if dcgmi.dcgmi_missing(result):
+        pytest.skip("dcgmi is not installed (DCGM); NVIDIA's diagnostic was not run")
+    if result.failure or result.timed_out:
+        require(result)
+    meaning = dcgmi.EXIT_MEANINGS.get(result.exit_code, f"exit {result.exit_code}")
+    if result.exit_code not in (0, *dcgmi.RAN_AND_FOUND_FAILURES):
+        raise SanityFailure(f"dcgmi diag: {meaning}", excerpt(result.stderr or result.stdout))
+    try:
+        diag = dcgmi.parse_dcgmi(result.stdout)
+    except ParseError as error:
+        raise SanityFailure(f"dcgmi diag ({meaning}): {error}", excerpt(result.stdout)) from None
+    failing = [f"{t.name} on GPU(s) {t.gpus}: {t.status}"
+               + (f" ({'; '.join(t.warnings)})" if t.warnings else "")
+               for t in diag.tests if t.status.lower() not in dcgmi.PASSING_STATUSES]
+    record.note(f"DCGM {diag.version}: {len(diag.tests)} result(s) on {len(facts.gpus)} GPU(s)")
+    if diag.runtime_error:
+        failing.append(f"runtime error: {diag.runtime_error}")
+    if failing or result.exit_code != 0:
+        raise ExpectationFailure(f"dcgmi diag ({meaning}): " + ("; ".join(failing) or "no failing test named"))
