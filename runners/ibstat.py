@@ -1,0 +1,147 @@
+"""InfiniBand HCAs and ports: `ibstat` on a node, and pure parsers for ibstat and ibv_devinfo text.
+
+Both parsers give the same shape (HCAs, each with ports), so a check reads either. ibv_devinfo
+without -v prints no rate and no physical state: those stay None. ibstat with no RDMA device
+prints nothing and exits 0 (infiniband-diags 44.0 on Debian 12), so empty output means "no HCA",
+which the suite decides on; the parser rejects it as not ibstat output.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from runners.parsing import ParseError
+from runners.transport import Result, Transport
+
+PROBE_TIMEOUT_S = 30
+COMMAND_NOT_FOUND = 127  # what `timeout` (the transport's wrapper) exits when the tool is missing
+
+_CA = re.compile(r"^CA '([^']+)'\s*$")
+_PORT = re.compile(r"^\s+Port (\d+):\s*$")
+_FIELD = re.compile(r"^\s+([A-Za-z][A-Za-z ]*?):\s*(.*?)\s*$")
+_DEVINFO_HCA = re.compile(r"^hca_id:\s*(\S+)\s*$")
+_DEVINFO_PORT = re.compile(r"^\s+port:\s*(\d+)\s*$")
+_DEVINFO_FIELD = re.compile(r"^\s+(\w+):\s*(.*?)\s*$")
+_DEVINFO_STATES = {"PORT_ACTIVE": "Active", "PORT_DOWN": "Down", "PORT_INIT": "Initializing",
+                   "PORT_ARMED": "Armed", "PORT_ACTIVE_DEFER": "ActiveDefer"}
+MELLANOX_VENDOR_ID = "0x02c9"
+
+
+@dataclass
+class IbPort:
+    port: int
+    state: Optional[str] = None  # Active, Down, Initializing, Armed
+    physical_state: Optional[str] = None  # LinkUp, Polling, Disabled
+    rate: Optional[float] = None  # Gb/s: NDR 400, HDR 200
+    link_layer: Optional[str] = None  # InfiniBand or Ethernet
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "Active" and self.physical_state in (None, "LinkUp")
+
+
+@dataclass
+class Hca:
+    name: str
+    ca_type: Optional[str] = None  # e.g. MT4129 (ConnectX-7)
+    firmware: Optional[str] = None
+    ports: list[IbPort] = field(default_factory=list)
+
+
+@dataclass
+class IbDevices:
+    hcas: list[Hca]
+    source: str  # ibstat or ibv_devinfo
+    ok: bool  # at least one HCA, and every port Active (and LinkUp where the tool says)
+
+
+def parse_ibstat(text: str) -> IbDevices:
+    hcas: list[Hca] = []
+    port: Optional[IbPort] = None
+    for line in text.splitlines():
+        if match := _CA.match(line):
+            hcas.append(Hca(match.group(1)))
+            port = None
+        elif not hcas:
+            continue
+        elif match := _PORT.match(line):
+            port = IbPort(int(match.group(1)))
+            hcas[-1].ports.append(port)
+        elif match := _FIELD.match(line):
+            key, value = match.groups()
+            if port is None:
+                if key == "CA type":
+                    hcas[-1].ca_type = value
+                elif key == "Firmware version":
+                    hcas[-1].firmware = value
+            elif key == "State":
+                port.state = value
+            elif key == "Physical state":
+                port.physical_state = value
+            elif key == "Rate":
+                port.rate = _number(value, "Rate", line)
+            elif key == "Link layer":
+                port.link_layer = value
+    if not hcas:
+        raise ParseError("no \"CA '<name>'\" block: not ibstat output")
+    return IbDevices(hcas, "ibstat", _all_healthy(hcas))
+
+
+def parse_ibv_devinfo(text: str) -> IbDevices:
+    hcas: list[Hca] = []
+    port: Optional[IbPort] = None
+    vendor: dict[str, str] = {}
+    for line in text.splitlines():
+        if match := _DEVINFO_HCA.match(line):
+            hcas.append(Hca(match.group(1)))
+            port = None
+        elif not hcas:
+            continue
+        elif match := _DEVINFO_PORT.match(line):
+            port = IbPort(int(match.group(1)))
+            hcas[-1].ports.append(port)
+        elif match := _DEVINFO_FIELD.match(line):
+            key, value = match.groups()
+            if port is None:
+                if key == "fw_ver":
+                    hcas[-1].firmware = value
+                elif key == "vendor_id":
+                    vendor[hcas[-1].name] = value
+                elif key == "vendor_part_id" and vendor.get(hcas[-1].name) == MELLANOX_VENDOR_ID:
+                    hcas[-1].ca_type = f"MT{value}"  # ibstat's CA type for NVIDIA/Mellanox HCAs
+            elif key == "state":
+                word = value.split()[0]
+                port.state = _DEVINFO_STATES.get(word, word)
+            elif key == "link_layer":
+                port.link_layer = value
+    if not hcas:
+        raise ParseError("no 'hca_id:' block: not ibv_devinfo output")
+    return IbDevices(hcas, "ibv_devinfo", _all_healthy(hcas))
+
+
+def _number(value: str, what: str, line: str) -> float:
+    try:
+        return float(value.split()[0])
+    except (ValueError, IndexError):
+        raise ParseError(f"{what} is not a number: {line.strip()!r}") from None
+
+
+def _all_healthy(hcas: list[Hca]) -> bool:
+    return all(hca.ports and all(port.healthy for port in hca.ports) for hca in hcas)
+
+
+PARSERS = {"ibstat": parse_ibstat, "ibv_devinfo": parse_ibv_devinfo}
+
+
+def probe(transport: Transport) -> Result:
+    return transport.run(["ibstat"], timeout=PROBE_TIMEOUT_S)
+
+
+def tool_missing(result: Result) -> bool:
+    return result.exit_code == COMMAND_NOT_FOUND
+
+
+def no_device(result: Result) -> bool:
+    """ibstat ran, and found no HCA: empty output (and exit 0) on infiniband-diags 44."""
+    return result.ok and not result.stdout.strip()

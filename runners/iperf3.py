@@ -1,0 +1,147 @@
+"""iperf3 between two nodes: server and client argv, one pair run with teardown, and a pure parser.
+
+iperf3 3.11/3.12 with -J exits 0 on client-side errors (esnet/iperf#1405) and reports them in
+the document's "error" key, so the parser, not the exit code, decides whether a run worked.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from runners.parsing import ParseError
+from runners.transport import Result, Transport
+
+CONNECT_TIMEOUT_S = 3
+SERVER_GRACE_S = 3  # how long a server may take to exit after its client finished
+REFUSED_RETRY_S = 5  # how long a client retries "connection refused" while the server starts
+REFUSED = "Connection refused"
+
+
+@dataclass(frozen=True)
+class Iperf3Report:
+    bits_per_second: Optional[float]  # received, bit/s (decimal)
+    retransmits: Optional[int]  # TCP sender's, None on the server side and for UDP
+    error: Optional[str]
+    ok: bool
+    role: str  # client, server, or unknown (an error before the connection)
+    protocol: Optional[str]
+    version: Optional[str]
+
+    @property
+    def gbps(self) -> Optional[float]:
+        return None if self.bits_per_second is None else self.bits_per_second / 1e9
+
+
+def parse_iperf3(text: str) -> Iperf3Report:
+    """An iperf3 -J document (client or server, TCP or UDP), its error key included."""
+    start = text.find("{")
+    if start < 0:
+        raise ParseError("no JSON object in iperf3 output")
+    try:
+        data = json.loads(text[start:])
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"iperf3 -J output is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("start"), dict):
+        raise ParseError("not an iperf3 -J document: no 'start' object")
+    begun, end = data["start"], data.get("end") or {}
+    if not isinstance(end, dict):
+        raise ParseError("iperf3 -J: 'end' is not an object")
+    error = data.get("error")
+    role = ("client" if "connecting_to" in begun else
+            "server" if "accepted_connection" in begun else "unknown")
+    received = end.get("sum_received") or end.get("sum") or {}
+    sent = end.get("sum_sent") or {}
+    bits = received.get("bits_per_second")
+    retransmits = sent.get("retransmits") if role == "client" else None
+    protocol = (begun.get("test_start") or {}).get("protocol")
+    ok = error is None and isinstance(bits, (int, float)) and bits > 0
+    return Iperf3Report(
+        bits_per_second=float(bits) if isinstance(bits, (int, float)) else None,
+        retransmits=retransmits if isinstance(retransmits, int) else None,
+        error=str(error) if error is not None else None, ok=ok, role=role,
+        protocol=protocol, version=begun.get("version"))
+
+
+PARSERS = {"iperf3": parse_iperf3}
+
+
+def server_argv(port: int) -> list[str]:
+    """A one-off server: it serves one client and exits, so nothing lingers after a good run."""
+    return ["iperf3", "--server", "--one-off", "--json", "--port", str(port)]
+
+
+def client_argv(server: str, port: int, seconds: int) -> list[str]:
+    return ["iperf3", "--client", server, "--port", str(port), "--time", str(seconds), "--json",
+            "--connect-timeout", str(CONNECT_TIMEOUT_S * 1000)]
+
+
+@dataclass(frozen=True)
+class PairRun:
+    """One pair's iperf3: the client's and the server's Results (the client's is the measurement)."""
+
+    server: str
+    client: str
+    port: int
+    client_result: Result
+    server_result: Optional[Result]
+
+
+def run_pair(server: Transport, client: Transport, server_address: str, port: int,
+             seconds: int) -> PairRun:
+    """Server on one node, client on the other; the server is torn down whatever happens.
+
+    The client retries while the server is not yet listening ("connection refused"); once it
+    has finished, succeeded or not, a server still running after a short grace is killed on
+    its node.
+    """
+    served: dict[str, Result] = {}
+    server_timeout = seconds + CONNECT_TIMEOUT_S + REFUSED_RETRY_S + 15
+
+    def serve() -> None:
+        served["result"] = server.run(server_argv(port), timeout=server_timeout)
+
+    thread = threading.Thread(target=serve, name=f"iperf3-server-{server.node.name}-{port}",
+                              daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + REFUSED_RETRY_S
+        while True:
+            result = client.run(client_argv(server_address, port, seconds),
+                                timeout=seconds + CONNECT_TIMEOUT_S + 5)
+            if REFUSED not in result.stdout or time.monotonic() > deadline or not thread.is_alive():
+                break
+            time.sleep(0.2)
+    finally:
+        thread.join(SERVER_GRACE_S)
+        if thread.is_alive():
+            server.kill_running()
+            thread.join(SERVER_GRACE_S + 15)
+    return PairRun(server.node.name, client.node.name, port, result, served.get("result"))
+
+
+def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
+    """(report, '') when the client measured; (report or None, why) when it did not.
+
+    Sanity before figures: an unreachable node, a timeout, a non-zero exit, unparseable output
+    and the "error" key each fail the pair, whatever the exit code said.
+    """
+    result = run.client_result
+    where = f"{run.client} -> {run.server}:{run.port}"
+    if result.failure:
+        return None, result.explain()
+    try:
+        report = parse_iperf3(result.stdout)
+    except ParseError as exc:
+        if result.timed_out:
+            return None, f"{where}: iperf3 timed out after {result.duration_s:.0f} s"
+        return None, f"{where}: {exc} (exit {result.exit_code})"
+    if report.error:
+        return report, f"{where}: iperf3 error: {report.error}"
+    if result.timed_out or result.exit_code != 0:
+        return report, f"{where}: " + result.explain().split(": ", 1)[-1]
+    if not report.ok:
+        return report, f"{where}: iperf3 measured no traffic"
+    return report, ""

@@ -1,0 +1,209 @@
+"""Pairwise tests in rounds: which node pairs run together, on which ports, and who is to blame.
+
+A link test needs two nodes; N nodes have N(N-1)/2 pairs. Run one pair at a time and a 64-node
+cluster takes hours; run every pair at once and the pairs fight over the same NICs. The circle
+method splits all pairs into N-1 rounds in which no node appears twice (N odd: one idle node per
+round), so each round runs all of its pairs concurrently without sharing a port on any node.
+
+Everything here but run_rounds is pure, so the schedule and the attribution are unit-tested.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence, TypeVar
+
+Pair = tuple[str, str]
+T = TypeVar("T")
+
+
+def pair_id(pair: Pair) -> str:
+    """How a pair is named in test ids and reports: 'a-b'."""
+    return f"{pair[0]}-{pair[1]}"
+
+
+def circle_rounds(nodes: Sequence[str]) -> list[list[Pair]]:
+    """Every pair exactly once, in len(nodes)-1 rounds (len(nodes) when odd) of disjoint pairs.
+
+    The circle method: fix the first node, rotate the rest one step per round and pair position
+    i with position n-1-i. An odd count gets a placeholder; whoever meets it sits the round out.
+    """
+    players: list = list(nodes)
+    if len(set(players)) != len(players):
+        raise ValueError(f"node names must be distinct: {players}")
+    if len(players) < 2:
+        return []
+    if len(players) % 2:
+        players.append(None)
+    count = len(players)
+    rounds = []
+    for _ in range(count - 1):
+        pairs = []
+        for i in range(count // 2):
+            a, b = players[i], players[count - 1 - i]
+            if a is not None and b is not None:
+                pairs.append(_ordered(a, b, nodes))
+        rounds.append(sorted(pairs, key=lambda p: nodes.index(p[0])))
+        players = [players[0], players[-1], *players[1:-1]]
+    return rounds
+
+
+def ring_pairs(nodes: Sequence[str]) -> list[Pair]:
+    """Each node paired with the next (the last with the first): every node in two pairs.
+
+    Two pairs per node is what attribution needs: a node whose both pairs are low is the suspect,
+    one low pair points at a link. Two nodes make one pair.
+    """
+    if len(nodes) < 2:
+        return []
+    if len(nodes) == 2:
+        return [(nodes[0], nodes[1])]
+    return [_ordered(nodes[i], nodes[(i + 1) % len(nodes)], nodes) for i in range(len(nodes))]
+
+
+def ring_rounds(nodes: Sequence[str]) -> list[list[Pair]]:
+    """The ring's pairs in two rounds of disjoint pairs (three when the count is odd)."""
+    return greedy_rounds(ring_pairs(nodes))
+
+
+def greedy_rounds(pairs: Iterable[Pair]) -> list[list[Pair]]:
+    """Any set of pairs in rounds where no node appears twice: first fit, in the order given."""
+    rounds: list[list[Pair]] = []
+    busy: list[set[str]] = []
+    for pair in pairs:
+        for index, taken in enumerate(busy):
+            if pair[0] not in taken and pair[1] not in taken:
+                rounds[index].append(pair)
+                taken.update(pair)
+                break
+        else:
+            rounds.append([pair])
+            busy.append(set(pair))
+    return rounds
+
+
+def schedule(nodes: Sequence[str], wanted: Iterable[Pair]) -> list[list[Pair]]:
+    """The wanted pairs in rounds: the circle's rounds when they are all pairs, else first fit."""
+    wanted = list(dict.fromkeys(_ordered(a, b, nodes) for a, b in wanted))
+    if len(wanted) == len(nodes) * (len(nodes) - 1) // 2:
+        return circle_rounds(nodes)
+    return greedy_rounds(wanted)
+
+
+def ports_for(round_pairs: Sequence[Pair], base_port: int) -> dict[Pair, int]:
+    """A distinct port per pair of a round, so no two servers of a round ever collide."""
+    return {pair: base_port + index for index, pair in enumerate(round_pairs)}
+
+
+def _ordered(a: str, b: str, nodes: Sequence[str]) -> Pair:
+    return (a, b) if nodes.index(a) < nodes.index(b) else (b, a)
+
+
+def run_rounds(rounds: Sequence[Sequence[Pair]], base_port: int,
+               run_pair: Callable[[Pair, int], T]) -> dict[Pair, T]:
+    """run_pair(pair, port) for every pair; the pairs of a round at once, the rounds in turn.
+
+    run_pair must not raise (it returns its failure as data), so one broken pair never stops
+    its round; a round ends when its slowest pair does, each bounded by its own timeouts.
+    """
+    outcomes: dict[Pair, T] = {}
+    lock = threading.Lock()
+
+    def work(pair: Pair, port: int) -> None:
+        outcome = run_pair(pair, port)
+        with lock:
+            outcomes[pair] = outcome
+
+    for round_pairs in rounds:
+        threads = [threading.Thread(target=work, args=(pair, port), name=f"pair-{pair_id(pair)}",
+                                    daemon=True)
+                   for pair, port in ports_for(round_pairs, base_port).items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return {pair: outcomes[pair] for round_pairs in rounds for pair in round_pairs}
+
+
+# ------------------------------------------------------------------------------ attribution
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Who is to blame for the failed pairs, with the evidence in words."""
+
+    suspect_nodes: dict[str, str] = field(default_factory=dict)  # node -> evidence
+    suspect_links: dict[Pair, str] = field(default_factory=dict)  # pair -> evidence
+
+    @property
+    def clean(self) -> bool:
+        return not self.suspect_nodes and not self.suspect_links
+
+    def summary(self) -> str:
+        parts = [f"node {node}: {why}" for node, why in self.suspect_nodes.items()]
+        parts += [f"link {pair_id(pair)}: {why}" for pair, why in self.suspect_links.items()]
+        return "; ".join(parts)
+
+
+def attribute(passed: dict[Pair, bool]) -> Attribution:
+    """Blame nodes whose every pair failed, and links for failed pairs no suspect node explains.
+
+    A node is a suspect when all its pairs failed and either it had two or more pairs, or a
+    partner of it passed with someone else (so the partner is not the problem). A lone failed
+    pair with no such evidence (two nodes only) blames the link, naming both ends.
+    """
+    pairs_of: dict[str, list[Pair]] = {}
+    for pair in passed:
+        for node in pair:
+            pairs_of.setdefault(node, []).append(pair)
+    healthy = {node for node, pairs in pairs_of.items() if any(passed[p] for p in pairs)}
+    suspects = {}
+    for node, pairs in pairs_of.items():
+        if any(passed[p] for p in pairs):
+            continue
+        partners = [other(p, node) for p in pairs]
+        vouched = [partner for partner in partners if partner in healthy]
+        if len(pairs) >= 2 or vouched:
+            evidence = f"all {len(pairs)} of its pairs failed (with {', '.join(partners)})"
+            if vouched:
+                evidence += f"; {', '.join(vouched)} passed with other nodes"
+            suspects[node] = evidence
+    links = {}
+    for pair, ok in passed.items():
+        if not ok and not (set(pair) & suspects.keys()):
+            ends_ok = [n for n in pair if n in healthy]
+            if len(ends_ok) == 2:
+                links[pair] = "failed while both nodes passed with other partners"
+            else:
+                links[pair] = "failed; no other pair tells the nodes apart"
+    return Attribution(suspects, links)
+
+
+def other(pair: Pair, node: str) -> str:
+    return pair[1] if pair[0] == node else pair[0]
+
+
+def second_pass_pairs(passed: dict[Pair, bool], nodes: Sequence[str]) -> list[Pair]:
+    """Re-pair every node of a failed pair with a node all of whose pairs passed.
+
+    So one bad node does not fail its partners: a partner that passes with a known-good node is
+    cleared, and a node that fails again with a known-good node is confirmed. Pairs already
+    measured are not repeated; good partners are used in turn to spread the load.
+    """
+    involved = {node for pair in passed for node in pair}
+    good = [n for n in nodes if n in involved
+            and all(ok for pair, ok in passed.items() if n in pair)]
+    failing = [n for n in nodes if any(not ok and n in pair for pair, ok in passed.items())]
+    if not good:
+        return []
+    chosen: list[Pair] = []
+    turn = 0
+    for node in failing:
+        for step in range(len(good)):
+            partner = good[(turn + step) % len(good)]
+            pair = _ordered(node, partner, nodes)
+            if pair not in passed and pair not in chosen:
+                chosen.append(pair)
+                turn = (turn + step + 1) % len(good)
+                break
+    return chosen

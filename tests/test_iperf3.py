@@ -1,0 +1,134 @@
+"""iperf3: the -J parser on real 3.12 outputs, and a real pair run between namespace nodes."""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from inventory.model import Node
+from nodes import ns_inventory, wait_for_no_leftovers
+from runners import iperf3, pairs
+from runners.parsing import ParseError
+from runners.transport import LocalTransport, make_transport
+
+DATA = Path(__file__).parent / "data" / "iperf3"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parsed(name: str) -> iperf3.Iperf3Report:
+    return iperf3.parse_iperf3((DATA / name).read_text())
+
+
+def test_tcp_client_gives_received_rate_and_retransmits():
+    report = parsed("local_iperf312_tcp_client_P2.json")
+    assert report.bits_per_second == pytest.approx(8609731879.982027)
+    assert report.retransmits == 10 and report.error is None and report.ok
+    assert (report.role, report.protocol, report.version) == ("client", "TCP", "iperf 3.12")
+
+
+def test_server_side_has_no_retransmits():
+    report = parsed("local_iperf312_tcp_server.json")
+    assert report.role == "server" and report.retransmits is None and report.ok
+
+
+def test_udp_client_reports_what_arrived():
+    report = parsed("local_iperf312_udp_client_1G.json")
+    assert report.protocol == "UDP" and report.bits_per_second == pytest.approx(924281644.1798964)
+
+
+def test_connection_refused_exits_0_but_is_an_error():
+    assert (DATA / "local_iperf312_error_connection_refused.rc.txt").read_text().strip() == "0"
+    report = parsed("local_iperf312_error_connection_refused.json")
+    assert not report.ok and report.error == "unable to connect to server: Connection refused"
+    assert report.bits_per_second is None
+
+
+def test_server_address_in_use():
+    report = parsed("local_iperf312_error_server_address_in_use.json")
+    assert not report.ok and "Address already in use" in report.error and report.role == "unknown"
+
+
+@pytest.mark.parametrize("text", ["", "iperf3: error - unable to connect", "{not json", "[1, 2]",
+                                  '{"end": {}}'])
+def test_not_iperf3_json(text):
+    with pytest.raises(ParseError):
+        iperf3.parse_iperf3(text)
+
+
+def test_handover_parse_iperf3_cli():
+    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "iperf3",
+                           str(DATA / "local_iperf312_error_connection_refused.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and '"ok": false' in done.stdout and "Connection refused" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "iperf3", str(DATA / "PROVENANCE.md")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "not iperf3 output" in bad.stderr
+
+
+def local() -> LocalTransport:
+    return LocalTransport(Node("localhost", "localhost", "local"))
+
+
+def test_pair_on_this_machine_measures_and_leaves_no_server():
+    port = random.randint(42000, 42999)
+    run = iperf3.run_pair(local(), local(), "127.0.0.1", port, seconds=1)
+    report, why = iperf3.judge(run)
+    assert why == "" and report.ok and report.bits_per_second > 0, run.client_result.stdout[-500:]
+    assert run.server_result is not None and run.server_result.ok
+    assert not wait_for_no_leftovers(f"--port {port}")
+
+
+def test_client_that_cannot_reach_the_server_fails_and_the_waiting_server_is_killed():
+    """192.0.2.1 (TEST-NET-1) is never reachable: the client fails, the server waits in vain."""
+    port = random.randint(43000, 43999)
+    started = time.monotonic()
+    run = iperf3.run_pair(local(), local(), "192.0.2.1", port, seconds=1)
+    report, why = iperf3.judge(run)
+    assert "iperf3 error: unable to connect to server" in why and report is not None
+    assert run.server_result is not None and not run.server_result.ok  # killed, not finished
+    assert time.monotonic() - started < 30
+    assert not wait_for_no_leftovers(f"--port {port}")
+
+
+def test_all_pairs_in_rounds_on_namespace_nodes_with_a_link_cut_mid_round(ns_cluster_factory, tmp_path):
+    """Four real nodes, all six pairs in three rounds; node3's link is cut while round 1 runs.
+
+    node3's pairs fail, every other pair passes, and no iperf3 of this test is left anywhere
+    (the nodes share this PID namespace, so pgrep on the host sees them all).
+    """
+    nodes = ns_cluster_factory(4)
+    cluster = ns_inventory(nodes, tmp_path / "cluster.yaml")
+    transports = {node.name: make_transport(node) for node in cluster.nodes}
+    address = {node.name: node.address for node in cluster.nodes}
+    base_port = random.randint(44000, 44900)
+    rounds = pairs.circle_rounds(list(transports))
+    cut = threading.Timer(0.7, nodes.link_down, args=("node3",))
+
+    def run_pair(pair, port):
+        server, client = pair
+        return iperf3.run_pair(transports[server], transports[client], address[server], port, seconds=2)
+
+    try:
+        cut.start()
+        started = time.monotonic()
+        outcomes = pairs.run_rounds(rounds, base_port, run_pair)
+        elapsed = time.monotonic() - started
+    finally:
+        cut.cancel()
+        for transport in transports.values():
+            transport.close()
+    verdicts = {pair: iperf3.judge(run)[1] for pair, run in outcomes.items()}
+    failed = {pair for pair, why in verdicts.items() if why}
+    assert failed == {pair for pair in outcomes if "node3" in pair}, verdicts
+    for pair in set(outcomes) - failed:
+        assert iperf3.judge(outcomes[pair])[0].bits_per_second > 0
+    attribution = pairs.attribute({pair: pair not in failed for pair in outcomes})
+    assert list(attribution.suspect_nodes) == ["node3"] and not attribution.suspect_links
+    assert elapsed < 90
+    assert not wait_for_no_leftovers(f"--port {base_port}", within_s=40)
+    assert not wait_for_no_leftovers(f"--port {base_port + 1}", within_s=5)

@@ -1,0 +1,94 @@
+"""perftest: the text parser on real outputs, and the real no-device failure of ib_write_bw here."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inventory.model import Node
+from runners.parsing import ParseError
+from runners.perftest import MIB_PER_S_IN_GBPS, no_rdma_device, parse_perftest, write_bw_client_argv
+from runners.transport import LocalTransport
+
+DATA = Path(__file__).parent / "data" / "perftest"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_8m_loopback_in_mb_per_sec_is_converted_to_gbps():
+    report = parse_perftest((DATA / "superbench_ib_loopback_8M_size.log").read_text())
+    assert report.test == "RDMA_Write BW Test" and report.kind == "bw" and report.ok
+    # server and client print the same row: kept once
+    assert report.rows == [{"bytes": 8388608, "iterations": 20000, "bw_peak_gbps": 201.8026,
+                            "bw_avg_gbps": 201.8024, "msg_rate_mpps": 0.003007}]
+    assert report.peak_bw_gbps == pytest.approx(24056.72 * MIB_PER_S_IN_GBPS, abs=1e-3)
+
+
+def test_all_sizes_with_interleaved_headers_and_a_repeated_last_row():
+    report = parse_perftest((DATA / "superbench_ib_loopback_all_sizes.log").read_text())
+    assert [row["bytes"] for row in report.rows] == [2 ** i for i in range(1, 24)]
+    assert report.rows[-1]["bw_avg_gbps"] == pytest.approx(23240.68 * MIB_PER_S_IN_GBPS, abs=1e-3)
+    assert report.peak_bw_gbps == pytest.approx(23277.91 * MIB_PER_S_IN_GBPS, abs=1e-3)  # at 4 MiB
+
+
+def test_gbits_form_and_interleaved_warnings_are_read_by_column_name():
+    """DERIVED from the real 8M log: its unit label and numbers rewritten to the --report_gbits
+    form, a real-world warning line (tool-formats.md section 3) inserted. Not a real output."""
+    text = (DATA / "superbench_ib_loopback_8M_size.log").read_text()
+    text = text.replace("[MB/sec]", "[Gb/sec]").replace("24056.74", "201.80").replace("24056.72", "201.80")
+    text = text.replace(" 8388608    20000", " Conflicting CPU frequency values detected: 2200.000000 != "
+                        "1040.353000. CPU Frequency is not max.\n 8388608    20000", 1)
+    report = parse_perftest(text)
+    assert report.peak_bw_gbps == 201.80 and len(report.rows) == 1 and report.ok
+
+
+def test_latency_columns_in_microseconds():
+    """CONSTRUCTED: the ib_write_lat header documented in tool-formats.md section 3 and one row
+    of its shape; no real latency output was available."""
+    text = ("                    RDMA_Write Latency Test\n"
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
+            "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]\n"
+            " 2       1000          1.76           6.12         1.79                1.80             "
+            "0.06            1.88                    6.12\n")
+    report = parse_perftest(text)
+    assert report.kind == "lat" and report.peak_bw_gbps is None and report.ok
+    assert report.rows == [{"bytes": 2, "iterations": 1000, "t_min_us": 1.76, "t_max_us": 6.12,
+                            "t_typical_us": 1.79, "t_avg_us": 1.8, "t_stdev_us": 0.06,
+                            "p99_us": 1.88, "p999_us": 6.12}]
+
+
+def test_text_that_is_not_perftest_is_a_parse_error():
+    with pytest.raises(ParseError, match="no perftest title"):
+        parse_perftest((DATA / "local_perftest45_ib_write_bw_ERROR_no_rdma_device.stderr.txt").read_text())
+    with pytest.raises(ParseError):
+        parse_perftest("")
+
+
+def test_completion_error_makes_the_report_not_ok():
+    """DERIVED from the real 8M log: a documented failure line appended (tool-formats.md s3)."""
+    text = (DATA / "superbench_ib_loopback_8M_size.log").read_text() + " Completion with error at client\n"
+    report = parse_perftest(text)
+    assert not report.ok and report.errors == ["Completion with error at client"]
+
+
+@pytest.mark.skipif(shutil.which("ib_write_bw") is None, reason="perftest is not installed")
+def test_ib_write_bw_without_an_rdma_device_is_recognised_for_real():
+    transport = LocalTransport(Node("localhost", "localhost", "local"))
+    result = transport.run(write_bw_client_argv("mlx5_0", 18515, "127.0.0.1"), timeout=20)
+    assert result.exit_code == 1 and "Unable to find the Infiniband/RoCE device" in result.stderr
+    assert no_rdma_device(result)
+    with pytest.raises(ParseError):
+        parse_perftest(result.stdout)
+
+
+def test_handover_parse_perftest_cli():
+    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "perftest",
+                           str(DATA / "superbench_ib_loopback_8M_size.log")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and '"peak_bw_gbps": 201.8024' in done.stdout and '"ok": true' in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "perftest",
+                          str(DATA / "PROVENANCE.md")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "not perftest output" in bad.stderr
