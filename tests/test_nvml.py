@@ -1,0 +1,142 @@
+"""NVML GPU facts: the payload runs for real here (no NVML), and the evaluations are tested on the
+real H200 dump (tests/data/h200-1gpu/nvml.json) and on DERIVED copies with one field changed."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inventory.loader import load_profile
+from inventory.model import Node
+from runners import nvml, payloads
+from runners.transport import LocalTransport
+
+DATA = Path(__file__).resolve().parent / "data" / "h200-1gpu"
+H200 = json.loads((DATA / "nvml.json").read_text())
+# The h200-sxm-8gpu profile for one GPU and no NVLink peers: what the recorded machine is.
+ONE_H200 = {**load_profile("h200-sxm-8gpu").expect, "gpu_count": 1, "nvlink_links": 0}
+
+
+def facts(data=H200) -> nvml.GpuFacts:
+    return nvml.parse_gpu_facts(json.dumps(data))
+
+
+def derived(change) -> nvml.GpuFacts:
+    """A copy of the real H200 dump with change(gpu_dict) applied: derived, not real output."""
+    data = copy.deepcopy(H200)
+    change(data["gpus"][0])
+    return facts(data)
+
+
+def test_real_h200_dump_parses():
+    found = facts()
+    assert found.available and found.driver == "580.159.04" and found.cuda_driver == 13000
+    gpu = found.gpus[0]
+    assert (gpu.name, gpu.memory_total_mib, gpu.bus_id) == ("NVIDIA H200", 143771, "00000000:00:06.0")
+    assert (gpu.ecc_current, gpu.uncorrectable_volatile, gpu.remap_pending) == (True, 0, False)
+    assert (gpu.pcie_gen_max, gpu.pcie_width_max, gpu.persistence, gpu.mig_current) == (5, 16, True, False)
+    assert gpu.retired_pending is None  # NotSupported on Hopper: row remapping instead
+    assert gpu.nvlink_active is None  # NotSupported: no NVLink peers on this machine
+    assert gpu.compute_mode == "Default"
+
+
+def test_real_h200_passes_every_evaluation_for_its_profile():
+    found = facts()
+    assert nvml.inventory_problems(found, ONE_H200) == []
+    assert nvml.ecc_problems(found, ONE_H200) == ([], [])
+    assert nvml.pcie_problems(found, ONE_H200) == ([], [])
+    assert nvml.nvlink_problems(found, ONE_H200) == []
+    assert nvml.mode_problems(found, ONE_H200) == []
+
+
+def test_derived_missing_gpu_fails_the_count():
+    data = copy.deepcopy(H200)
+    data["gpus"] = []
+    assert nvml.inventory_problems(facts(data), ONE_H200) == ["0 GPU(s) found, expected 1"]
+    assert nvml.inventory_problems(facts(), load_profile("h200-sxm-8gpu").expect) == [
+        "1 GPU(s) found, expected 8"]
+
+
+def test_derived_wrong_model_is_named():
+    found = derived(lambda gpu: gpu.update(name="NVIDIA H100 80GB HBM3"))
+    assert nvml.inventory_problems(found, ONE_H200) == [
+        "GPU 0 (00000000:00:06.0) is 'NVIDIA H100 80GB HBM3', expected a match for '^NVIDIA H200'"]
+
+
+@pytest.mark.parametrize("field, scope", [("ecc_dbe_volatile", "volatile"), ("ecc_dbe_aggregate", "aggregate")])
+def test_derived_uncorrectable_ecc_fails(field, scope):
+    problems, _ = nvml.ecc_problems(derived(lambda gpu: gpu.update({field: 2})), ONE_H200)
+    assert problems == [f"GPU 0 (00000000:00:06.0): 2 uncorrectable ECC error(s) ({scope})"]
+
+
+def test_derived_pending_and_failed_row_remap_fail():
+    problems, _ = nvml.ecc_problems(derived(lambda gpu: gpu.update(remapped_rows="(0, 1, 1, 1)")),
+                                    ONE_H200)
+    assert any("row remap is pending" in p for p in problems)
+    assert any("row remapping failed" in p for p in problems)
+
+
+def test_derived_ecc_off_and_many_correctable():
+    found = derived(lambda gpu: gpu.update(ecc_mode=[0, 0], ecc_sbe_aggregate=5000))
+    problems, warnings = nvml.ecc_problems(found, ONE_H200)
+    assert problems == ["GPU 0 (00000000:00:06.0): ECC is disabled, expected enabled"]
+    assert warnings == ["GPU 0 (00000000:00:06.0): 5000 correctable ECC errors (aggregate), "
+                        "above the profile's 1000"]
+
+
+def test_derived_link_at_gen3_fails_and_idle_downtraining_is_a_note():
+    problems, _ = nvml.pcie_problems(derived(lambda gpu: gpu.update(pcie_gen_max=3, pcie_gen_cur=3)),
+                                     ONE_H200)
+    assert problems == ["GPU 0 (00000000:00:06.0): PCIe link at most Gen3, expected Gen5"]
+    problems, notes = nvml.pcie_problems(derived(lambda gpu: gpu.update(pcie_gen_cur=1)), ONE_H200)
+    assert problems == [] and notes == ["GPU 0 (00000000:00:06.0): Gen1 now (idle links train down)"]
+    problems, _ = nvml.pcie_problems(derived(lambda gpu: gpu.update(pcie_width_cur=8)), ONE_H200)
+    assert problems == ["GPU 0 (00000000:00:06.0): PCIe link running x8 of x16"]
+
+
+def test_nvlink_expected_by_the_8gpu_profile_fails_on_a_gpu_without_links():
+    expect = {**ONE_H200, "nvlink_links": 18}
+    assert nvml.nvlink_problems(facts(), expect) == [
+        "GPU 0 (00000000:00:06.0): 0 active NVLink(s), expected 18"]
+    links = [{"link": i, "state": 1} for i in range(18)]
+    assert nvml.nvlink_problems(derived(lambda gpu: gpu.update(nvlink=links)), expect) == []
+
+
+def test_derived_modes_and_power_limit_fail():
+    found = derived(lambda gpu: gpu.update(persistence=0, mig_mode=[1, 1], compute_mode=3,
+                                           power_limit_mw=500000))
+    problems = nvml.mode_problems(found, ONE_H200)
+    assert problems == [
+        "GPU 0 (00000000:00:06.0): persistence mode is disabled, expected enabled",
+        "GPU 0 (00000000:00:06.0): MIG mode is enabled, expected disabled",
+        "GPU 0 (00000000:00:06.0): compute mode is Exclusive_Process, expected Default",
+        "GPU 0 (00000000:00:06.0): enforced power limit 500 W differs from the default 700 W"]
+
+
+def test_firmware_set_is_what_uniformity_compares():
+    assert nvml.firmware_set(facts()) == {"driver": "580.159.04", "VBIOS": "96.00.A5.00.1A",
+                                          "InfoROM": "G520.0282.02.02"}
+
+
+def test_payload_runs_here_and_says_nvml_is_unavailable():
+    """The node's python3 has no pynvml on this machine: the payload says so and exits 0."""
+    node = Node("here", "here", "local", python="python3")
+    result = nvml.probe(LocalTransport(node))
+    assert result.exit_code == 0, result.stderr
+    found = nvml.parse_gpu_facts(result.stdout)
+    assert not found.available and found.gpus == []
+    assert "NVML unavailable" in found.reason
+
+
+def test_payload_with_pynvml_but_no_driver_reports_library_not_found():
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed in this interpreter")
+    done = subprocess.run([sys.executable, "-"], input=payloads.load("gpu_facts"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data == {"available": False, "error": "NVMLError_LibraryNotFound",
+                    "reason": "NVML cannot start: NVML Shared Library Not Found"}
