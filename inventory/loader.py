@@ -394,6 +394,11 @@ EXPECT_FIELDS: dict[str, Callable[[_At], object]] = {
     "persistence_mode": _boolean,
     "mig_mode": _boolean,
     "compute_mode": lambda at: _choice(at, "compute mode", ("Default", "Exclusive_Process", "Prohibited")),
+    # InfiniBand (suites/test_network.py); ib_hcas present makes a missing HCA a failure.
+    "ib_hcas": _integer,  # compute HCAs per node
+    "ib_ca_type": _string,  # ibstat's CA type, e.g. MT4129 (ConnectX-7)
+    "ib_rate": _number,  # Gb/s of every port: NDR 400
+    "ib_link_layer": lambda at: _choice(at, "link layer", ("InfiniBand", "Ethernet")),
 }
 
 

@@ -1,0 +1,78 @@
+"""The network suite end to end: pytest against real namespace nodes, then results.json read back.
+
+Ring (quick) and all pairs (full) of iperf3, a node whose link is down named as the suspect,
+port health that skips without an HCA on cpu-only and fails on a profile expecting HCAs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from test_e2e import results_of, run_dir_of, run_suites
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = str(ROOT / "suites" / "test_network.py")
+
+
+@pytest.fixture(scope="module")
+def sign_key(tmp_path_factory):
+    import subprocess
+
+    key = tmp_path_factory.mktemp("key") / "operator"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops@example.com",
+                    "-f", str(key)], check=True)
+    return key
+
+
+def checks(results: dict, name: str) -> dict:
+    """{pair or node id, or the function name for a cluster-wide check: check}."""
+    return {c["test_id"].split("::")[-1].split("[")[-1].rstrip("]"): c
+            for c in results["checks"] if c["check"] == name}
+
+
+def test_quick_runs_the_ring_and_passes_on_four_nodes(ns_cluster, sign_key, tmp_path):
+    inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml")
+    done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-m", "quick")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    results = results_of(run_dir)
+    pairs = checks(results, "iperf3")
+    assert sorted(pairs) == ["node1-node2", "node1-node4", "node2-node3", "node3-node4"]
+    for check in pairs.values():
+        assert check["outcome"] == "passed", check
+        bandwidth = next(m for m in check["metrics"] if m["name"] == "iperf3_bandwidth")
+        assert bandwidth["unit"] == "Gb/s" and bandwidth["value"] > 0 and bandwidth["ok"]
+    assert (run_dir / "raw" / "iperf3_node1-node2" / "node2.stdout").is_file()
+    ports = checks(results, "ib_ports")
+    assert {c["outcome"] for c in ports.values()} == {"skipped"}
+    assert "no InfiniBand/RoCE device" in next(iter(ports.values()))["message"]
+    assert checks(results, "network_attribution")["test_network_attribution"]["outcome"] == "passed"
+
+
+def test_full_with_a_dead_link_names_the_node_and_spares_its_partners(ns_cluster_factory, sign_key, tmp_path):
+    nodes = ns_cluster_factory(4)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    nodes.link_down("node4")
+    done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-m", "full", "-k", "iperf3 or attribution")
+    assert done.returncode == 1, done.stdout[-3000:]
+    results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
+    outcome = {pair: c["outcome"] for pair, c in checks(results, "iperf3").items()}
+    assert len(outcome) == 6
+    assert {p for p, o in outcome.items() if o == "failed"} == {"node1-node4", "node2-node4", "node3-node4"}
+    summary = checks(results, "network_attribution")["test_network_attribution"]
+    assert summary["outcome"] == "failed" and "node node4" in summary["message"]
+    assert "link" not in summary["message"].replace("all 3", "")
+
+
+def test_profile_expecting_hcas_fails_where_there_are_none(ns_cluster, sign_key, tmp_path):
+    profile = tmp_path / "ib-test.yaml"
+    profile.write_text((ROOT / "inventory" / "profiles" / "cpu-only.yaml").read_text()
+                       .replace("profile: cpu-only", "profile: ib-test")
+                       .replace('kernel_min: "4.18"', 'kernel_min: "4.18"\n  ib_hcas: 8\n  ib_rate: 400'))
+    inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml", profile=str(profile), nodes=["node1"])
+    done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-k", "ib_ports")
+    assert done.returncode == 1, done.stdout[-3000:]
+    check = checks(results_of(run_dir_of(tmp_path / "out", "nscluster")), "ib_ports")["node1"]
+    assert check["outcome"] == "failed" and check["kind"] == "expectation"
+    assert "expects 8 HCA(s)" in check["message"]
