@@ -51,9 +51,18 @@ def sweep(directory, prefix):
 
 
 def run_fio(argv, filename):
-    """fio's exit code; its output passes through untouched, so raw/ holds fio's own JSON."""
+    """fio's exit code; its output passes through untouched, so raw/ holds fio's own JSON.
+
+    The file goes in as a global option, before the first --name: placed after it, it would
+    name only the last job's file, and the others would write wherever fio was started.
+    """
+    if any(arg.startswith(("--filename", "--directory", "--opendir")) for arg in argv):
+        refuse("the fio job names its own files; only the harness's file may be written")
+    jobs = [index for index, arg in enumerate(argv) if arg.startswith("--name=")]
+    first_job = jobs[0] if jobs else len(argv)
+    command = [*argv[:first_job], f"--filename={filename}", *argv[first_job:]]
     try:
-        proc = subprocess.Popen([*argv, f"--filename={filename}"], stdout=subprocess.PIPE,
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, errors="replace")
     except FileNotFoundError:
         print(f"handover-missing: {argv[0]} is not installed", file=sys.stderr)
