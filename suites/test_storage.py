@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from runners import fio
+from runners import fio, system
 from runners.parsing import ParseError
 from runners.transport import Result
 from suites.checks import (
@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.storage]
 FAR_BELOW_MEDIAN = 0.5
 GB = 1e9
 NO_SCRATCH = "no scratch path declared"
+SYSTEM_STEP = "system_facts"  # test_system's probe, shared: an unreachable node fails, not skips
 
 DEPTHS = [pytest.param(fio.QUICK, marks=pytest.mark.quick, id="quick"),
           pytest.param(fio.FULL, marks=pytest.mark.full, id="full")]
@@ -41,12 +42,27 @@ def slug(path: str) -> str:
     return path.strip("/").replace("/", "_")
 
 
-def _scratch_params(scratch, kind: str) -> list:
+def no_scratch_reason(scratch, kind: str) -> str:
+    return NO_SCRATCH if not scratch else f"no {kind} scratch path declared"
+
+
+def _scratch_params(scratch, kind: str, per_node: bool) -> list:
+    """One parameter per declared path of this kind; without any, one that skips.
+
+    Per-node checks skip in the body, once the node has answered (skip_unless_declared), so an
+    unreachable node still fails every check rather than skipping some.
+    """
     paths = [entry.path for entry in scratch if entry.kind == kind]
     if paths:
         return [pytest.param(path, id=slug(path)) for path in paths]
-    reason = NO_SCRATCH if not scratch else f"no {kind} scratch path declared"
-    return [pytest.param(None, id=f"no-{kind}-scratch", marks=pytest.mark.skip(reason=reason))]
+    marks = () if per_node else pytest.mark.skip(reason=no_scratch_reason(scratch, kind))
+    return [pytest.param(None, id=f"no-{kind}-scratch", marks=marks)]
+
+
+def skip_unless_declared(path: Optional[str], on_node, cluster, kind: str) -> None:
+    if path is None:
+        require(on_node(SYSTEM_STEP, system.probe))
+        pytest.skip(no_scratch_reason(cluster.scratch, kind))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -55,10 +71,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError("the acceptance suites need --inventory FILE "
                                 "(e.g. pytest --inventory inventory/local.yaml)")
     scratch = recorder.cluster.scratch
+    per_node = "node" in metafunc.fixturenames
     if "local_path" in metafunc.fixturenames:
-        metafunc.parametrize("local_path", _scratch_params(scratch, "local"))
+        metafunc.parametrize("local_path", _scratch_params(scratch, "local", per_node))
     if "shared_path" in metafunc.fixturenames:
-        metafunc.parametrize("shared_path", _scratch_params(scratch, "shared"))
+        metafunc.parametrize("shared_path", _scratch_params(scratch, "shared", per_node))
     if "plan" in metafunc.fixturenames:
         metafunc.parametrize("plan", DEPTHS)
 
@@ -108,7 +125,8 @@ def job(run: fio.FioRun, name: str, node: str) -> fio.FioJob:
         raise SanityFailure(f"{node}: fio output has no job {name!r}") from None
 
 
-def local_run(on_node, cluster, path: str, plan: fio.Plan) -> fio.FioRun:
+def local_run(on_node, cluster, path: Optional[str], plan: fio.Plan) -> fio.FioRun:
+    skip_unless_declared(path, on_node, cluster, "local")
     return sane(on_node(*local_step(cluster, path, plan)))
 
 
@@ -202,8 +220,9 @@ def test_scratch_spread(cluster_run, cluster, local_path, plan, record):
 
 
 @pytest.mark.quick
-def test_shared_mount(on_node, node, shared_path, profile, record):
+def test_shared_mount(on_node, cluster, node, shared_path, profile, record):
     """The shared path exists on every node, on a filesystem of a type the profile expects."""
+    skip_unless_declared(shared_path, on_node, cluster, "shared")
     facts = parsed(fio.parse_mount,
                    on_node(f"mount_{slug(shared_path)}", lambda t: fio.probe_mount(t, shared_path)))
     if not facts.exists:
