@@ -182,7 +182,7 @@ def test_interrupted_run_keeps_its_results_and_can_be_reported_and_resumed(ns_cl
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     results = results_of(run_dir)
     assert results["verdict"]["status"] == "CERTIFIED" and results["run"]["interrupted"] is False
-    assert len(results["checks"]) == 2 * 5 + 1
+    assert {c["node"] for c in results["checks"]} == {"node1", "node2", None}
     if done_before:
         assert f"{len(done_before)} deselected" in resumed.stdout
     assert not (tmp_path / "unused").exists()
