@@ -34,7 +34,7 @@ debs:
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e .
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
