@@ -21,6 +21,7 @@ test: setup
 
 bench: setup
 	$(PY) bench/fanout.py
+	$(PY) bench/pairs.py
 
 setup: debs $(STAMP)
 
