@@ -394,6 +394,22 @@ EXPECT_FIELDS: dict[str, Callable[[_At], object]] = {
     "persistence_mode": _boolean,
     "mig_mode": _boolean,
     "compute_mode": lambda at: _choice(at, "compute mode", ("Default", "Exclusive_Process", "Prohibited")),
+    # GPU node configuration (suites/test_gpu_config.py); absent keys are not checked.
+    "nvswitch": _boolean,  # Fabric Manager active and every GPU's fabric state Completed
+    "gpudirect_rdma": _boolean,  # nvidia_peermem loaded
+    "pcie_acs_disabled": _boolean,  # no ACSCtl flag set on any PCIe bridge
+    "iommu_modes": lambda at: tuple(_choice(item, "IOMMU mode", ("off", "passthrough", "translated"))
+                                    for item in _list(at)),  # modes accepted
+    "cpu_governor": _string,  # scaling_governor of every CPU, e.g. performance
+    "numa_balancing": _boolean,  # kernel.numa_balancing on (true) or off (false)
+    "gpu_numa_nodes": lambda at: tuple(_integer(item) for item in _list(at)),  # in PCI address order
+    "nic_numa_nodes": lambda at: tuple(_integer(item) for item in _list(at)),  # mlx5_0, mlx5_1, ...
+    "driver_version": _regex,  # NVIDIA driver (/sys/module/nvidia/version)
+    "cuda_version": _regex,  # CUDA driver API version, e.g. "^13\\.0$"
+    "ofed_version": _regex,  # ofed_info -s (MLNX_OFED or DOCA)
+    "nic_firmware": _regex,  # fw_ver of every InfiniBand device
+    "vbios_version": _regex,  # Video BIOS of every GPU (/proc/driver/nvidia/gpus)
+    "container_toolkit": _boolean,  # nvidia-ctk / nvidia-container-cli installed
     # InfiniBand (suites/test_network.py); ib_hcas present makes a missing HCA a failure.
     "ib_hcas": _integer,  # compute HCAs per node
     "ib_ca_type": _string,  # ibstat's CA type, e.g. MT4129 (ConnectX-7)
