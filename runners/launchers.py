@@ -1,0 +1,128 @@
+"""Launchers: small classes that render the argv an existing engine needs to start a parallel job.
+
+A launcher never runs anything and never builds a shell string: `argv(hosts, ranks_per_node,
+command)` returns a list, which a Transport runs (and bounds with its timeout) on the node(s)
+named by `starts_on`:
+
+- "first": one process on the first host starts every rank (mpirun, and later srun);
+- "every": the same argv runs on every host and the ranks meet at a rendezvous (torchrun).
+
+As in ReFrame, launchers are registered by name (LAUNCHERS) and unit-tested by comparing argv.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from inventory.model import SshSettings
+
+STARTS_ON = ("first", "every")
+
+
+class LaunchError(ValueError):
+    """The launch cannot be rendered as asked (no hosts, a value the engine would split)."""
+
+
+class Launcher(ABC):
+    """Renders the argv that starts `command` with `ranks_per_node` ranks on each of `hosts`."""
+
+    name: str = ""
+    starts_on: str = "first"  # one of STARTS_ON
+
+    @abstractmethod
+    def argv(self, hosts: Sequence[str], ranks_per_node: int, command: Sequence[str]) -> list[str]:
+        """hosts are addresses as the engine reaches them, in rank order; the first one leads."""
+
+    @staticmethod
+    def _check(hosts: Sequence[str], ranks_per_node: int, command: Sequence[str]) -> None:
+        if not hosts:
+            raise LaunchError("no hosts to launch on")
+        if len(set(hosts)) != len(hosts):
+            raise LaunchError(f"hosts listed twice: {', '.join(hosts)}")
+        if ranks_per_node < 1:
+            raise LaunchError(f"ranks per node must be at least 1, got {ranks_per_node}")
+        if not command:
+            raise LaunchError("no command to launch")
+
+
+def _one_word(value: str, what: str) -> str:
+    """Open MPI splits plm_rsh_args at whitespace: a path with a space would become two words."""
+    if not value or any(char.isspace() for char in value):
+        raise LaunchError(f"{what} {value!r} is empty or contains whitespace, which mpirun "
+                          "would split; use a path without spaces")
+    return value
+
+
+def ssh_options(ssh: SshSettings) -> list[str]:
+    """ssh's options for the engine's own connections: the inventory's identity, port and host
+    keys, never a prompt, and a bounded connect, like the harness's own transport."""
+    options = []
+    if ssh.user:
+        options += ["-l", _one_word(ssh.user, "ssh user")]
+    if ssh.port:
+        options += ["-p", str(ssh.port)]
+    if ssh.identity_file:
+        options += ["-i", _one_word(ssh.identity_file, "identity file")]
+    if ssh.known_hosts:
+        options += ["-o", "UserKnownHostsFile=" + _one_word(ssh.known_hosts, "known_hosts file")]
+    policy = "accept-new" if ssh.host_keys == "accept-new" else "yes"
+    options += ["-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={policy}",
+                "-o", f"ConnectTimeout={max(1, int(round(ssh.connect_timeout)))}"]
+    return options
+
+
+@dataclass(frozen=True)
+class MpirunLauncher(Launcher):
+    """Open MPI / HPC-X `mpirun`, started on the first host; it reaches the others over ssh.
+
+    Hosts go on the command line (`--host a:2,b:2`), so no hostfile is written anywhere. When
+    mpirun is signalled (the transport's timeout or kill), it takes its daemons and ranks on
+    every host down with it.
+    """
+
+    ssh: SshSettings = field(default_factory=SshSettings)
+    as_root: bool = False  # the launching user is root: Open MPI refuses root without a flag
+    oversubscribe: bool = False  # more ranks than cores (tests on small machines)
+    interfaces: tuple[str, ...] = ()  # btl_tcp_if_include and oob_tcp_if_include
+    mca: Mapping[str, str] = field(default_factory=dict)  # further MCA parameters, by name
+    program: str = "mpirun"
+    export_env: tuple[str, ...] = ()  # environment variable names passed to every rank (-x)
+
+    name = "mpirun"
+    starts_on = "first"
+
+    def argv(self, hosts, ranks_per_node, command):
+        self._check(hosts, ranks_per_node, command)
+        argv = [self.program, "-np", str(len(hosts) * ranks_per_node),
+                "--host", ",".join(f"{host}:{ranks_per_node}" for host in hosts),
+                "--map-by", f"ppr:{ranks_per_node}:node"]
+        if self.as_root:
+            argv.append("--allow-run-as-root")
+        if self.oversubscribe:
+            argv.append("--oversubscribe")
+        for name, value in self._mca().items():
+            argv += ["--mca", name, value]
+        for name in self.export_env:
+            argv += ["-x", name]
+        return argv + list(command)
+
+    def _mca(self) -> dict[str, str]:
+        parameters = {"plm_rsh_args": " ".join(ssh_options(self.ssh))}
+        if self.interfaces:
+            listed = ",".join(_one_word(name, "interface") for name in self.interfaces)
+            parameters.update(btl_tcp_if_include=listed, oob_tcp_if_include=listed)
+        parameters.update(self.mca)
+        return parameters
+
+
+LAUNCHERS: dict[str, type[Launcher]] = {MpirunLauncher.name: MpirunLauncher}
+
+
+def launcher_for(name: str, **settings) -> Launcher:
+    """The launcher registered under `name`, configured with `settings`."""
+    try:
+        return LAUNCHERS[name](**settings)
+    except KeyError:
+        raise LaunchError(f"unknown launcher {name!r}; known: {', '.join(sorted(LAUNCHERS))}") from None
+

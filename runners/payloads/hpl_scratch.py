@@ -1,0 +1,117 @@
+"""Node side of the HPL suite: detect the programs, or run one in a directory of our own.
+
+    python3 - SPEC_JSON        (SPEC: action "detect" or "run"; see runners/hpl.py)
+
+"detect" prints one JSON object: {"programs": {name: path or null}, "root": bool}.
+
+"run" refuses (exit 3, a `handover-refused:` line on stderr) a scratch path that is missing or
+not a directory. Otherwise it creates handover-hpl-<node>-<random>/ in it, writes the input
+files there, runs the argv with that directory as its working directory, and prints the output
+file (hpcc's hpccoutf.txt) on stdout, or the program's own stdout when there is none. The
+directory is removed in a finally, also when the run timeout or the harness's kill sends
+SIGTERM; directories left by a SIGKILLed earlier run (same node, same prefix) are swept first.
+A missing program exits 127 with a `handover-missing:` line.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+PREFIX = "handover-hpl-"
+REFUSED_EXIT = 3
+MISSING_EXIT = 127
+STOP_GRACE_S = 10
+
+
+def refuse(reason):
+    print(f"handover-refused: {reason}", file=sys.stderr)
+    sys.exit(REFUSED_EXIT)
+
+
+def say(text):
+    print(f"handover-hpl: {text}", file=sys.stderr)
+
+
+def on_signal(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def detect(spec):
+    programs = {name: shutil.which(name) for name in spec["programs"]}
+    print(json.dumps({"programs": programs, "root": os.geteuid() == 0}))
+    return 0
+
+
+def sweep(directory, prefix):
+    """Remove our own leftovers: directories with this node's prefix, never anything else."""
+    for entry in os.scandir(directory):
+        if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            say(f"removed {entry.path}, left by an interrupted earlier run")
+
+
+def stop(proc):
+    """TERM first, so mpirun takes its daemons and ranks down with it; KILL if it lingers."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def execute(argv, workdir, output):
+    try:
+        proc = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace")
+    except FileNotFoundError:
+        print(f"handover-missing: {argv[0]} is not installed", file=sys.stderr)
+        return MISSING_EXIT
+    try:
+        out, err = proc.communicate()
+    finally:
+        stop(proc)
+    sys.stderr.write(err)
+    if output is None:
+        sys.stdout.write(out)
+        return proc.returncode
+    sys.stderr.write(out)
+    path = os.path.join(workdir, output)
+    if not os.path.isfile(path):
+        say(f"{argv[-1]} wrote no {output}")
+        return proc.returncode or 1
+    with open(path, errors="replace") as written:
+        sys.stdout.write(written.read())
+    return proc.returncode
+
+
+def run(spec):
+    path = spec["path"]
+    if not os.path.isdir(path):
+        refuse(f"{path} does not exist on this node or is not a directory")
+    prefix = f"{PREFIX}{spec['node']}-"
+    sweep(path, prefix)
+    workdir = tempfile.mkdtemp(prefix=prefix, dir=path)
+    try:
+        for name, text in spec["files"].items():
+            with open(os.path.join(workdir, os.path.basename(name)), "w") as handle:
+                handle.write(text)
+        return execute(spec["argv"], workdir, spec["output"])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        say(f"removed {workdir}")
+
+
+def main():
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    spec = json.loads(sys.argv[1])
+    return detect(spec) if spec["action"] == "detect" else run(spec)
+
+
+sys.exit(main())
