@@ -415,6 +415,10 @@ EXPECT_FIELDS: dict[str, Callable[[_At], object]] = {
     "ib_ca_type": _string,  # ibstat's CA type, e.g. MT4129 (ConnectX-7)
     "ib_rate": _number,  # Gb/s of every port: NDR 400
     "ib_link_layer": lambda at: _choice(at, "link layer", ("InfiniBand", "Ethernet")),
+    # HPL (suites/test_hpc.py); hpl_flavour present makes a missing program a failure.
+    "hpl_flavour": lambda at: _choice(at, "HPL flavour", ("hpl-nvidia", "xhpl", "hpcc")),
+    "hpl_nb": _integer,  # HPL block size NB (default: 1024 for HPL-NVIDIA, 192 on CPUs)
+    "fp64_peak_tflops": _number,  # theoretical FP64 peak of one node, Tflop/s
 }
 
 
