@@ -157,7 +157,7 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
             log = excerpt(report.longreprtext)
         if report.when != "call" and not isinstance(error, CheckFailure):
             outcome = "error"
-    return {
+    entry = {
         "type": "check",
         "test_id": item.nodeid,
         "check": getattr(item, "originalname", item.name).removeprefix("test_"),
@@ -173,6 +173,12 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
         "raw": props.get(PROPERTY_RAW, []),
         "metrics": props.get(PROPERTY_METRICS, []),
     }
+    pair = params.params.get("pair") if params else None
+    if pair:  # a test between two nodes: the report places it without parsing test ids
+        entry["pair"] = list(pair)
+        if "rail" in params.params:
+            entry["rail"] = params.params["rail"]
+    return entry
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

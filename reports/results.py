@@ -5,7 +5,8 @@ Keys (a public interface; add, never rename):
     harness{version, commit}, started, finished, interrupted, argv, nodes, tools[]},
     signer{fingerprint, public_key}?, verdict{status, reasons}, nodes[{name, status, reasons}],
     checks[{test_id, check, area, node, outcome, kind, message, log_excerpt, duration_s,
-            finished, raw[], metrics[{name, value, unit, reference, criterion, margin, ok}]}]
+            finished, raw[], metrics[{name, value, unit, reference, criterion, margin, ok}],
+            pair[a, b]? (tests between two nodes), rail? (perftest: HCA index)}]
 """
 from __future__ import annotations
 

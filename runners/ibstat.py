@@ -7,10 +7,12 @@ which the suite decides on; the parser rejects it as not ibstat output.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from runners import payloads
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 
@@ -145,3 +147,62 @@ def tool_missing(result: Result) -> bool:
 def no_device(result: Result) -> bool:
     """ibstat ran, and found no HCA: empty output (and exit 0) on infiniband-diags 44."""
     return result.ok and not result.stdout.strip()
+
+
+# ------------------------------------------------------------------------------ error counters
+
+SYSFS_ROOT = "/sys/class/infiniband"
+# The kernel's counter file names, and the profile expect key holding each one's limit.
+ERROR_COUNTERS = {"symbol_error": "ib_symbol_errors_max", "link_downed": "ib_link_downed_max",
+                  "port_rcv_errors": "ib_port_rcv_errors_max"}
+
+
+@dataclass(frozen=True)
+class PortCounters:
+    hca: str
+    port: str
+    counters: dict  # kernel counter name -> value (None: the file could not be read as a number)
+
+
+@dataclass(frozen=True)
+class IbCounters:
+    root: str
+    present: bool  # the sysfs class directory exists (no RDMA driver: it does not)
+    ports: list[PortCounters]
+
+
+def probe_counters(transport: Transport, root: str = SYSFS_ROOT) -> Result:
+    return transport.run_script(payloads.load("ib_counters"), [root], timeout=PROBE_TIMEOUT_S)
+
+
+def parse_ib_counters(text: str) -> IbCounters:
+    """The ib_counters payload's JSON: every port's counters."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"IB counters are not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("ports"), list):
+        raise ParseError("IB counters: no 'ports' list")
+    ports = []
+    for entry in data["ports"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("counters"), dict):
+            raise ParseError(f"IB counters: malformed port entry {entry!r}")
+        ports.append(PortCounters(str(entry.get("hca")), str(entry.get("port")), entry["counters"]))
+    return IbCounters(str(data.get("root")), bool(data.get("present")), ports)
+
+
+def counter_problems(found: IbCounters, expect: dict) -> list[str]:
+    """Error counters above the profile's limit (0 unless the profile says otherwise)."""
+    problems = []
+    for port in found.ports:
+        for counter, key in ERROR_COUNTERS.items():
+            limit = expect.get(key) or 0
+            value = port.counters.get(counter, "absent")
+            where = f"{port.hca} port {port.port}: {counter}"
+            if value == "absent":
+                problems.append(f"{where} is missing from sysfs")
+            elif value is None:
+                problems.append(f"{where} is not a number")
+            elif value > limit:
+                problems.append(f"{where} = {value}, limit {limit}")
+    return problems

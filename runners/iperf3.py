@@ -6,16 +6,14 @@ the document's "error" key, so the parser, not the exit code, decides whether a 
 from __future__ import annotations
 
 import json
-import threading
-import time
 from dataclasses import dataclass
 from typing import Optional
 
+from runners.pairs import PairRun, run_server_client
 from runners.parsing import ParseError
-from runners.transport import Result, Transport
+from runners.transport import Transport
 
 CONNECT_TIMEOUT_S = 3
-SERVER_GRACE_S = 3  # how long a server may take to exit after its client finished
 REFUSED_RETRY_S = 5  # how long a client retries "connection refused" while the server starts
 REFUSED = "Connection refused"
 
@@ -78,48 +76,15 @@ def client_argv(server: str, port: int, seconds: int) -> list[str]:
             "--connect-timeout", str(CONNECT_TIMEOUT_S * 1000)]
 
 
-@dataclass(frozen=True)
-class PairRun:
-    """One pair's iperf3: the client's and the server's Results (the client's is the measurement)."""
-
-    server: str
-    client: str
-    port: int
-    client_result: Result
-    server_result: Optional[Result]
-
-
 def run_pair(server: Transport, client: Transport, server_address: str, port: int,
              seconds: int) -> PairRun:
-    """Server on one node, client on the other; the server is torn down whatever happens.
-
-    The client retries while the server is not yet listening ("connection refused"); once it
-    has finished, succeeded or not, a server still running after a short grace is killed on
-    its node.
-    """
-    served: dict[str, Result] = {}
-    server_timeout = seconds + CONNECT_TIMEOUT_S + REFUSED_RETRY_S + 15
-
-    def serve() -> None:
-        served["result"] = server.run(server_argv(port), timeout=server_timeout)
-
-    thread = threading.Thread(target=serve, name=f"iperf3-server-{server.node.name}-{port}",
-                              daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + REFUSED_RETRY_S
-        while True:
-            result = client.run(client_argv(server_address, port, seconds),
-                                timeout=seconds + CONNECT_TIMEOUT_S + 5)
-            if REFUSED not in result.stdout or time.monotonic() > deadline or not thread.is_alive():
-                break
-            time.sleep(0.2)
-    finally:
-        thread.join(SERVER_GRACE_S)
-        if thread.is_alive():
-            server.kill_running()
-            thread.join(SERVER_GRACE_S + 15)
-    return PairRun(server.node.name, client.node.name, port, result, served.get("result"))
+    """Server on one node, client on the other (runners.pairs.run_server_client); the client
+    retries while the server is not yet listening ("connection refused")."""
+    return run_server_client(
+        server, client, server_argv(port), client_argv(server_address, port, seconds), port=port,
+        server_timeout=seconds + CONNECT_TIMEOUT_S + REFUSED_RETRY_S + 15,
+        client_timeout=seconds + CONNECT_TIMEOUT_S + 5,
+        retry_while=lambda result: REFUSED in result.stdout, retry_s=REFUSED_RETRY_S)
 
 
 def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
@@ -138,9 +103,11 @@ def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
         if result.timed_out:
             return None, f"{where}: iperf3 timed out after {result.duration_s:.0f} s"
         return None, f"{where}: {exc} (exit {result.exit_code})"
+    if result.timed_out:  # killed by the limit: its own "error" (interrupt) is a consequence
+        return report, f"{where}: iperf3 timed out after {result.duration_s:.0f} s"
     if report.error:
         return report, f"{where}: iperf3 error: {report.error}"
-    if result.timed_out or result.exit_code != 0:
+    if result.exit_code != 0:
         return report, f"{where}: " + result.explain().split(": ", 1)[-1]
     if not report.ok:
         return report, f"{where}: iperf3 measured no traffic"

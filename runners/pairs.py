@@ -5,13 +5,18 @@ cluster takes hours; run every pair at once and the pairs fight over the same NI
 method splits all pairs into N-1 rounds in which no node appears twice (N odd: one idle node per
 round), so each round runs all of its pairs concurrently without sharing a port on any node.
 
-Everything here but run_rounds is pure, so the schedule and the attribution are unit-tested.
+Everything here but run_rounds and run_server_client is pure, so the schedule and the
+attribution are unit-tested; those two are tested with real iperf3 between real nodes.
 """
 from __future__ import annotations
 
+import statistics
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Optional, Sequence, TypeVar
+
+from runners.transport import Result, Transport
 
 Pair = tuple[str, str]
 T = TypeVar("T")
@@ -123,6 +128,56 @@ def run_rounds(rounds: Sequence[Sequence[Pair]], base_port: int,
         for thread in threads:
             thread.join()
     return {pair: outcomes[pair] for round_pairs in rounds for pair in round_pairs}
+
+
+# ------------------------------------------------------------------------------ one pair
+
+
+SERVER_GRACE_S = 3  # how long a server may take to exit after its client finished
+
+
+@dataclass(frozen=True)
+class PairRun:
+    """One pair's server/client tool run: both Results (the client's is the measurement)."""
+
+    server: str
+    client: str
+    port: int
+    client_result: Result
+    server_result: Optional[Result]
+
+
+def run_server_client(server: Transport, client: Transport, server_argv: Sequence[str],
+                      client_argv: Sequence[str], *, port: int, server_timeout: float,
+                      client_timeout: float, retry_while: Callable[[Result], bool],
+                      retry_s: float) -> PairRun:
+    """Server on one node, client on the other; the server is torn down whatever happens.
+
+    The client is retried while retry_while(result) says the server was not listening yet, for
+    at most retry_s. Once the client has finished (measured, failed or timed out), a server still
+    running after SERVER_GRACE_S is killed on its node, with everything it started.
+    """
+    served: dict[str, Result] = {}
+
+    def serve() -> None:
+        served["result"] = server.run(server_argv, timeout=server_timeout)
+
+    thread = threading.Thread(target=serve, name=f"pair-server-{server.node.name}-{port}",
+                              daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + retry_s
+        while True:
+            result = client.run(client_argv, timeout=client_timeout)
+            if not retry_while(result) or time.monotonic() > deadline or not thread.is_alive():
+                break
+            time.sleep(0.2)
+    finally:
+        thread.join(SERVER_GRACE_S)
+        if thread.is_alive():
+            server.kill_running()
+            thread.join(SERVER_GRACE_S + 15)
+    return PairRun(server.node.name, client.node.name, port, result, served.get("result"))
 
 
 # ------------------------------------------------------------------------------ attribution

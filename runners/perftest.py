@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from runners.pairs import PairRun, run_server_client
 from runners.parsing import ParseError
-from runners.transport import Result
+from runners.transport import Result, Transport
 
 NO_DEVICE_MARKERS = ("Unable to find the Infiniband/RoCE device", "Did not detect devices")
 ERROR_MARKERS = ("Completion with error", "Failed status", "Couldn't connect", "Unable to create QP",
@@ -105,10 +106,84 @@ def no_rdma_device(result: Result) -> bool:
         marker in result.stderr + result.stdout for marker in NO_DEVICE_MARKERS)
 
 
-def write_bw_server_argv(device: str, port: int, *, size: int = 8388608) -> list[str]:
-    return ["ib_write_bw", "--ib-dev", device, "--port", str(port), "--size", str(size),
-            "--report_gbits"]
+LARGE_MESSAGE_BYTES = 8388608  # 8 MiB: the size where HDR/NDR ports reach line rate
+LATENCY_MESSAGE_BYTES = 2  # perftest's default latency size
+RUN_TIMEOUT_S = 60
+NOT_LISTENING = "Couldn't connect to"  # the client started before its server listened
+RETRY_S = 5
 
 
-def write_bw_client_argv(device: str, port: int, server: str, *, size: int = 8388608) -> list[str]:
-    return [*write_bw_server_argv(device, port, size=size), server]
+@dataclass(frozen=True)
+class PerftestMode:
+    """How one rail-aligned pair test runs: which tool, message size, and optional modes."""
+
+    tool: str = "ib_write_bw"  # or ib_write_lat
+    size: int = LARGE_MESSAGE_BYTES
+    bidirectional: bool = False  # -b: both directions at once (bandwidth tools only)
+    use_cuda: bool = False  # GPUDirect RDMA: buffers on the rail's GPU (perftest built with CUDA)
+
+
+def server_argv(mode: PerftestMode, device: Optional[str], port: int,
+                gpu: Optional[int] = None) -> list[str]:
+    """The server side; device None lets perftest take the first RDMA device it finds."""
+    argv = [mode.tool, "--port", str(port), "--size", str(mode.size)]
+    if device:
+        argv += ["--ib-dev", device]
+    if mode.tool.endswith("_bw"):
+        argv.append("--report_gbits")
+        if mode.bidirectional:
+            argv.append("--bidirectional")
+    if mode.use_cuda and gpu is not None:
+        argv.append(f"--use_cuda={gpu}")
+    return argv
+
+
+def client_argv(mode: PerftestMode, device: Optional[str], port: int, server: str,
+                gpu: Optional[int] = None) -> list[str]:
+    return [*server_argv(mode, device, port, gpu), server]
+
+
+def write_bw_server_argv(device: str, port: int, *, size: int = LARGE_MESSAGE_BYTES) -> list[str]:
+    return server_argv(PerftestMode(size=size), device, port)
+
+
+def write_bw_client_argv(device: str, port: int, server: str, *,
+                         size: int = LARGE_MESSAGE_BYTES) -> list[str]:
+    return client_argv(PerftestMode(size=size), device, port, server)
+
+
+def run_pair(server: Transport, client: Transport, server_address: str, port: int,
+             mode: PerftestMode, server_device: Optional[str], client_device: Optional[str],
+             gpu: Optional[int] = None) -> PairRun:
+    """One rail between two nodes: server HCA on one, client HCA on the other, torn down always."""
+    return run_server_client(
+        server, client, server_argv(mode, server_device, port, gpu),
+        client_argv(mode, client_device, port, server_address, gpu), port=port,
+        server_timeout=RUN_TIMEOUT_S + RETRY_S + 5, client_timeout=RUN_TIMEOUT_S,
+        retry_while=lambda result: NOT_LISTENING in result.stdout + result.stderr, retry_s=RETRY_S)
+
+
+def judge(run: PairRun) -> tuple[Optional[PerftestReport], str]:
+    """(report, '') when the client measured; (report or None, why) otherwise.
+
+    Sanity before figures: the error lines perftest prints (between rows too) fail the pair
+    even when a table was printed, and a zero exit without a table is no measurement.
+    """
+    result = run.client_result
+    where = f"{run.client} -> {run.server}:{run.port}"
+    if result.failure:
+        return None, result.explain()
+    if result.timed_out:
+        return None, f"{where}: `{result.command}` timed out after {result.duration_s:.0f} s"
+    try:
+        report = parse_perftest(result.stdout + "\n" + result.stderr)
+    except ParseError as exc:
+        last = (result.stderr.strip().splitlines() or [""])[-1].strip()
+        return None, f"{where}: {exc} (exit {result.exit_code}{': ' + last if last else ''})"
+    if report.errors:
+        return report, f"{where}: {'; '.join(dict.fromkeys(report.errors))}"
+    if result.exit_code != 0:
+        return report, f"{where}: " + result.explain().split(": ", 1)[-1]
+    if not report.rows:
+        return report, f"{where}: {report.test or 'perftest'} printed no result row"
+    return report, ""

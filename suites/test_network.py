@@ -1,21 +1,24 @@
-"""Network: InfiniBand port health on every node, iperf3 between node pairs in rounds, and blame.
+"""Network: InfiniBand port health on every node; perftest (rail-aligned) and iperf3 between node
+pairs in rounds; and blame.
 
 Per-node checks cannot see a bad cable: a link only shows up in a test between its two ends.
 Pairs run in rounds of disjoint pairs (runners.pairs); `-m quick` runs a ring (every node in two
-pairs), `-m full` every pair. The cluster-wide summary re-pairs failing nodes with passing ones
-and names the suspect nodes and links.
+pairs), `-m full` every pair. perftest tests one rail at a time per pair test (HCA i of one node
+to HCA i of the other, all rails of a pair at once). The cluster-wide summary re-pairs failing
+nodes with passing ones, compares every pair's figure with the median of all pairs, and names
+the suspect nodes and links.
 """
 from __future__ import annotations
 
 import itertools
 import threading
-from typing import Optional
+from typing import Callable, Optional, Union
 
 import pytest
 
-from runners import ibstat, iperf3, pairs
+from runners import ibstat, iperf3, pairs, perftest
 from runners.parsing import ParseError
-from runners.pairs import Pair, pair_id
+from runners.pairs import Pair, PairRun, pair_id
 from suites.checks import (CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure,
                            excerpt, parsed)
 from suites.test_system import odd_ones_out
@@ -26,6 +29,9 @@ IBSTAT_STEP = "ibstat"
 IPERF3_SECONDS = 2
 IPERF3_BASE_PORT = 5301  # pair i of a round uses IPERF3_BASE_PORT + i
 SECOND_PASS_BASE_PORT = 5401
+PERFTEST_BASE_PORTS = {"ib_write_bw": 18515, "ib_write_lat": 19515}
+RAIL_PORT_STRIDE = 100  # rail r of pair i in a round listens on base + r * stride + i
+COUNTERS_STEP = "ib_counters"
 NEEDS_TWO = "needs at least two nodes"
 
 
@@ -106,7 +112,26 @@ def test_ib_firmware_uniformity(cluster_run, record):
         raise ExpectationFailure(difference)
 
 
-# ------------------------------------------------------------------------------ iperf3 pairs
+@pytest.mark.quick
+def test_ib_counters(on_node, profile, record):
+    """Symbol errors, link downed and port receive errors of every port, at or below the limits."""
+    found = parsed(ibstat.parse_ib_counters, on_node(COUNTERS_STEP, ibstat.probe_counters))
+    if not found.present or not found.ports:
+        absent = (f"no InfiniBand/RoCE device: {found.root} "
+                  + ("lists no port" if found.present else "does not exist"))
+        expected = profile.expect.get("ib_hcas")
+        if expected:
+            raise ExpectationFailure(f"{absent}, but profile {profile.name} expects {expected} HCA(s)")
+        pytest.skip(absent)
+    record.note(f"{len(found.ports)} port(s): " + ", ".join(
+        f"{p.hca}/{p.port} " + " ".join(f"{name}={p.counters.get(name)}" for name in ibstat.ERROR_COUNTERS)
+        for p in found.ports))
+    problems = ibstat.counter_problems(found, profile.expect)
+    if problems:
+        raise ExpectationFailure("; ".join(problems))
+
+
+# ------------------------------------------------------------------------------ pairs
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -118,14 +143,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError("the acceptance suites need --inventory FILE")
     nodes = [node.name for node in recorder.cluster_run.nodes]
     if len(nodes) < 2:
-        metafunc.parametrize("pair", [pytest.param(None, id="single-node",
-                                                   marks=[pytest.mark.quick, pytest.mark.full])])
+        names, single = ("pair, rail", (None, 0)) if "rail" in metafunc.fixturenames else ("pair", (None,))
+        metafunc.parametrize(names, [pytest.param(*single, id="single-node",
+                                                  marks=[pytest.mark.quick, pytest.mark.full])])
         return
     ring = set(pairs.ring_pairs(nodes))
-    metafunc.parametrize("pair", [
-        pytest.param(pair, id=pair_id(pair),
-                     marks=[pytest.mark.quick, pytest.mark.full] if pair in ring else [pytest.mark.full])
-        for pair in itertools.combinations(nodes, 2)])
+
+    def marks(pair: Pair) -> list:
+        return [pytest.mark.quick, pytest.mark.full] if pair in ring else [pytest.mark.full]
+
+    if "rail" in metafunc.fixturenames:
+        rails = range(recorder.cluster.profile.expect.get("ib_hcas") or 1)
+        metafunc.parametrize("pair, rail", [
+            pytest.param(pair, rail, id=f"{pair_id(pair)}-rail{rail}", marks=marks(pair))
+            for pair in itertools.combinations(nodes, 2) for rail in rails])
+        return
+    metafunc.parametrize("pair", [pytest.param(pair, id=pair_id(pair), marks=marks(pair))
+                                  for pair in itertools.combinations(nodes, 2)])
 
 
 class PairwiseIperf3:
@@ -224,6 +258,181 @@ def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, recorder
                 f"{report.retransmits} retransmits")
     metrics.judge(iperf3_bandwidth=(round(report.gbps, 3), "Gb/s"),
                   iperf3_retransmits=(report.retransmits, "count"))
+
+
+# ------------------------------------------------------------------------------ perftest pairs
+
+RailRun = Union[PairRun, str]  # the run, or why it could not start (e.g. a missing HCA)
+
+
+class PairwisePerftest:
+    """One perftest tool for every selected (pair, rail), run once in rounds when first asked.
+
+    Rail r joins the r-th HCA ibstat lists on each node (rail-aligned); a node whose ibstat
+    lists no HCA runs perftest without --ib-dev, so perftest itself says whether it finds an
+    RDMA device. Every rail of a pair runs at once, each on its own port.
+    """
+
+    def __init__(self, session: pytest.Session, cluster_run, recorder, profile, tool: str):
+        self._session = session
+        self._cluster_run = cluster_run
+        self._recorder = recorder
+        self.tool = tool
+        self.mode = perftest.PerftestMode(
+            tool=tool,
+            size=perftest.LARGE_MESSAGE_BYTES if tool.endswith("_bw") else perftest.LATENCY_MESSAGE_BYTES,
+            bidirectional=bool(profile.expect.get("ib_bidirectional")),
+            use_cuda=bool(profile.expect.get("ib_gpudirect")))
+        self._lock = threading.Lock()
+        self.runs: dict[tuple[Pair, int], RailRun] = {}
+        self.raw: dict[tuple[Pair, int], list[str]] = {}
+
+    def run(self, pair: Pair, rail: int) -> RailRun:
+        with self._lock:
+            if (pair, rail) not in self.runs:
+                self._run_all(self._selected() or {pair: [rail]})
+            return self.runs[(pair, rail)]
+
+    def _selected(self) -> dict[Pair, list[int]]:
+        chosen: dict[Pair, list[int]] = {}
+        for item in self._session.items:
+            callspec = getattr(item, "callspec", None)
+            if item.originalname == f"test_{self.tool}" and callspec and callspec.params.get("pair"):
+                chosen.setdefault(callspec.params["pair"], []).append(callspec.params["rail"])
+        return chosen
+
+    def _hcas(self) -> dict[str, list[str]]:
+        """Each node's HCA names in ibstat's order ([] when it lists none or did not answer)."""
+        names = {}
+        for node, result in self._cluster_run.gather(IBSTAT_STEP, ibstat.probe).items():
+            try:
+                names[node] = [hca.name for hca in ibstat.parse_ibstat(result.stdout).hcas]
+            except ParseError:
+                names[node] = []
+        return names
+
+    def _run_all(self, wanted: dict[Pair, list[int]]) -> None:
+        nodes = [node.name for node in self._cluster_run.nodes]
+        transports = {node: self._cluster_run.transport(node) for node in nodes}
+        address = {node: self._cluster_run.cluster.node(node).address for node in nodes}
+        hcas = self._hcas()
+
+        def device(node: str, rail: int) -> tuple[Optional[str], str]:
+            if not hcas[node]:
+                return None, ""
+            if rail >= len(hcas[node]):
+                return None, (f"{node} has {len(hcas[node])} HCA(s) ({', '.join(hcas[node])}): "
+                              f"no HCA for rail {rail}")
+            return hcas[node][rail], ""
+
+        def run_rail(pair: Pair, rail: int, port: int, done: dict) -> None:
+            server, client = pair
+            (server_device, server_problem), (client_device, client_problem) = (
+                device(server, rail), device(client, rail))
+            if server_problem or client_problem:
+                done[rail] = server_problem or client_problem
+                return
+            done[rail] = perftest.run_pair(
+                transports[server], transports[client], address[server], port, self.mode,
+                server_device, client_device, gpu=rail if self.mode.use_cuda else None)
+
+        def run_pair(pair: Pair, port: int) -> dict[int, RailRun]:
+            done: dict[int, RailRun] = {}
+            threads = [threading.Thread(target=run_rail, args=(pair, rail, port + rail * RAIL_PORT_STRIDE, done),
+                                        name=f"{self.tool}-{pair_id(pair)}-rail{rail}", daemon=True)
+                       for rail in wanted[pair]]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            return done
+
+        base = PERFTEST_BASE_PORTS[self.tool]
+        for pair, rails in pairs.run_rounds(pairs.schedule(nodes, wanted), base, run_pair).items():
+            for rail, run in rails.items():
+                self.runs[(pair, rail)] = run
+                saved = []
+                if not isinstance(run, str):
+                    for result in (run.client_result, run.server_result):
+                        if result is not None:
+                            saved += self._recorder.ledger.save_raw(
+                                f"{self.tool}/{pair_id(pair)}-rail{rail}", result.node,
+                                result.stdout, result.stderr)
+                self.raw[(pair, rail)] = saved
+
+
+def _pairwise_perftest(request, cluster_run, recorder, profile, tool: str) -> PairwisePerftest:
+    key = _PERFTEST_KEYS[tool]
+    if key not in request.session.stash:
+        request.session.stash[key] = PairwisePerftest(request.session, cluster_run, recorder,
+                                                      profile, tool)
+    return request.session.stash[key]
+
+
+_PERFTEST_KEYS = {tool: pytest.StashKey[PairwisePerftest]() for tool in PERFTEST_BASE_PORTS}
+
+
+@pytest.fixture(scope="session")
+def pairwise_ib_write_bw(request, cluster_run, recorder, profile) -> PairwisePerftest:
+    return _pairwise_perftest(request, cluster_run, recorder, profile, "ib_write_bw")
+
+
+@pytest.fixture(scope="session")
+def pairwise_ib_write_lat(request, cluster_run, recorder, profile) -> PairwisePerftest:
+    return _pairwise_perftest(request, cluster_run, recorder, profile, "ib_write_lat")
+
+
+def measured_rail(pairwise: PairwisePerftest, pair: Optional[Pair], rail: int, profile, record,
+                  recorder) -> perftest.PerftestReport:
+    """The rail's perftest report, sanity first: no RDMA device skips (cpu-only) or fails."""
+    if pair is None:
+        pytest.skip(NEEDS_TWO)
+    run = pairwise.run(pair, rail)
+    record.raw(pairwise.raw.get((pair, rail), []))
+    if isinstance(run, str):
+        raise ExpectationFailure(run)
+    results = [r for r in (run.client_result, run.server_result) if r is not None]
+    absent = next((r for r in results if perftest.no_rdma_device(r)), None)
+    if absent is not None:
+        said = next(m for m in perftest.NO_DEVICE_MARKERS if m in absent.stdout + absent.stderr)
+        reason = f"no RDMA device: {pairwise.tool} on {absent.node} says {said!r}"
+        expected = profile.expect.get("ib_hcas")
+        if expected:
+            raise ExpectationFailure(f"{reason}, but profile {profile.name} expects {expected} HCA(s)",
+                                     excerpt(absent.stderr or absent.stdout))
+        pytest.skip(reason)
+    report, why = perftest.judge(run)
+    if why:
+        result = run.client_result
+        if result.failure in ("unreachable", "auth", "host-key"):
+            raise NodeUnreachable(why)
+        if result.timed_out:
+            raise CommandTimedOut(why, excerpt(result.stdout + result.stderr))
+        raise SanityFailure(why, excerpt(result.stdout + result.stderr))
+    for node in pair:
+        recorder.record_tool(node, pairwise.tool, "perftest")
+    return report
+
+
+def test_ib_write_bw(pair: Optional[Pair], rail: int, pairwise_ib_write_bw, profile, metrics,
+                     record, recorder):
+    """RDMA write bandwidth of one rail between two nodes, large messages, in Gb/s per port."""
+    report = measured_rail(pairwise_ib_write_bw, pair, rail, profile, record, recorder)
+    largest = max(report.rows, key=lambda row: row["bytes"])
+    mode = pairwise_ib_write_bw.mode
+    record.note(f"rail {rail}: {largest['bw_avg_gbps']:.2f} Gb/s at {largest['bytes']} B"
+                + (" bidirectional" if mode.bidirectional else "") + (" GPUDirect" if mode.use_cuda else ""))
+    metrics.judge(ib_write_bw=(largest["bw_avg_gbps"], "Gb/s"))
+
+
+def test_ib_write_lat(pair: Optional[Pair], rail: int, pairwise_ib_write_lat, profile, metrics,
+                      record, recorder):
+    """RDMA write latency of one rail between two nodes: typical (median) and 99th percentile."""
+    report = measured_rail(pairwise_ib_write_lat, pair, rail, profile, record, recorder)
+    row = report.rows[0]
+    typical, p99 = row.get("t_typical_us"), row.get("p99_us")
+    record.note(f"rail {rail}: typical {typical} us, p99 {p99} us at {row['bytes']} B")
+    metrics.judge(ib_write_lat_typical=(typical, "us"), ib_write_lat_p99=(p99, "us"))
 
 
 @pytest.mark.quick

@@ -95,6 +95,25 @@ def test_client_that_cannot_reach_the_server_fails_and_the_waiting_server_is_kil
     assert not wait_for_no_leftovers(f"--port {port}")
 
 
+def test_client_that_times_out_gets_its_waiting_server_killed(ns_cluster_factory):
+    """The generic pair runner's timeout path with real iperf3: the client connects to an
+    address on a namespace bridge that no node holds, so connect() waits for ARP (about 3 s)
+    past the client's 1 s limit; the server, still waiting, is killed when the pair returns."""
+    silent = str(ns_cluster_factory(1).subnet[200])
+    port = random.randint(45000, 45999)
+    started = time.monotonic()
+    run = pairs.run_server_client(
+        local(), local(), iperf3.server_argv(port),
+        ["iperf3", "--client", silent, "--port", str(port), "--time", "1", "--json"],
+        port=port, server_timeout=60, client_timeout=1, retry_while=lambda result: False,
+        retry_s=0)
+    assert run.client_result.timed_out, run.client_result
+    assert run.server_result is not None and not run.server_result.ok  # killed, not finished
+    assert "timed out" in iperf3.judge(run)[1]
+    assert time.monotonic() - started < 30
+    assert not wait_for_no_leftovers(f"--port {port}")
+
+
 def test_all_pairs_in_rounds_on_namespace_nodes_with_a_link_cut_mid_round(ns_cluster_factory, tmp_path):
     """Four real nodes, all six pairs in three rounds; node3's link is cut while round 1 runs.
 

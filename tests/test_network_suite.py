@@ -48,6 +48,18 @@ def test_quick_runs_the_ring_and_passes_on_four_nodes(ns_cluster, sign_key, tmp_
     assert {c["outcome"] for c in ports.values()} == {"skipped"}
     assert "no InfiniBand/RoCE device" in next(iter(ports.values()))["message"]
     assert checks(results, "network_attribution")["test_network_attribution"]["outcome"] == "passed"
+    assert all(c["pair"] == pair.split("-") for pair, c in pairs.items())
+    counters = checks(results, "ib_counters")
+    assert {c["outcome"] for c in counters.values()} == {"skipped"} and len(counters) == 4
+    assert "/sys/class/infiniband does not exist" in counters["node1"]["message"]
+    for tool in ("ib_write_bw", "ib_write_lat"):
+        rails = checks(results, tool)
+        assert sorted(rails) == [f"{pair}-rail0" for pair in sorted(pairs)]
+        for check in rails.values():
+            # the real no-device path: perftest ran on the nodes and exited 1
+            assert check["outcome"] == "skipped" and check["rail"] == 0, check
+            assert "Unable to find the Infiniband/RoCE device" in check["message"]
+    assert (run_dir / "raw" / "ib_write_bw_node1-node2-rail0" / "node2.stderr").is_file()
 
 
 def test_full_with_a_dead_link_names_the_node_and_spares_its_partners(ns_cluster_factory, sign_key, tmp_path):
@@ -66,13 +78,25 @@ def test_full_with_a_dead_link_names_the_node_and_spares_its_partners(ns_cluster
 
 
 def test_profile_expecting_hcas_fails_where_there_are_none(ns_cluster, sign_key, tmp_path):
+    """Port health, counters and every rail of ib_write_bw/ib_write_lat fail: no RDMA device."""
     profile = tmp_path / "ib-test.yaml"
     profile.write_text((ROOT / "inventory" / "profiles" / "cpu-only.yaml").read_text()
                        .replace("profile: cpu-only", "profile: ib-test")
-                       .replace('kernel_min: "4.18"', 'kernel_min: "4.18"\n  ib_hcas: 8\n  ib_rate: 400'))
-    inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml", profile=str(profile), nodes=["node1"])
-    done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-k", "ib_ports")
+                       .replace('kernel_min: "4.18"', 'kernel_min: "4.18"\n  ib_hcas: 2\n  ib_rate: 400'))
+    inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml", profile=str(profile),
+                                           nodes=["node1", "node2"])
+    done = run_suites(inventory, tmp_path / "out", sign_key, SUITE,
+                      "-k", "ib_ports or ib_counters or ib_write")
     assert done.returncode == 1, done.stdout[-3000:]
-    check = checks(results_of(run_dir_of(tmp_path / "out", "nscluster")), "ib_ports")["node1"]
+    results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
+    check = checks(results, "ib_ports")["node1"]
     assert check["outcome"] == "failed" and check["kind"] == "expectation"
-    assert "expects 8 HCA(s)" in check["message"]
+    assert "expects 2 HCA(s)" in check["message"]
+    assert checks(results, "ib_counters")["node2"]["outcome"] == "failed"
+    for tool in ("ib_write_bw", "ib_write_lat"):
+        rails = checks(results, tool)
+        assert sorted(rails) == ["node1-node2-rail0", "node1-node2-rail1"]
+        for rail in rails.values():
+            assert rail["outcome"] == "failed" and rail["kind"] == "expectation", rail
+            assert "Unable to find the Infiniband/RoCE device" in rail["message"]
+            assert "expects 2 HCA(s)" in rail["message"]
