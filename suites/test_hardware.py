@@ -1,23 +1,33 @@
-"""Hardware: GPU health and configuration through NVML, kernel-log Xids, stress-ng, DCGM.
+"""Hardware: GPU health and configuration through NVML, kernel-log Xids, stress-ng, DCGM,
+GPU burn with a silent-data-corruption check, HBM and PCIe bandwidth.
 
 A node without NVML skips the GPU checks on a profile that expects no GPUs (no `gpu_count`),
 and fails them on a GPU profile: a GPU node whose driver cannot be reached is not deliverable.
+Every check is `quick` except the long burn (`full`). Burn lengths in seconds come from the
+environment: HANDOVER_GPU_BURN_S (quick, default 60) and HANDOVER_GPU_BURN_FULL_S (default 600).
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from runners import dcgmi, kernel_log, nvml, stress_ng
+from runners import burn, dcgmi, kernel_log, nvml, stress_ng
 from runners.parsing import ParseError
-from suites.checks import ExpectationFailure, SanityFailure, excerpt, parsed, require
+from suites.checks import (ExpectationFailure, Metrics, PerformanceFailure, SanityFailure, excerpt,
+                           parsed, require)
 from suites.test_system import odd_ones_out
 
-pytestmark = [pytest.mark.hardware, pytest.mark.quick]
+pytestmark = [pytest.mark.hardware]
+quick = pytest.mark.quick
 
 GPU_STEP = "gpu_facts"
 STRESS_STEP = "stress_ng"
 KERNEL_STEP = "kernel_log"
 DCGM_STEP = "dcgmi_diag"
+BURN_STEP = "gpu_burn"
+BURN_FULL_STEP = "gpu_burn_full"
+BANDWIDTH_STEP = "gpu_bandwidth"
 GIB_PER_MIB = 1 / 1024
 
 
@@ -38,6 +48,7 @@ def fail_on(problems: list[str], kind=ExpectationFailure) -> None:
         raise kind("; ".join(problems))
 
 
+@quick
 def test_gpu_inventory(on_node, profile, recorder, node, record, metrics):
     facts = gpu_facts_of(on_node, profile)
     recorder.record_tool(node, "nvidia-driver", facts.driver)
@@ -49,6 +60,7 @@ def test_gpu_inventory(on_node, profile, recorder, node, record, metrics):
     metrics.judge(gpu_memory=(smallest, "GiB"))
 
 
+@quick
 def test_gpu_ecc(on_node, profile, record):
     facts = gpu_facts_of(on_node, profile)
     problems, warnings = nvml.ecc_problems(facts, profile.expect)
@@ -57,6 +69,7 @@ def test_gpu_ecc(on_node, profile, record):
     fail_on(problems)
 
 
+@quick
 def test_gpu_pcie(on_node, profile, record):
     facts = gpu_facts_of(on_node, profile)
     problems, notes = nvml.pcie_problems(facts, profile.expect)
@@ -67,6 +80,7 @@ def test_gpu_pcie(on_node, profile, record):
     fail_on(problems)
 
 
+@quick
 def test_gpu_nvlink(on_node, profile, record):
     facts = gpu_facts_of(on_node, profile)
     active = [g.nvlink_active or 0 for g in facts.gpus]
@@ -74,12 +88,14 @@ def test_gpu_nvlink(on_node, profile, record):
     fail_on(nvml.nvlink_problems(facts, profile.expect))
 
 
+@quick
 def test_gpu_modes(on_node, profile, record):
     facts = gpu_facts_of(on_node, profile)
     record.note(f"{len(facts.gpus)} GPU(s) checked for persistence, MIG, compute mode, power limit")
     fail_on(nvml.mode_problems(facts, profile.expect))
 
 
+@quick
 @pytest.mark.cluster
 def test_gpu_uniformity(cluster_run, record):
     """Same driver, VBIOS and InfoROM set on every node with NVML; odd ones out are named."""
@@ -99,6 +115,7 @@ def test_gpu_uniformity(cluster_run, record):
     fail_on([d for d in differences if d])
 
 
+@quick
 def test_kernel_log(on_node, record):
     result = on_node(KERNEL_STEP, kernel_log.read)
     reason = kernel_log.unreadable_reason(result)
@@ -121,6 +138,7 @@ def stress_text(result) -> str:
     return result.stderr + "\n" + result.stdout
 
 
+@quick
 def test_stress_ng(on_node, cluster_run, recorder, node, record, metrics):
     result = on_node(STRESS_STEP, stress_ng.stress)
     if result.exit_code == 127 and result.failure is None:
@@ -154,6 +172,7 @@ def test_stress_ng(on_node, cluster_run, recorder, node, record, metrics):
                      for s in run.stressors})
 
 
+@quick
 def test_dcgm_diag(on_node, profile, record):
     facts = gpu_facts_of(on_node, profile)
     result = on_node(DCGM_STEP, dcgmi.diag)
@@ -176,3 +195,83 @@ def test_dcgm_diag(on_node, profile, record):
         failing.append(f"runtime error: {diag.runtime_error}")
     if failing or result.exit_code != 0:
         raise ExpectationFailure(f"dcgmi diag ({meaning}): " + ("; ".join(failing) or "no failing test named"))
+
+
+def burn_seconds(variable: str, default: int) -> float:
+    value = os.environ.get(variable, "")
+    try:
+        return float(value) if value else float(default)
+    except ValueError:
+        raise pytest.UsageError(f"{variable}={value!r}: expected a number of seconds") from None
+
+
+def gpu_payload_unavailable(profile, what: str, reason: str) -> None:
+    """No torch or no CUDA device: a failure on a GPU profile, a skip elsewhere."""
+    expected = profile.expect.get("gpu_count")
+    if expected:
+        raise ExpectationFailure(f"profile {profile.name} expects {expected} GPU(s), but the {what} "
+                                 f"could not run: {reason}")
+    pytest.skip(f"{what} not run: {reason}")
+
+
+def judge_burn(on_node, profile, node, record, metrics, step, seconds) -> None:
+    gpu_facts_of(on_node, profile)
+    result = on_node(step, lambda transport: burn.run(transport, seconds))
+    run = parsed(burn.parse_burn, result)
+    if not run.available:
+        gpu_payload_unavailable(profile, "GPU burn", run.reason)
+    analysis = burn.analyze(run)
+    record.note(f"{seconds:g} s {run.dtype} {run.size}^3 GEMMs: {analysis.summary()}"
+                + (f"; {run.telemetry_error}" if run.telemetry_error else ""))
+    problems = [f"{node}: {problem}" for problem in analysis.problems]
+    try:
+        metrics.judge(gpu_burn_tflops=(analysis.min_tflops, "TFLOP/s"),
+                      gpu_burn_vs_matmul=(analysis.min_burn_vs_matmul_pct, "%"))
+    except PerformanceFailure as miss:
+        if not problems:
+            raise
+        problems.append(str(miss))
+    fail_on(problems)
+
+
+@quick
+def test_gpu_burn(on_node, profile, node, record, metrics):
+    """Back-to-back bf16 GEMMs on every GPU at once: sustained TFLOP/s, throttling, SDC digests."""
+    judge_burn(on_node, profile, node, record, metrics, BURN_STEP,
+               burn_seconds("HANDOVER_GPU_BURN_S", burn.QUICK_SECONDS))
+
+
+@pytest.mark.full
+def test_gpu_burn_full(on_node, profile, node, record):
+    """The long burn, judged against the same references as the quick one (check gpu_burn)."""
+    metrics = Metrics("gpu_burn", profile, record.metrics)
+    judge_burn(on_node, profile, node, record, metrics, BURN_FULL_STEP,
+               burn_seconds("HANDOVER_GPU_BURN_FULL_S", burn.FULL_SECONDS))
+
+
+def bandwidth_of(on_node, profile) -> burn.BandwidthRun:
+    gpu_facts_of(on_node, profile)
+    run = parsed(burn.parse_bandwidth, on_node(BANDWIDTH_STEP, burn.bandwidth))
+    if not run.available:
+        gpu_payload_unavailable(profile, "GPU bandwidth payload", run.reason)
+    errors = [f"GPU {gpu.index}: {gpu.error}" for gpu in run.gpus if gpu.error]
+    if errors:
+        raise SanityFailure("; ".join(errors))
+    return run
+
+
+@quick
+def test_hbm_bandwidth(on_node, profile, record, metrics):
+    run = bandwidth_of(on_node, profile)
+    record.note("HBM copy TB/s (read+write) per GPU: "
+                + ", ".join(f"{g.index}: {g.hbm_copy_tbps:.2f}" for g in run.gpus))
+    metrics.judge(hbm_copy_bandwidth=(run.slowest("hbm_copy_tbps"), "TB/s"))
+
+
+@quick
+def test_pcie_bandwidth(on_node, profile, record, metrics):
+    run = bandwidth_of(on_node, profile)
+    record.note("pinned GB/s per GPU (H2D/D2H): "
+                + ", ".join(f"{g.index}: {g.h2d_gbps:.1f}/{g.d2h_gbps:.1f}" for g in run.gpus))
+    metrics.judge(h2d_bandwidth=(run.slowest("h2d_gbps"), "GB/s"),
+                  d2h_bandwidth=(run.slowest("d2h_gbps"), "GB/s"))

@@ -1,0 +1,161 @@
+"""GPU burn and bandwidth: analysis on the REAL 60 s H200 trace (tests/data/h200-1gpu/burn.json),
+failing cases DERIVED from it (each test says which field it changes), and the node-side payloads
+run for real here on the CPU (torch CPU, tiny sizes), once each: loop, timing, digests, JSON."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from inventory.loader import load_profile
+from inventory.model import Node
+from runners import burn
+from runners.transport import LocalTransport
+
+DATA = Path(__file__).resolve().parent / "data" / "h200-1gpu"
+TRACE = json.loads((DATA / "burn.json").read_text())
+H200 = load_profile("h200-sxm-8gpu")
+CPU_BURN = ("--device", "cpu", "--size", "64", "--window", "200", "--digest-every", "2",
+            "--matmul-seconds", "0.5")
+
+
+def node_with(python: str) -> LocalTransport:
+    return LocalTransport(Node("here", "here", "local", python=python))
+
+
+def run_of(data: dict) -> burn.BurnRun:
+    return burn.parse_burn(json.dumps(data))
+
+
+def eight_gpus(change=None) -> dict:
+    """DERIVED: the real one-GPU trace copied onto eight GPUs; change(index, gpu) edits copies."""
+    gpus = []
+    for index in range(8):
+        gpu = {"index": index, **copy.deepcopy(TRACE)}
+        if change:
+            change(index, gpu)
+        gpus.append(gpu)
+    return {"available": True, "dtype": "bfloat16", "size": 8192, "gpus": gpus}
+
+
+def test_real_h200_trace_sustains_655_tflops_at_the_power_cap():
+    analysis = burn.analyze(run_of(TRACE))
+    gpu = analysis.gpus[0]
+    assert gpu.sustained_tflops == pytest.approx(655.4) and gpu.peak_tflops == 749.4
+    assert (gpu.max_temp_c, round(gpu.max_power_w, 1), gpu.median_sm_mhz) == (57, 694.7, 1440)
+    assert gpu.reasons_seen == {"SW power cap": 61} and gpu.samples == 61
+    assert analysis.problems == []  # SW power cap under full load is normal
+    assert H200.references["gpu_burn_tflops"].admits(analysis.min_tflops)
+    assert analysis.summary() == ("GPU 0: 655.4 TFLOP/s, max 57 C, 694.7 W, SM 1440 MHz, "
+                                  "SW power cap x61")
+
+
+def test_clocks_event_reasons_decode_with_nvml_bit_values():
+    assert burn.decode_reasons(0x4) == ["SW power cap"]
+    assert burn.decode_reasons(0x1 | 0x8 | 0x40 | 0x80) == [
+        "GPU idle", "HW slowdown", "HW thermal slowdown", "HW power brake slowdown"]
+
+
+def test_derived_thermal_and_power_brake_samples_fail_the_gpu():
+    data = copy.deepcopy(TRACE)
+    for sample in data["telemetry"][30:36]:  # DERIVED: bits 0x40 and 0x80 added to six samples
+        sample["reasons"] = 0x4 | 0x40 | 0x80
+    problems = burn.analyze(run_of(data)).problems
+    first = data["telemetry"][30]
+    assert problems == [
+        f"GPU 0: clocks-event reason HW thermal slowdown (0x40) in 6 of 61 samples, first at "
+        f"t={first['t']:g} s ({first['temp']} C, {first['power_mw'] / 1000:.1f} W)",
+        f"GPU 0: clocks-event reason HW power brake slowdown (0x80) in 6 of 61 samples, first at "
+        f"t={first['t']:g} s ({first['temp']} C, {first['power_mw'] / 1000:.1f} W)"]
+
+
+def test_derived_slow_gpu_is_named_against_the_node_median():
+    def slow_gpu_5(index, gpu):  # DERIVED: GPU 5's windows scaled to 80%
+        if index == 5:
+            gpu["gemm_tflops_windows"] = [w * 0.8 for w in gpu["gemm_tflops_windows"]]
+    analysis = burn.analyze(run_of(eight_gpus(slow_gpu_5)))
+    assert analysis.median_tflops == pytest.approx(655.4)
+    assert analysis.min_tflops == pytest.approx(655.4 * 0.8)
+    assert analysis.problems == ["GPU 5: 524.3 TFLOP/s sustained, 80% of the node median 655.4; "
+                                 "expected >= 90%"]
+
+
+def test_derived_digest_mismatch_fails_that_gpu_and_a_tie_fails_everyone():
+    good = "a" * 32
+
+    def digests(index, gpu):  # DERIVED: the trace has no digests; GPU 3 differs at window 8
+        gpu["digests"] = [{"window": w, "digest": "b" * 32 if (index, w) == (3, 8) else good}
+                          for w in range(0, 12, 4)]
+    reference, problems = burn.digest_problems(run_of(eight_gpus(digests)).gpus)
+    assert reference == good
+    assert problems == ["GPU 3: result differs bit for bit from the reference in 1 of 3 checks "
+                        "(windows 8): silent data corruption"]
+    tie = {"available": True, "gpus": [
+        {"index": 0, "gemm_tflops_windows": [1.0], "digests": [{"window": 0, "digest": good}]},
+        {"index": 1, "gemm_tflops_windows": [1.0], "digests": [{"window": 0, "digest": "c" * 32}]}]}
+    reference, problems = burn.digest_problems(run_of(tie).gpus)
+    assert reference is None and problems[0].startswith("no majority result digest: 2 different")
+
+
+@pytest.fixture(scope="module")
+def cpu_burn() -> dict:
+    """The real payload, run once on this machine's CPU through the harness's transport."""
+    result = burn.run(node_with(sys.executable), seconds=1.5, extra=CPU_BURN)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_payload_runs_on_cpu_with_timing_digests_and_matmul_baseline(cpu_burn):
+    pytest.importorskip("torch")
+    run = run_of(cpu_burn)
+    assert run.ok and run.dtype == "bfloat16" and run.size == 64
+    gpu = run.gpus[0]
+    assert gpu.burn_windows and gpu.matmul_windows and all(w > 0 for w in gpu.burn_windows)
+    assert len(gpu.digests) >= 1 and [w for w, _ in gpu.digests] == list(range(0, 2 * len(gpu.digests), 2))
+    analysis = burn.analyze(run)
+    assert analysis.problems == []  # one device, the same bits every time, no NVML bits
+    assert analysis.reference_digest == gpu.digests[0][1]
+    assert analysis.min_burn_vs_matmul_pct is not None and analysis.min_burn_vs_matmul_pct > 0
+    assert run.telemetry_error == "no NVML telemetry on the CPU device"
+
+
+def test_derived_corrupted_digest_in_the_cpu_run_is_caught(cpu_burn):
+    pytest.importorskip("torch")
+    data = copy.deepcopy(cpu_burn)
+    second = copy.deepcopy(data["gpus"][0])
+    second["index"] = 1
+    data["gpus"].append(second)
+    third = copy.deepcopy(second)
+    third["index"] = 2
+    third["digests"][-1]["digest"] = "0" * 32  # DERIVED: one flipped result on a third "GPU"
+    data["gpus"].append(third)
+    problems = burn.analyze(run_of(data)).problems
+    assert len(problems) == 1 and problems[0].startswith("GPU 2: result differs bit for bit")
+
+
+def test_payloads_without_torch_say_so_and_exit_zero():
+    """The machine's python3 has no torch: both payloads say so, so the suite can skip or fail."""
+    for run, parse in ((lambda t: burn.run(t, seconds=1, extra=CPU_BURN), burn.parse_burn),
+                       (burn.bandwidth, burn.parse_bandwidth)):
+        result = run(node_with("python3"))
+        assert result.exit_code == 0, result.stderr
+        parsed = parse(result.stdout)
+        assert not parsed.available and "torch is not installed" in parsed.reason
+
+
+def test_bandwidth_payload_runs_on_cpu_and_slowest_gpu_is_judged():
+    pytest.importorskip("torch")
+    result = burn.bandwidth(node_with(sys.executable), extra=("--device", "cpu", "--copy-mib", "4",
+                                                              "--pcie-mib", "4", "--iterations", "2"))
+    assert result.exit_code == 0, result.stderr
+    run = burn.parse_bandwidth(result.stdout)
+    assert run.ok and all(run.slowest(k) > 0 for k in ("hbm_copy_tbps", "h2d_gbps", "d2h_gbps"))
+    data = json.loads(result.stdout)  # DERIVED: a second GPU at half the H2D rate, a third without
+    data["gpus"].append({**data["gpus"][0], "index": 1, "h2d_gbps": data["gpus"][0]["h2d_gbps"] / 2})
+    assert burn.parse_bandwidth(json.dumps(data)).slowest("h2d_gbps") == data["gpus"][1]["h2d_gbps"]
+    data["gpus"].append({"index": 2, "name": "cpu", "error": "RuntimeError: CUDA error: out of memory"})
+    broken = burn.parse_bandwidth(json.dumps(data))
+    assert not broken.ok and broken.slowest("d2h_gbps") is None
