@@ -84,3 +84,52 @@ def test_handover_parse_cli(tool, name, expected):
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and f"not {tool} output" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def sysfs_tree(root: Path, counters: dict) -> Path:
+    """CONSTRUCTED, not a capture: the kernel's sysfs layout and counter file names
+    (<root>/<hca>/ports/<port>/counters/<name>, one integer per file, as in
+    /sys/class/infiniband), built in a temporary directory with the given values."""
+    for (hca, port), values in counters.items():
+        directory = root / hca / "ports" / str(port) / "counters"
+        directory.mkdir(parents=True)
+        for name, value in values.items():
+            (directory / name).write_text(f"{value}\n")
+    return root
+
+
+CLEAN = {"symbol_error": 0, "link_downed": 0, "port_rcv_errors": 0, "port_xmit_discards": 7}
+
+
+def read_tree(root: Path) -> ibstat.IbCounters:
+    """The node-side payload run for real on the tree, its JSON parsed."""
+    result = ibstat.probe_counters(LocalTransport(Node("localhost", "localhost", "local")), str(root))
+    assert result.ok, result.stderr
+    return ibstat.parse_ib_counters(result.stdout)
+
+
+def test_counters_of_every_port_are_read_from_a_sysfs_shaped_tree(tmp_path):
+    root = sysfs_tree(tmp_path / "infiniband", {("mlx5_0", 1): CLEAN, ("mlx5_1", 1): CLEAN,
+                                                ("mlx5_1", 2): {**CLEAN, "symbol_error": 3}})
+    found = read_tree(root)
+    assert found.present and [(p.hca, p.port) for p in found.ports] == [
+        ("mlx5_0", "1"), ("mlx5_1", "1"), ("mlx5_1", "2")]
+    assert found.ports[2].counters["symbol_error"] == 3 and found.ports[0].counters["port_xmit_discards"] == 7
+    assert ibstat.counter_problems(found, {}) == ["mlx5_1 port 2: symbol_error = 3, limit 0"]
+    assert ibstat.counter_problems(found, {"ib_symbol_errors_max": 5}) == []
+
+
+def test_missing_or_unreadable_counters_are_problems_not_zeros(tmp_path):
+    root = sysfs_tree(tmp_path / "infiniband", {("mlx5_0", 1): {"symbol_error": "garbage",
+                                                                "link_downed": 1}})
+    problems = ibstat.counter_problems(read_tree(root), {"ib_link_downed_max": 0})
+    assert problems == ["mlx5_0 port 1: symbol_error is not a number",
+                        "mlx5_0 port 1: link_downed = 1, limit 0",
+                        "mlx5_0 port 1: port_rcv_errors is missing from sysfs"]
+
+
+def test_no_sysfs_class_directory_means_no_device(tmp_path):
+    found = read_tree(tmp_path / "absent")
+    assert not found.present and found.ports == []
+    with pytest.raises(ParseError):
+        ibstat.parse_ib_counters("not json")

@@ -92,3 +92,45 @@ def test_handover_parse_perftest_cli():
                           str(DATA / "PROVENANCE.md")], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "not perftest output" in bad.stderr
+
+
+def test_rail_argv_for_bandwidth_latency_bidirectional_and_gpudirect():
+    from runners.perftest import PerftestMode, client_argv, server_argv
+
+    bw = PerftestMode()
+    assert server_argv(bw, "mlx5_3", 18600) == ["ib_write_bw", "--port", "18600", "--size", "8388608",
+                                                "--ib-dev", "mlx5_3", "--report_gbits"]
+    assert client_argv(PerftestMode(bidirectional=True, use_cuda=True), "mlx5_3", 18600, "10.0.0.1", gpu=3) == [
+        "ib_write_bw", "--port", "18600", "--size", "8388608", "--ib-dev", "mlx5_3", "--report_gbits",
+        "--bidirectional", "--use_cuda=3", "10.0.0.1"]
+    assert server_argv(PerftestMode(tool="ib_write_lat", size=2), None, 19515) == [
+        "ib_write_lat", "--port", "19515", "--size", "2"]
+
+
+@pytest.mark.skipif(shutil.which("ib_write_bw") is None, reason="perftest is not installed")
+def test_pair_without_an_rdma_device_ends_at_once_and_leaves_no_server():
+    """The real no-device path through the pair runner: both sides exit 1 at once."""
+    from nodes import wait_for_no_leftovers
+    from runners.perftest import PerftestMode, judge, run_pair
+
+    transport = LocalTransport(Node("localhost", "localhost", "local"))
+    run = run_pair(transport, transport, "127.0.0.1", 18777, PerftestMode(), None, None)
+    assert no_rdma_device(run.client_result) and no_rdma_device(run.server_result)
+    report, why = judge(run)
+    assert report is None and "Unable to find the Infiniband/RoCE device" in why
+    assert not wait_for_no_leftovers("--port 18777")
+
+
+def test_judge_puts_error_lines_before_figures():
+    """DERIVED from the real 8M log (a documented failure line appended): the table alone
+    does not pass a run that printed an error."""
+    from runners.pairs import PairRun
+    from runners.perftest import judge
+    from runners.transport import Result
+
+    text = (DATA / "superbench_ib_loopback_8M_size.log").read_text()
+    good = Result("n2", "ib_write_bw ...", 0, text, "", 1.0)
+    assert judge(PairRun("n1", "n2", 18515, good, None)) == (parse_perftest(text), "")
+    bad = Result("n2", "ib_write_bw ...", 0, text + " Completion with error at client\n", "", 1.0)
+    report, why = judge(PairRun("n1", "n2", 18515, bad, None))
+    assert report.peak_bw_gbps > 200 and why == "n2 -> n1:18515: Completion with error at client"
