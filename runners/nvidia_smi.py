@@ -144,4 +144,74 @@ def parse_nvidia_smi(text: str) -> SmiReport:
                      attached_gpus=_integer(_text(root, "attached_gpus")), gpus=gpus, ok=ok)
 
 
-PARSERS = {"nvidia-smi": parse_nvidia_smi}
+# ---------------------------------------------------------------- nvidia-smi topo -m
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CELLS = re.compile(r"\t+| {2,}")
+_DEVICE = re.compile(r"^(GPU|NIC)\d+$")
+
+
+@dataclass(frozen=True)
+class Topology:
+    devices: list[str]  # matrix columns in order: GPU0.., NIC0..
+    links: dict[str, dict[str, str]]  # row device -> column device -> X, NV18, PIX, NODE, SYS, ...
+    numa_affinity: dict[str, str]  # GPU -> its NUMA Affinity cell ("" when not shown)
+    nic_names: dict[str, str]  # NIC0 -> mlx5_0, from the NIC Legend
+    ok: bool
+
+    @property
+    def gpus(self) -> list[str]:
+        return [d for d in self.devices if d.startswith("GPU")]
+
+
+def topo(transport: Transport) -> Result:
+    return transport.run(["nvidia-smi", "topo", "-m"], timeout=QUERY_TIMEOUT_S)
+
+
+def parse_topo(text: str) -> Topology:
+    """The connection matrix of `nvidia-smi topo -m` (or -mp); columns found by their headers."""
+    lines = [_ANSI.sub("", line) for line in text.splitlines()]
+    header_at = next((i for i, line in enumerate(lines)
+                      if re.search(r"\bGPU0\b", line) and "Affinity" in line), None)
+    if header_at is None:
+        raise ParseError("no topology header (GPU0 ... CPU Affinity): not `nvidia-smi topo -m` output")
+    columns = [cell for cell in _CELLS.split(lines[header_at].strip()) if cell]
+    devices = [cell for cell in columns if _DEVICE.match(cell)]
+    extra = columns[len(devices):]
+    links, numa = {}, {}
+    for line in lines[header_at + 1:]:
+        cells = [cell.strip() for cell in _CELLS.split(line.strip())]
+        if not cells or not _DEVICE.match(cells[0]):
+            if links:
+                break
+            continue
+        values = cells[1:1 + len(devices)]
+        if len(values) < len(devices):
+            raise ParseError(f"topology row {cells[0]} has {len(values)} of {len(devices)} cells")
+        links[cells[0]] = dict(zip(devices, values))
+        attributes = dict(zip(extra, cells[1 + len(devices):]))
+        if cells[0].startswith("GPU"):
+            numa[cells[0]] = attributes.get("NUMA Affinity", "")
+    nic_names = dict(re.findall(r"^\s*(NIC\d+):\s*(\S+)\s*$", "\n".join(lines), re.M))
+    ok = bool(links) and all(links.get(d, {}).get(d) == "X" for d in devices if d in links)
+    return Topology(devices, links, numa, nic_names, ok)
+
+
+def nvlink_pair_problems(topology: Topology, expect: dict) -> list[str]:
+    """Every GPU pair joined by the profile's bonded set of NVLinks (NV18 on HGX H100/H200)."""
+    want = expect.get("nvlink_links")
+    if not want:
+        return []
+    problems = []
+    count = expect.get("gpu_count")
+    if count is not None and len(topology.gpus) != count:
+        problems.append(f"{len(topology.gpus)} GPU(s) in the topology matrix, expected {count}")
+    for position, first in enumerate(topology.gpus):
+        for second in topology.gpus[position + 1:]:
+            link = topology.links.get(first, {}).get(second, "missing")
+            if link != f"NV{want}":
+                problems.append(f"{first}-{second}: {link}, expected NV{want}")
+    return problems
+
+
+PARSERS = {"nvidia-smi": parse_nvidia_smi, "nvidia-smi-topo": parse_topo}

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from runners import burn, dcgmi, kernel_log, nvml, stress_ng
+from runners import burn, dcgmi, kernel_log, nvidia_smi, nvml, stress_ng
 from runners.parsing import ParseError
 from suites.checks import (ExpectationFailure, Metrics, PerformanceFailure, SanityFailure, excerpt,
                            parsed, require)
@@ -28,6 +28,7 @@ DCGM_STEP = "dcgmi_diag"
 BURN_STEP = "gpu_burn"
 BURN_FULL_STEP = "gpu_burn_full"
 BANDWIDTH_STEP = "gpu_bandwidth"
+TOPOLOGY_STEP = "nvidia_smi_topo"
 GIB_PER_MIB = 1 / 1024
 
 
@@ -93,6 +94,19 @@ def test_gpu_modes(on_node, profile, record):
     facts = gpu_facts_of(on_node, profile)
     record.note(f"{len(facts.gpus)} GPU(s) checked for persistence, MIG, compute mode, power limit")
     fail_on(nvml.mode_problems(facts, profile.expect))
+
+
+@quick
+def test_gpu_topology(on_node, profile, node, record):
+    """`nvidia-smi topo -m`: NV<links> between every GPU pair where the profile expects NVLink."""
+    gpu_facts_of(on_node, profile)
+    if not profile.expect.get("nvlink_links"):
+        pytest.skip(f"profile {profile.name} expects no NVLink between GPUs (no `nvlink_links`)")
+    topology = parsed(nvidia_smi.parse_topo, on_node(TOPOLOGY_STEP, nvidia_smi.topo))
+    pairs = {topology.links[a][b] for i, a in enumerate(topology.gpus) for b in topology.gpus[i + 1:]}
+    record.note(f"{len(topology.gpus)} GPU(s); GPU pairs joined by {', '.join(sorted(pairs)) or 'nothing'}; "
+                f"NUMA affinity {','.join(topology.numa_affinity.values())}")
+    fail_on([f"{node}: {problem}" for problem in nvidia_smi.nvlink_pair_problems(topology, profile.expect)])
 
 
 @quick

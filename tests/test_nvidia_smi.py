@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.nvidia_smi import parse_nvidia_smi
+from runners.nvidia_smi import nvlink_pair_problems, parse_nvidia_smi, parse_topo
 from runners.parsing import ParseError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -58,3 +58,39 @@ def test_cli():
     done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "nvidia-smi", str(H200_XML)],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and '"memory_total_mib": 143771' in done.stdout and '"ok": true' in done.stdout
+
+
+TOPO_NV18 = DATA / "nvidia-smi" / "ml-engineering_topo-m_8xH100_excerpt.txt"
+TOPO_PCIE = DATA / "nvidia-smi" / "deepep-issue397_topo-mp_8xH100_12xCX7.txt"
+H200_SYSTEM = DATA / "h200-1gpu" / "system.txt"
+HGX = {"nvlink_links": 18, "gpu_count": 8}
+
+
+def test_topo_8x_h100_nv18_between_every_pair():
+    topology = parse_topo(TOPO_NV18.read_text())
+    assert topology.ok and topology.gpus == [f"GPU{i}" for i in range(8)]
+    assert topology.links["GPU2"]["GPU7"] == "NV18"
+    assert list(topology.numa_affinity.values()) == ["0"] * 4 + ["1"] * 4
+    assert nvlink_pair_problems(topology, HGX) == []
+
+
+def test_topo_pcie_only_matrix_with_nics_fails_every_pair():
+    """`topo -mp` shows the PCIe path only: every one of the 28 GPU pairs lacks NV18."""
+    topology = parse_topo(TOPO_PCIE.read_text())
+    assert len(topology.devices) == 20 and topology.nic_names["NIC11"] == "mlx5_11"
+    assert topology.links["NIC0"]["GPU0"] == "PIX"
+    problems = nvlink_pair_problems(topology, HGX)
+    assert len(problems) == 28 and problems[0] == "GPU0-GPU1: NODE, expected NV18"
+    assert "GPU3-GPU4: SYS, expected NV18" in problems
+
+
+def test_topo_real_h200_with_ansi_header_has_one_gpu():
+    topology = parse_topo(H200_SYSTEM.read_text().split("== topo\n", 1)[1])
+    assert topology.gpus == ["GPU0"] and topology.numa_affinity == {"GPU0": "0"}
+    assert nvlink_pair_problems(topology, HGX) == ["1 GPU(s) in the topology matrix, expected 8"]
+    assert nvlink_pair_problems(topology, {"nvlink_links": 18, "gpu_count": 1}) == []
+
+
+def test_topo_parser_refuses_other_text():
+    with pytest.raises(ParseError, match="not `nvidia-smi topo -m` output"):
+        parse_topo(A100_XML.read_text())

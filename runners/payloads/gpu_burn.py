@@ -144,9 +144,9 @@ class Telemetry(threading.Thread):
     def handles(self, pynvml):
         handles = {}
         for worker in self.workers:
-            if worker.bus_id:
+            try:
                 handles[worker.index] = pynvml.nvmlDeviceGetHandleByPciBusId(worker.bus_id)
-            else:
+            except pynvml.NVMLError:  # no bus id from torch: CUDA_DEVICE_ORDER makes indices agree
                 handles[worker.index] = pynvml.nvmlDeviceGetHandleByIndex(worker.index)
         return handles
 
