@@ -219,7 +219,7 @@ def attribute(passed: dict[Pair, bool]) -> Attribution:
         partners = [other(p, node) for p in pairs]
         vouched = [partner for partner in partners if partner in healthy]
         if len(pairs) >= 2 or vouched:
-            evidence = f"all {len(pairs)} of its pairs failed (with {', '.join(partners)})"
+            evidence = f"all {len(pairs)} of its pairs failed or were low (with {', '.join(partners)})"
             if vouched:
                 evidence += f"; {', '.join(vouched)} passed with other nodes"
             suspects[node] = evidence
@@ -232,6 +232,28 @@ def attribute(passed: dict[Pair, bool]) -> Attribution:
             else:
                 links[pair] = "failed; no other pair tells the nodes apart"
     return Attribution(suspects, links)
+
+
+LOW_FRACTION = 0.25  # a pair this far below the median of all pairs is low, whatever its band says
+MIN_PAIRS_FOR_MEDIAN = 3
+
+
+def low_pairs(figures: dict[Pair, Optional[float]], fraction: float = LOW_FRACTION) -> dict[Pair, str]:
+    """Pairs whose figure (higher is better) is far below the median of all measured pairs.
+
+    A band says what a healthy link should reach; the median says what this fabric does reach.
+    A pair 40% below its peers is a bad cable or port even when the band is generous (or
+    missing), so it counts against its nodes in attribute() as a failure would.
+    """
+    values = [value for value in figures.values() if value is not None]
+    if len(values) < MIN_PAIRS_FOR_MEDIAN:
+        return {}
+    median = statistics.median(values)
+    if median <= 0:
+        return {}
+    return {pair: f"{value:.3g} is {(1 - value / median) * 100:.0f}% below the median {median:.3g}"
+            for pair, value in figures.items()
+            if value is not None and value < median * (1 - fraction)}
 
 
 def other(pair: Pair, node: str) -> str:

@@ -278,6 +278,7 @@ class PairwisePerftest:
         self._cluster_run = cluster_run
         self._recorder = recorder
         self.tool = tool
+        self.reference = profile.references.get(tool)
         self.mode = perftest.PerftestMode(
             tool=tool,
             size=perftest.LARGE_MESSAGE_BYTES if tool.endswith("_bw") else perftest.LATENCY_MESSAGE_BYTES,
@@ -435,18 +436,52 @@ def test_ib_write_lat(pair: Optional[Pair], rail: int, pairwise_ib_write_lat, pr
     metrics.judge(ib_write_lat_typical=(typical, "us"), ib_write_lat_p99=(p99, "us"))
 
 
+def attribution_of(label: str, passed: dict[Pair, bool], figures: dict[Pair, Optional[float]],
+                   unit: str, second_pass: Optional[Callable[[dict[Pair, bool]], dict[Pair, bool]]] = None
+                   ) -> tuple[list[str], list[str]]:
+    """(suspects, low pairs) in words for one kind of pair test: failures and figures far below
+    the median of all pairs both count against a pair; a second pass may clear partners."""
+    low = pairs.low_pairs(figures)
+    first = {pair: ok and pair not in low for pair, ok in passed.items()}
+    outcomes = {**first, **(second_pass(first) if second_pass else {})}
+    blame = pairs.attribute(outcomes)
+    suspects = [] if blame.clean else [f"{label}: {blame.summary()}"]
+    return suspects, [f"{label} {pair_id(pair)}: {why} {unit}" for pair, why in low.items()]
+
+
 @pytest.mark.quick
 @pytest.mark.full
 @pytest.mark.cluster
-def test_network_attribution(pairwise_iperf3, record):
-    """Which nodes or links the failed pairs point at, after a second pass with passing nodes."""
-    if not pairwise_iperf3.runs:
-        pytest.skip(f"no iperf3 pair ran ({NEEDS_TWO}, or none selected)")
-    first = {pair: pairwise_iperf3.passed(run) for pair, run in pairwise_iperf3.runs.items()}
-    outcomes = {**first, **pairwise_iperf3.second_pass(first)}
-    failed = sorted(pair_id(pair) for pair, ok in outcomes.items() if not ok)
-    record.note(f"{len(outcomes)} pair(s) measured, {len(failed)} failed"
-                + (f": {', '.join(failed)}" if failed else ""))
-    blame = pairs.attribute(outcomes)
-    if not blame.clean:
-        raise ExpectationFailure(f"suspects: {blame.summary()}")
+def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, record):
+    """Which nodes or links the failed or low pairs point at, after a second pass (iperf3)."""
+    suspects, lows, counts = [], [], []
+    if pairwise_iperf3.runs:
+        runs = pairwise_iperf3.runs
+        figures = {pair: (iperf3.judge(run)[0].gbps if not iperf3.judge(run)[1] else None)
+                   for pair, run in runs.items()}
+        found = attribution_of("iperf3", {pair: pairwise_iperf3.passed(run) for pair, run in runs.items()},
+                               figures, "Gb/s", pairwise_iperf3.second_pass)
+        suspects += found[0]
+        lows += found[1]
+        failed = sorted(pair_id(pair) for pair, run in runs.items() if not pairwise_iperf3.passed(run))
+        counts.append(f"iperf3: {len(runs)} pair(s), {len(failed)} failed"
+                      + (f" ({', '.join(failed)})" if failed else ""))
+    measured = {key: run for key, run in pairwise_ib_write_bw.runs.items()
+                if not isinstance(run, str) and not perftest.no_rdma_device(run.client_result)}
+    for rail in sorted({rail for _, rail in measured}):
+        reports = {pair: perftest.judge(run) for (pair, r), run in measured.items() if r == rail}
+        figures = {pair: (report.peak_bw_gbps if report and not why else None)
+                   for pair, (report, why) in reports.items()}
+        found = attribution_of(f"ib_write_bw rail {rail}",
+                               {pair: figure is not None and (pairwise_ib_write_bw.reference is None
+                                                              or pairwise_ib_write_bw.reference.admits(figure))
+                                for pair, figure in figures.items()}, figures, "Gb/s")
+        suspects += found[0]
+        lows += found[1]
+        counts.append(f"ib_write_bw rail {rail}: {len(reports)} pair(s)")
+    if not counts:
+        pytest.skip(f"no pair measured ({NEEDS_TWO}, no RDMA device, or none selected)")
+    record.note("; ".join(counts) + (f"; low against the median: {'; '.join(lows)}" if lows else ""))
+    if suspects:
+        raise ExpectationFailure("suspects: " + "; ".join(suspects)
+                                 + (f" (low pairs: {'; '.join(lows)})" if lows else ""))

@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from runners.pairs import (attribute, circle_rounds, greedy_rounds, pair_id, ports_for, ring_pairs,
+from runners.pairs import (attribute, circle_rounds, greedy_rounds, low_pairs, pair_id, ports_for, ring_pairs,
                            ring_rounds, run_rounds, schedule, second_pass_pairs)
 
 
@@ -118,3 +118,23 @@ def test_second_pass_pairs_failing_nodes_with_passing_ones():
     for pair in again:
         assert pair not in passed and len(set(pair) & good) == 1
     assert second_pass_pairs({("a", "b"): False}, ["a", "b"]) == []
+
+
+def test_a_pair_far_below_the_median_is_low_even_when_it_passed():
+    figures = {("a", "b"): 390.0, ("a", "c"): 388.0, ("b", "c"): 391.0, ("c", "d"): 250.0,
+               ("b", "d"): 385.0, ("a", "d"): None}
+    low = low_pairs(figures)
+    assert list(low) == [("c", "d")] and "36% below the median 388" in low[("c", "d")]
+    assert low_pairs({("a", "b"): 1.0, ("c", "d"): 100.0}) == {}  # two pairs: no median to trust
+    assert low_pairs({pair: 0.0 for pair in [("a", "b"), ("a", "c"), ("b", "c")]}) == {}
+
+
+def test_a_node_whose_pairs_are_all_low_is_the_suspect():
+    nodes = names(5)
+    pairs = list(itertools.combinations(nodes, 2))
+    figures = {pair: (200.0 if "n02" in pair else 390.0) for pair in pairs}
+    low = low_pairs(figures)
+    assert set(low) == {pair for pair in pairs if "n02" in pair}
+    result = attribute({pair: pair not in low for pair in pairs})
+    assert list(result.suspect_nodes) == ["n02"] and not result.suspect_links
+    assert "failed or were low" in result.suspect_nodes["n02"]
