@@ -254,6 +254,44 @@ class Count:
 
 
 @dataclass
+class HeatCell:
+    state: str  # ok | low | fail | broken | skipped | none | self
+    label: str  # the figure, shown in the cell when the matrix is small
+    tooltip: str
+    anchor: str = ""
+
+
+@dataclass
+class HeatRow:
+    node: str
+    cells: list[HeatCell]
+    bad: int  # cells of this node that failed or are low
+    measured: int  # cells of this node with an outcome
+
+
+@dataclass
+class Heatmap:
+    key: str
+    check: str
+    rail: Optional[str]
+    metric: str
+    unit: str
+    criterion: str
+    median: str
+    nodes: list[str]
+    rows: list[HeatRow]
+    compact: bool  # too many nodes to print figures in the cells
+    counts: dict  # state -> number of pairs
+
+
+@dataclass
+class PairSection:
+    heatmaps: list[Heatmap]
+    skipped: list[str]  # pair checks that only skipped, with the reason
+    attribution: Optional[dict]  # the attribution check's outcome and message
+
+
+@dataclass
 class View:
     title: str
     cluster: str
@@ -276,6 +314,7 @@ class View:
     provenance: dict
     tools: list[dict]
     signer: Optional[dict]
+    pairs: PairSection = None
     schema: str = ""
 
 
@@ -315,6 +354,7 @@ def build_view(results: dict) -> View:
         provenance=_provenance(run),
         tools=_tools(run.get("tools") or []),
         signer=_signer(results.get("signer")),
+        pairs=_pair_section(checks, layout),
         schema=text(results.get("schema")),
     )
 
@@ -380,7 +420,19 @@ def _column_order(frame: pd.DataFrame) -> list[Column]:
 
 
 def _where(check: dict) -> str:
+    """The node, the pair ('a ↔ b', with its rail) of a test between two nodes, or the cluster."""
+    pair = _pair(check)
+    if pair:
+        rail = check.get("rail")
+        return f"{pair[0]} ↔ {pair[1]}" + (f" rail {text(rail)}" if rail is not None else "")
     return CLUSTER_ROW if check.get("node") is None else text(check.get("node"))
+
+
+def _pair(check: dict) -> Optional[tuple[str, str]]:
+    pair = check.get("pair")
+    if isinstance(pair, (list, tuple)) and len(pair) == 2:
+        return text(pair[0]), text(pair[1])
+    return None
 
 
 def _outcome(check: dict) -> str:
@@ -570,12 +622,13 @@ def _metrics_frame(checks: list[dict], layout: Layout) -> pd.DataFrame:
             records.append({
                 "check": text(check.get("check")) or "unnamed", "name": text(metric.get("name")),
                 "unit": text(metric.get("unit")), "reference_unit": text(reference.get("unit")),
-                "row": layout.row(check), "index": index, "position": position,
+                "row": layout.row(check), "where": _where(check), "index": index,
+                "position": position,
                 "value": _number(metric.get("value")), "margin": _number(metric.get("margin")),
                 "ok": _ok(metric.get("ok")), "low": low, "high": high,
                 "reference": _number(reference.get("value")),
             })
-    columns = ["check", "name", "unit", "reference_unit", "row", "index", "position", "value",
+    columns = ["check", "name", "unit", "reference_unit", "row", "where", "index", "position", "value",
                "margin", "ok", "low", "high", "reference"]
     return pd.DataFrame.from_records(records, columns=columns)
 
@@ -658,9 +711,10 @@ def _outliers(group: pd.DataFrame, layout: Layout, unit: str) -> list[str]:
     for entry in measured.to_dict("records"):
         deviation = (entry["value"] - median) / abs(median)
         if (low_bad and deviation < -OUTLIER_FRACTION) or (high_bad and deviation > OUTLIER_FRACTION):
-            found.append((-abs(deviation), entry["row"], entry["value"], deviation))
-    return [f"{layout.label(row)}: {_with_unit(value, unit)} ({format_margin(deviation)} vs median)"
-            for _, row, value, deviation in sorted(found)]
+            found.append((-abs(deviation), entry["row"], entry["index"], entry["where"],
+                          entry["value"], deviation))
+    return [f"{where}: {_with_unit(value, unit)} ({format_margin(deviation)} vs median)"
+            for _, _, _, where, value, deviation in sorted(found)]
 
 
 CHART_WIDTH, CHART_HEIGHT = 640, 168
@@ -713,7 +767,7 @@ def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str) -> Chart:
     slot = (PLOT_RIGHT - PLOT_LEFT) / len(values)
     gap = max(slot - MAX_BAR_WIDTH, slot * 0.2) if slot >= 4 else 0.0
     zero = y_of(0.0)
-    nodes = [layout.label(entry["row"]) for entry in measured]
+    nodes = [entry["where"] for entry in measured]
     bars = []
     for position, (node, entry) in enumerate(zip(nodes, measured)):
         top = y_of(entry["value"])
@@ -757,6 +811,133 @@ def _label_step(names: list[str], slot: float) -> int:
     """Label every n-th bar so that labels of about LABEL_CHAR_PX per character do not overlap."""
     widest = min(max((len(name) for name in names), default=1), LABEL_CHARS) * LABEL_CHAR_PX + 4
     return max(1, math.ceil(widest / slot))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pairs: an N x N heatmap per pair check (and per rail)
+
+LOW_VS_MEDIAN = 0.25  # as runners.pairs.LOW_FRACTION: a figure this far on the bad side is low
+COMPACT_NODES = 16  # above this many nodes the cells are bare squares (figures in tooltips)
+ATTRIBUTION_CHECK = "network_attribution"
+
+
+def _pair_section(checks: list[dict], layout: Layout) -> Optional[PairSection]:
+    """Heatmaps of every pair check's main figure, node against node, from the checks' `pair`."""
+    groups: dict[tuple[str, Optional[str]], list[int]] = {}
+    for index, check in enumerate(checks):
+        if _pair(check):
+            rail = check.get("rail")
+            key = (text(check.get("check")) or "unnamed", None if rail is None else text(rail))
+            groups.setdefault(key, []).append(index)
+    if not groups:
+        return None
+    heatmaps, skipped = [], []
+    for number, ((name, rail), members) in enumerate(groups.items()):
+        if all(_outcome(checks[i]) == "skipped" for i in members):
+            reasons = list(dict.fromkeys(_first_line(checks[i].get("message")) for i in members))
+            where = f"{name}" + (f" rail {rail}" if rail is not None else "")
+            skipped.append(f"{where}: all {len(members)} pair(s) skipped — {reasons[0]}"
+                           + (f" (and {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ""))
+            continue
+        heatmaps.append(_heatmap(f"pairs-{number}", name, rail, [(i, checks[i]) for i in members],
+                                 layout))
+    attribution = next(({"outcome": _outcome(c), "message": text(c.get("message")).strip(),
+                         "anchor": _anchor(i, _outcome(c))}
+                        for i, c in enumerate(checks) if c.get("check") == ATTRIBUTION_CHECK), None)
+    return PairSection(heatmaps=heatmaps, skipped=skipped, attribution=attribution)
+
+
+def _main_metric(members: list[tuple[int, dict]]) -> Optional[dict]:
+    """The figure a pair check is judged on: its first metric with a reference, else its first."""
+    first = None
+    for _, check in members:
+        for metric in check.get("metrics") or []:
+            if metric.get("reference"):
+                return metric
+            first = first or metric
+    return first
+
+
+def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, dict]],
+             layout: Layout) -> Heatmap:
+    main = _main_metric(members)
+    metric_name = text(main.get("name")) if main else ""
+    unit = text(main.get("unit")) if main else ""
+    low, high = reference_bounds(main.get("reference") if main else None)
+    low_bad, high_bad = (True, False) if (low is not None and high is None) else \
+        (False, True) if (high is not None and low is None) else (True, True)
+    if main and low is None and high is None:
+        low_bad, high_bad = True, False  # unjudged throughput-like figures: low is bad
+
+    def figure(check: dict) -> tuple[Optional[float], Optional[dict]]:
+        metric = next((m for m in check.get("metrics") or [] if text(m.get("name")) == metric_name), None)
+        return (_number(metric.get("value")) if metric else None), metric
+
+    values = [v for v in (figure(c)[0] for _, c in members) if v is not None]
+    median = statistics.median(values) if values else None
+    seen = {n for _, c in members for n in _pair(c)}
+    nodes = [n for n in layout.nodes if n in seen] + sorted(seen - set(layout.nodes))
+    cells: dict[tuple[str, str], HeatCell] = {}
+    counts: dict[str, int] = {}
+    for index, check in members:
+        a, b = _pair(check)
+        value, metric = figure(check)
+        outcome = _outcome(check)
+        if outcome == "skipped":
+            state = "skipped"
+        elif value is None:
+            state = "broken" if outcome in FAILED_OUTCOMES else "none"
+        elif metric is not None and _ok(metric.get("ok")) is False:
+            state = "fail"
+        elif median and ((low_bad and value < median * (1 - LOW_VS_MEDIAN))
+                         or (high_bad and value > median * (1 + LOW_VS_MEDIAN))):
+            state = "low"
+        elif outcome in FAILED_OUTCOMES:
+            state = "fail"
+        else:
+            state = "ok"
+        counts[state] = counts.get(state, 0) + 1
+        lines = [f"{a} ↔ {b}" + (f" rail {rail}" if rail is not None else "") + f": {outcome}"]
+        if value is not None:
+            lines.append(f"{metric_name} = {_with_unit(value, unit)}"
+                         + (f" (criterion {text(metric.get('criterion'))}, margin "
+                            f"{format_margin(_number(metric.get('margin')))})" if metric.get("criterion") else ""))
+            if median:
+                lines.append(f"{format_margin((value - median) / median)} vs the median "
+                             f"{_with_unit(median, unit)} of {len(values)} pair(s)")
+        message = _first_line(check.get("message"))
+        if message:
+            lines.append(message)
+        label = {"broken": SYMBOLS["failed"], "skipped": SYMBOLS["skipped"]}.get(state, _short_figure(value))
+        cell = HeatCell(state, label, _tooltip(lines), _anchor(index, outcome))
+        cells[(a, b)] = cells[(b, a)] = cell
+    rows = []
+    for node in nodes:
+        row = [HeatCell("self", "", f"{node}") if other == node else
+               cells.get((node, other), HeatCell("none", "", f"{node} ↔ {other}: not measured"))
+               for other in nodes]
+        rows.append(HeatRow(node, row, bad=sum(c.state in ("fail", "broken", "low") for c in row),
+                            measured=sum(c.state not in ("none", "self") for c in row)))
+    criterion = text(main.get("criterion")) if main and main.get("criterion") else ""
+    return Heatmap(key=key, check=name, rail=rail, metric=metric_name, unit=unit,
+                   criterion=criterion, median=_with_unit(median, unit), nodes=nodes, rows=rows,
+                   compact=len(nodes) > COMPACT_NODES, counts=counts)
+
+
+def _short_figure(value: Optional[float]) -> str:
+    """At most four characters, so the figure fits in a cell: 7.81, 13.7, 389, 1.2k."""
+    if value is None:
+        return ""
+    magnitude = abs(value)
+    if magnitude >= 10000:
+        return f"{value / 1000:.0f}k"
+    if magnitude >= 1000:
+        return f"{value / 1000:.1f}k"
+    if magnitude >= 100:
+        return f"{value:.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
 
 
 # ---------------------------------------------------------------------------------------------

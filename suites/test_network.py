@@ -467,7 +467,9 @@ def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, record):
         counts.append(f"iperf3: {len(runs)} pair(s), {len(failed)} failed"
                       + (f" ({', '.join(failed)})" if failed else ""))
     measured = {key: run for key, run in pairwise_ib_write_bw.runs.items()
-                if not isinstance(run, str) and not perftest.no_rdma_device(run.client_result)}
+                if not isinstance(run, str) and not any(
+                    perftest.no_rdma_device(result) for result in (run.client_result, run.server_result)
+                    if result is not None)}
     for rail in sorted({rail for _, rail in measured}):
         reports = {pair: perftest.judge(run) for (pair, r), run in measured.items() if r == rail}
         figures = {pair: (report.peak_bw_gbps if report and not why else None)

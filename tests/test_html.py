@@ -413,3 +413,100 @@ def test_terminal_colour_codes_are_stripped_from_logs():
     checks = [check("node1", "ib_links", "failed", area="network", message="link down", log=log)]
     root = parse(render_html(results(["node1"], checks, status="NOT CERTIFIED")))
     assert root.find("pre", "log").text() == "FAIL: link down"
+
+
+# ---------------------------------------------------------------------------------------------
+# Pair heatmaps
+
+
+def pair_check(a: str, b: str, value: Optional[float], outcome: str = "passed", *,
+               name: str = "iperf3", floor: float = 1.0, rail: Optional[int] = None,
+               message: str = "") -> dict:
+    """A pair test's entry as the recorder writes it: node None, `pair` [a, b], maybe `rail`."""
+    entry = check(None, name, outcome, area="network", message=message,
+                  metrics=(metric(f"{name}_bandwidth", value, floor=floor, unit="Gb/s"),)
+                  if value is not None else ())
+    entry["test_id"] = f"suites/test_network.py::test_{name}[{a}-{b}]"
+    entry["pair"] = [a, b]
+    if rail is not None:
+        entry["rail"] = rail
+    return entry
+
+
+def heat_cells(section: Element) -> dict[tuple[str, str], Element]:
+    """{(row node, column node): the cell's span or link} of one heatmap."""
+    table = section.find("table", "heat")
+    columns = [th.attrs["title"] for th in table.find("thead").find_all("th")[1:-1]]
+    cells = {}
+    for tr in table.find("tbody").find_all("tr"):
+        node = tr.find("th").text()
+        for column, td in zip(columns, [td for td in tr.find_all("td") if "bad" not in td.classes()]):
+            cells[(node, column)] = next(e for e in td.iter() if "hc" in e.classes())
+    return cells
+
+
+def test_pair_heatmap_colours_each_pair_against_its_band_and_the_median():
+    nodes = ["n1", "n2", "n3", "n4"]
+    checks = [pair_check("n1", "n2", 9.0), pair_check("n1", "n3", 2.0),  # in band, far below median
+              pair_check("n1", "n4", 0.5, "failed"),  # below the 1 Gb/s floor
+              pair_check("n2", "n3", None, "failed", message="n3 unreachable"),
+              pair_check("n2", "n4", 9.5), pair_check("n3", "n4", 8.0)]
+    checks.append(check(None, "network_attribution", "failed", area="network",
+                        message="suspects: iperf3: link n1-n4: failed"))
+    root = parse(render_html(results(nodes, checks, status="NOT CERTIFIED")))
+    section = root.by_id("pairs").parent.find("section", "heatmap")
+    cells = heat_cells(section)
+    state = {key: next(c for c in cell.classes() if c.startswith("hc-")) for key, cell in cells.items()}
+    assert state[("n1", "n2")] == state[("n2", "n1")] == "hc-ok"
+    assert state[("n1", "n3")] == "hc-low" and state[("n1", "n4")] == "hc-fail"
+    assert state[("n2", "n3")] == "hc-broken" and cells[("n2", "n3")].text() == "✗"
+    assert state[("n1", "n1")] == "hc-self"
+    assert cells[("n1", "n2")].text() == "9.00"
+    tooltip = cells[("n4", "n1")].attrs["title"]
+    assert "n1 ↔ n4: failed" in tooltip and "0.500 Gb/s" in tooltip and ">= 1 Gb/s" in tooltip
+    assert "vs the median" in tooltip
+    assert cells[("n3", "n2")].attrs["href"].startswith("#fail-")
+    assert "n3 unreachable" in cells[("n3", "n2")].attrs["title"]
+    assert "link n1-n4" in root.find("div", "attribution").text()
+    bad = {tr.find("th").text(): tr.find("td", "bad").text() for tr in section.find("tbody").find_all("tr")}
+    assert bad == {"n1": "2/3", "n2": "1/3", "n3": "2/3", "n4": "1/3"}
+
+
+def test_one_heatmap_per_rail_and_skipped_pair_checks_are_one_line():
+    nodes = ["n1", "n2", "n3"]
+    checks = [pair_check(a, b, 390.0 - rail, name="ib_write_bw", floor=380.0, rail=rail)
+              for rail in (0, 1) for a, b in [("n1", "n2"), ("n1", "n3"), ("n2", "n3")]]
+    checks += [pair_check(a, b, None, "skipped", name="ib_write_lat", rail=0, message="no RDMA device")
+               for a, b in [("n1", "n2"), ("n1", "n3"), ("n2", "n3")]]
+    root = parse(render_html(results(nodes, checks)))
+    titles = [s.find("h3").text() for s in root.find_all("section", "heatmap")]
+    assert [t.split(" ·")[0:2] for t in titles] == [["ib_write_bw", " rail 0"], ["ib_write_bw", " rail 1"]]
+    assert "ib_write_lat rail 0: all 3 pair(s) skipped — no RDMA device" in root.by_id("pairs").parent.text()
+
+
+def test_pair_heatmap_escapes_node_names_and_messages():
+    evil = SCRIPT + ATTRIBUTE_BREAK
+    checks = [pair_check(evil, "n2", 5.0, message=evil), pair_check(evil, "n3", None, "failed", message=evil),
+              pair_check("n2", "n3", 5.0)]
+    output = render_html(results([evil, "n2", "n3"], checks, status="NOT CERTIFIED"))
+    assert "<script" not in output.lower() and "<img" not in output.lower()
+    root = parse(output)
+    cells = heat_cells(root.find("section", "heatmap"))
+    assert (evil, "n2") in cells and evil in cells[("n3", evil)].attrs["title"]
+
+
+def test_sixty_four_node_heatmap_renders_fast_and_compact():
+    nodes = [f"gpu{i:03d}" for i in range(1, 65)]
+    checks = [pair_check(a, b, 2.0 if "gpu017" in (a, b) else 9.0)
+              for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+    document = results(nodes, checks)
+    started = time.perf_counter()
+    output = render_html(document)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 3.0, f"{elapsed:.2f} s"
+    root = parse(output)
+    table = root.find("section", "heatmap").find("table", "heat")
+    assert "compact" in table.classes() and len(table.find("tbody").find_all("tr")) == 64
+    suspects = [th.text() for th in table.find("tbody").find_all("th", "suspect")]
+    assert suspects == ["gpu017"]
+    assert len(output.encode()) < 5_000_000
