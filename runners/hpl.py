@@ -254,6 +254,7 @@ class HplResult:
 @dataclass(frozen=True)
 class HplRun:
     flavour: str  # hpcc, hpl-nvidia or xhpl
+    version: Optional[str]  # hpcc's, HPL-NVIDIA's or HPLinpack's own, from its banner
     results: list[HplResult]
     threshold: Optional[float]  # the residual bound the run used
     success: Optional[bool]  # hpcc's summary Success=1; None for xhpl and HPL-NVIDIA
@@ -290,6 +291,16 @@ def _flavour(text: str) -> str:
     if "HPL-NVIDIA" in text:
         return "hpl-nvidia"
     return "xhpl"
+
+
+_VERSIONS = {"hpcc": re.compile(r"HPC Challenge Benchmark version (\S+)"),
+             "hpl-nvidia": re.compile(r"HPL-NVIDIA (\S+)"),
+             "xhpl": re.compile(r"HPLinpack (\d+(?:\.\d+)*)")}
+
+
+def _version(flavour: str, text: str) -> Optional[str]:
+    match = _VERSIONS[flavour].search(text)
+    return match.group(1) if match else None
 
 
 def _residual(value: str) -> Optional[float]:
@@ -343,7 +354,7 @@ def parse_hpl(text: str) -> HplRun:
     run = [HplResult(**result) for result in results]
     problems = _problems(run, failed_count, summary)
     return HplRun(
-        flavour=flavour, results=run,
+        flavour=flavour, version=_version(flavour, clean), results=run,
         threshold=float(threshold.group(1)) if threshold else None,
         success={"1": True, "0": False}.get(summary.get("Success")) if summary else None,
         hpl_tflops=_float_or_none(summary.get("HPL_Tflops")),

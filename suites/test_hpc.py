@@ -1,0 +1,201 @@
+"""HPC: HPL per node (quick: a small N on two ranks) and across all nodes (full), via mpirun.
+
+The flavour is the profile's `hpl_flavour`, else the first one found on the node: HPL-NVIDIA's
+hpl.sh (GPU profiles only), netlib xhpl, Debian's hpcc. Sanity first: a result exists and its
+scaled residual says PASSED (hpcc: also Success=1); then `hpl_gflops` against the profile's
+band, and as a percentage of the node's FP64 peak when the profile gives `fp64_peak_tflops`.
+HPL runs in a directory of its own under a declared scratch path (it reads its input from, and
+hpcc writes its output to, its working directory); without one the check skips.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pytest
+
+from runners import hpl, system
+from runners.launchers import MpirunLauncher
+from runners.parsing import ParseError
+from runners.transport import Result, Transport
+from suites.checks import ExpectationFailure, SanityFailure, excerpt, parsed, require
+
+pytestmark = [pytest.mark.hpc]
+
+SYSTEM_STEP = "system_facts"  # test_system's probe, shared: an unreachable node fails, not skips
+DETECT_STEP = "hpl_detect"
+QUICK_RANKS = 2  # per node on CPUs: small and quick, and it still exercises MPI
+NO_SCRATCH = ("no scratch path declared: HPL reads its input from (and hpcc writes its output "
+              "to) its working directory, and the harness writes only in declared scratch")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One HPL job: which flavour, what input, and the argv that launches it."""
+
+    flavour: str
+    hpl_input: hpl.HplInput
+    argv: list[str]
+    timeout: float
+    scratch: str
+
+
+def scratch_path(cluster, prefer: str) -> Optional[str]:
+    """The declared scratch path HPL runs in: one of kind `prefer` if any, else the first."""
+    ordered = sorted(cluster.scratch, key=lambda entry: entry.kind != prefer)
+    return ordered[0].path if ordered else None
+
+
+def choose_flavour(profile, detected: hpl.Detected, node: str) -> str:
+    """The profile's flavour (its absence a failure), else the first installed; none: skip."""
+    wanted = profile.expect.get("hpl_flavour")
+    if wanted:
+        for program in (hpl.PROGRAMS[wanted], hpl.MPIRUN):
+            if not detected.has(program):
+                raise ExpectationFailure(f"{node}: profile {profile.name} runs HPL as {wanted}, "
+                                         f"but {program} is not on the node's PATH")
+        return wanted
+    candidates = [f for f in hpl.FLAVOURS if f != "hpl-nvidia" or profile.expect.get("gpu_count")]
+    found = [f for f in candidates if detected.has(hpl.PROGRAMS[f])]
+    if not found:
+        pytest.skip("no HPL program on the node (looked for "
+                    f"{', '.join(hpl.PROGRAMS[f] for f in candidates)})")
+    if not detected.has(hpl.MPIRUN):
+        pytest.skip(f"{hpl.PROGRAMS[found[0]]} is installed but mpirun is not")
+    return found[0]
+
+
+def ranks_per_node(flavour: str, profile, depth: hpl.Depth, logical_cpus: int) -> int:
+    if flavour == "hpl-nvidia":
+        return profile.expect.get("gpu_count") or 1
+    return QUICK_RANKS if depth is hpl.QUICK else logical_cpus
+
+
+def make_plan(cluster, profile, depth: hpl.Depth, flavour: str, detected: hpl.Detected,
+              hosts: list, ranks: int, memory_bytes: int, logical_cpus: int, scratch: str) -> Plan:
+    nb = profile.expect.get("hpl_nb") or hpl.DEFAULT_NB[flavour]
+    hpl_input = hpl.plan_input(depth, memory_bytes, ranks * len(hosts), nb)
+    first = cluster.node(hosts[0]) if len(hosts) > 1 else None
+    launcher = MpirunLauncher(ssh=first.ssh if first else cluster.nodes[0].ssh,
+                              as_root=detected.root, oversubscribe=ranks > logical_cpus)
+    addresses = [cluster.node(name).address for name in hosts] if first else ["localhost"]
+    return Plan(flavour, hpl_input, hpl.command(flavour, launcher, addresses, ranks),
+                hpl.timeout_for(depth, hpl_input), scratch)
+
+
+def not_run(node: str, why: str) -> Result:
+    """The step's entry for a node the job does not run on (it skipped, or another node leads)."""
+    return Result(node, "hpl (not run)", None, "", why, 0.0, failure="error", detail=why)
+
+
+def run_plan(transport: Transport, plan: Plan, cluster) -> Result:
+    return hpl.run_on_scratch(transport, plan.scratch, cluster.scratch, plan.flavour,
+                              plan.hpl_input, plan.argv, plan.timeout)
+
+
+def node_plan(cluster_run, cluster, profile, node: str) -> Plan:
+    """This node's quick plan, or the skip/failure that says why it has none."""
+    facts = parsed(system.parse_system_facts, cluster_run.gather(SYSTEM_STEP, system.probe)[node])
+    detected = parsed(hpl.parse_detect, cluster_run.gather(DETECT_STEP, hpl.detect)[node])
+    flavour = choose_flavour(profile, detected, node)
+    scratch = scratch_path(cluster, "local")
+    if scratch is None:
+        pytest.skip(NO_SCRATCH)
+    return make_plan(cluster, profile, hpl.QUICK, flavour, detected, [node],
+                     ranks_per_node(flavour, profile, hpl.QUICK, facts.logical_cpus),
+                     facts.memory_total_kib * 1024, facts.logical_cpus, scratch)
+
+
+def quick_step(cluster_run, cluster, profile) -> tuple[str, Callable[[Transport], Result]]:
+    def run(transport: Transport) -> Result:
+        name = transport.node.name
+        try:
+            plan = node_plan(cluster_run, cluster, profile, name)
+        except (AssertionError, pytest.skip.Exception) as reason:
+            return not_run(name, str(reason))
+        return run_plan(transport, plan, cluster)
+
+    return "hpl_quick", run
+
+
+def sane(result: Result) -> hpl.HplRun:
+    """The HPL figures, once the run is known good: refusal, missing tool, result, residual."""
+    if result.failure or result.timed_out:
+        require(result)
+    refused = hpl.refusal(result)
+    if refused:
+        raise ExpectationFailure(f"{result.node}: refused to run HPL: {refused}")
+    missing = hpl.missing_tool(result)
+    if missing:
+        raise ExpectationFailure(f"{result.node}: {missing}")
+    try:
+        run = hpl.parse_hpl(result.stdout)
+    except ParseError as exc:
+        require(result)
+        raise SanityFailure(f"{result.node}: {exc}", excerpt(result.stderr or result.stdout)) from None
+    if not run.ok:
+        raise SanityFailure(f"{result.node}: {run.flavour}: {'; '.join(run.problems)}",
+                            excerpt(result.stdout + result.stderr))
+    require(result)
+    return run
+
+
+def judge(run: hpl.HplRun, profile, metrics, nodes: int, prefix: str) -> str:
+    """Record Gflop/s (and the fraction of peak) and return the note's figures."""
+    gflops = run.best_gflops
+    measured = {f"{prefix}_gflops": (round(gflops, 3), "Gflop/s")}
+    note = f"{gflops:,.2f} Gflop/s"
+    peak = profile.expect.get("fp64_peak_tflops")
+    if peak:
+        fraction = 100 * gflops / (peak * 1000 * nodes)
+        measured[f"{prefix}_peak_fraction"] = (round(fraction, 2), "%")
+        note += f" ({fraction:.1f} % of {peak * nodes:g} Tflop/s FP64 peak)"
+    metrics.judge(**measured)
+    return note
+
+
+def describe(run: hpl.HplRun) -> str:
+    result = max((r for r in run.results if r.passed), key=lambda r: r.gflops)
+    return (f"{run.flavour} {run.version or ''}".strip() + f", N={result.n} NB={result.nb} "
+            f"{result.p}x{result.q}, {result.time:g} s, residual {result.residual:g}")
+
+
+@pytest.mark.quick
+def test_hpl(on_node, cluster_run, cluster, profile, node, recorder, metrics, record):
+    """HPL on each node alone, small N: the FP64 path, MPI and the residual check work."""
+    require(on_node(SYSTEM_STEP, system.probe))
+    node_plan(cluster_run, cluster, profile, node)  # skips or fails before any run
+    run = sane(on_node(*quick_step(cluster_run, cluster, profile)))
+    recorder.record_tool(node, run.flavour, run.version or "unknown")
+    record.note(f"{describe(run)}: " + judge(run, profile, metrics, 1, "hpl"))
+
+
+@pytest.mark.full
+@pytest.mark.cluster
+def test_hpl_cluster(cluster_run, cluster, profile, metrics, record):
+    """One HPL job across every selected node, N from their memory, started on the first node."""
+    answers = cluster_run.gather(SYSTEM_STEP, system.probe)
+    detections = cluster_run.gather(DETECT_STEP, hpl.detect)
+    names = [node.name for node in cluster_run.nodes]
+    facts = {name: parsed(system.parse_system_facts, answers[name]) for name in names}
+    detected = {name: parsed(hpl.parse_detect, detections[name]) for name in names}
+    flavours = {name: choose_flavour(profile, detected[name], name) for name in names}
+    if len(set(flavours.values())) > 1:
+        raise ExpectationFailure("nodes have different HPL programs: " + ", ".join(
+            f"{name} {flavour}" for name, flavour in flavours.items()))
+    scratch = scratch_path(cluster, "shared")
+    if scratch is None:
+        pytest.skip(NO_SCRATCH)
+    flavour, first = flavours[names[0]], names[0]
+    cpus = min(f.logical_cpus for f in facts.values())
+    plan = make_plan(cluster, profile, hpl.FULL, flavour, detected[first], names,
+                     ranks_per_node(flavour, profile, hpl.FULL, cpus),
+                     min(f.memory_total_kib for f in facts.values()) * 1024 * len(names),
+                     cpus, scratch)
+    results = cluster_run.gather(
+        f"hpl_full_{len(names)}_nodes",
+        lambda t: run_plan(t, plan, cluster) if t.node.name == first
+        else not_run(t.node.name, f"the job runs from {first}"))
+    run = sane(results[first])
+    record.note(f"{len(names)} node(s) from {first}: {describe(run)}: "
+                + judge(run, profile, metrics, len(names), "hpl_cluster"))
