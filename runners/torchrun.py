@@ -1,0 +1,203 @@
+"""torchrun: the launcher (argv only) and a launch on every node that cannot leave ranks behind.
+
+torchrun starts on every node (over each node's Transport) and the nodes meet at a c10d
+rendezvous on the first one. A rank that cannot reach its peers makes torchrun's rank 0 wait
+forever, so every launch is bounded by the transport's node-side timeout, and as soon as one
+node's launch fails, the launches on all the other nodes are killed (transport.kill_running()).
+Afterwards each node is asked for processes still carrying the run's marker; any found are
+reported (and killed again), never silently left.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from runners.launchers import Launcher, LaunchError
+from runners.transport import HARNESS_GRACE_S, Result, Transport
+
+DEFAULT_PORT = 29431
+MARKER_PREFIX = "handover-run-"
+LEFTOVER_CHECK_TIMEOUT_S = 15
+LEFTOVER_GRACE_S = 10  # how long ranks may take to exit once their torchrun is gone
+_ROUTE_DEV = re.compile(r"\bdev\s+(\S+)")
+
+
+def new_run_id() -> str:
+    """Run-unique: names the rendezvous and marks the run's processes on every node."""
+    return f"{MARKER_PREFIX}{secrets.token_hex(6)}"
+
+
+@dataclass(frozen=True)
+class TorchrunLauncher(Launcher):
+    """`python -m torch.distributed.run` (torchrun) with a c10d rendezvous on the first host.
+
+    The node's own interpreter runs torchrun, so no `torchrun` script needs to be on PATH;
+    `--no-python` makes it start `command` as given (a payload passed with `python -c`).
+    No restarts: an acceptance run reports the first failure instead of hiding it.
+    """
+
+    rdzv_id: str = field(default_factory=new_run_id)
+    port: int = DEFAULT_PORT
+    python: str = "python3"
+    join_timeout_s: int = 60  # how long the rendezvous waits for every node to join
+
+    name = "torchrun"
+    starts_on = "every"
+
+    def argv(self, hosts: Sequence[str], ranks_per_node: int, command: Sequence[str]) -> list[str]:
+        self._check(hosts, ranks_per_node, command)
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.rdzv_id):
+            raise LaunchError(f"rendezvous id {self.rdzv_id!r}: letters, digits, '_', '.', '-' only")
+        return [self.python, "-m", "torch.distributed.run",
+                "--nnodes", str(len(hosts)), "--nproc-per-node", str(ranks_per_node),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{_endpoint_host(hosts[0])}:{self.port}",
+                "--rdzv-id", self.rdzv_id, "--rdzv-conf", f"join_timeout={self.join_timeout_s}",
+                "--max-restarts", "0", "--no-python", *command]
+
+
+def _endpoint_host(host: str) -> str:
+    """IPv6 addresses need brackets before ':port'."""
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one launch on every node gave."""
+
+    results: dict[str, Result]  # node -> its torchrun's Result, in launch order
+    first_failure: Optional[str]  # the node whose launch failed first, None when all succeeded
+    killed: tuple[str, ...]  # nodes whose launch the harness killed after that failure
+    leftovers: dict[str, str]  # node -> processes still carrying the marker afterwards
+    marker: str
+
+    @property
+    def ok(self) -> bool:
+        return self.first_failure is None and not self.leftovers
+
+
+def launch_every(transports: Mapping[str, Transport], argv: Sequence[str], *, timeout: float,
+                 marker: str, env: Optional[Mapping[str, Mapping[str, str]]] = None) -> Launch:
+    """Run the same argv on every node at once; one failure kills the launches everywhere.
+
+    `marker` must appear in argv (the rendezvous id does): it finds the run's processes on each
+    node afterwards. `env` gives per-node environment variables.
+    """
+    if marker not in " ".join(argv):
+        raise LaunchError(f"marker {marker!r} is not in the argv, so leftovers could not be found")
+    results: dict[str, Result] = {}
+    failed = threading.Event()
+    lock = threading.Lock()
+    order: list[str] = []
+
+    def work(node: str, transport: Transport) -> None:
+        result = transport.run(argv, timeout=timeout, env=dict((env or {}).get(node, {})))
+        with lock:
+            results[node] = result
+            order.append(node)
+        if not result.ok:
+            failed.set()
+
+    threads = {node: threading.Thread(target=work, args=(node, transport), daemon=True,
+                                      name=f"torchrun-{node}")
+               for node, transport in transports.items()}
+    for thread in threads.values():
+        thread.start()
+    deadline = timeout + HARNESS_GRACE_S + 5
+    waited = 0.0
+    while any(t.is_alive() for t in threads.values()) and not failed.is_set() and waited < deadline:
+        failed.wait(0.2)
+        waited += 0.2
+    killed = []
+    if failed.is_set() or any(t.is_alive() for t in threads.values()):
+        for node, transport in transports.items():
+            if threads[node].is_alive():
+                transport.kill_running()
+                killed.append(node)
+    for thread in threads.values():
+        thread.join(HARNESS_GRACE_S + 20)
+    first = next((node for node in order if not results[node].ok), None)
+    if first is None and any(node not in results for node in transports):
+        first = next(node for node in transports if node not in results)
+    leftovers = find_leftovers(transports, marker)
+    ordered = {node: results[node] for node in transports if node in results}
+    return Launch(ordered, first, tuple(killed), leftovers, marker)
+
+
+def leftover_argv(marker: str) -> list[str]:
+    """pgrep for the marker; '[x]yz' never matches the pgrep's own wrappers' command lines."""
+    return ["pgrep", "-a", "-f", f"[{marker[0]}]{marker[1:]}"]
+
+
+def kill_marked_argv(marker: str) -> list[str]:
+    """SIGKILL every process whose command line carries this run's unique marker, and only those."""
+    return ["pkill", "-KILL", "-f", f"[{marker[0]}]{marker[1:]}"]
+
+
+def find_leftovers(transports: Mapping[str, Transport], marker: str,
+                   grace_s: float = LEFTOVER_GRACE_S) -> dict[str, str]:
+    """node -> `pgrep -a` lines of processes still carrying the marker after a grace period.
+
+    Ranks signalled by torchrun take a moment to exit, so a node is asked again until the grace
+    is over; whatever is still there is killed by the marker and reported.
+    """
+    found = {}
+    for node, transport in transports.items():
+        deadline = time.monotonic() + grace_s
+        while True:
+            result = transport.run(leftover_argv(marker), timeout=LEFTOVER_CHECK_TIMEOUT_S)
+            running = result.stdout.strip() if result.exit_code == 0 else ""
+            if not running or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if running:
+            found[node] = running
+            transport.run(kill_marked_argv(marker), timeout=LEFTOVER_CHECK_TIMEOUT_S)
+    return found
+
+
+def route_interface(transport: Transport, peer_address: str) -> Optional[str]:
+    """The interface this node uses toward a peer (`ip -o route get`), None when unknown."""
+    try:
+        address = socket.getaddrinfo(peer_address, None)[0][4][0]
+    except (socket.gaierror, IndexError):
+        return None
+    result = transport.run(["ip", "-o", "route", "get", address], timeout=15)
+    match = _ROUTE_DEV.search(result.stdout) if result.ok else None
+    return match.group(1) if match else None
+
+
+def socket_env(interfaces: Mapping[str, Optional[str]], override: Optional[str] = None,
+               ) -> dict[str, dict[str, str]]:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME per node: the override, else what was detected.
+
+    A wrong interface (lo across nodes) makes Gloo's connectFullMesh fail, so nodes whose
+    interface is unknown get none and leave the choice to the libraries.
+    """
+    env = {}
+    for node, detected in interfaces.items():
+        name = override or detected
+        env[node] = {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name} if name else {}
+    return env
+
+
+def detect_interfaces(transports: Mapping[str, Transport], addresses: Mapping[str, str],
+                      ) -> dict[str, Optional[str]]:
+    """Each node's interface toward the next node in the list (the first toward the second).
+
+    Toward a peer, not toward the rendezvous host: the rendezvous host would pick `lo` for itself.
+    """
+    nodes = list(transports)
+    if len(nodes) < 2:
+        return {node: None for node in nodes}
+    return {node: route_interface(transports[node], addresses[nodes[(i + 1) % len(nodes)]])
+            for i, node in enumerate(nodes)}
+

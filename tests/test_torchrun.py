@@ -1,0 +1,159 @@
+"""TorchrunLauncher's argv (pure), and real torchrun launches of the collectives payload with gloo
+over SSH on namespace nodes: two nodes, one node with two ranks, and a link cut mid-run."""
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import pytest
+from pathlib import Path
+
+from nodes import ns_inventory
+from runners import collectives, torchrun
+from runners.launchers import LaunchError
+from runners.ssh import SshTransport
+from runners.torchrun import TorchrunLauncher
+
+pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
+
+
+def test_argv_has_the_c10d_rendezvous_on_the_first_host():
+    launcher = TorchrunLauncher(rdzv_id="handover-run-abc123", port=29500, python="/opt/py/bin/python")
+    argv = launcher.argv(["10.0.0.1", "10.0.0.2", "10.0.0.3"], 8, ["python3", "-c", "print(1)"])
+    assert argv == ["/opt/py/bin/python", "-m", "torch.distributed.run", "--nnodes", "3",
+                    "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", "10.0.0.1:29500", "--rdzv-id", "handover-run-abc123",
+                    "--rdzv-conf", "join_timeout=60", "--max-restarts", "0", "--no-python",
+                    "python3", "-c", "print(1)"]
+    assert launcher.starts_on == "every" and launcher.name == "torchrun"
+
+
+def test_argv_brackets_ipv6_and_every_run_gets_its_own_id():
+    argv = TorchrunLauncher(port=1).argv(["fe80::1"], 1, ["x"])
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "[fe80::1]:1"
+    assert TorchrunLauncher().rdzv_id != TorchrunLauncher().rdzv_id
+
+
+@pytest.mark.parametrize("hosts, ranks, command, message", [
+    ([], 1, ["x"], "no hosts"), (["a", "a"], 1, ["x"], "listed twice"),
+    (["a"], 0, ["x"], "at least 1"), (["a"], 1, [], "no command")])
+def test_argv_refuses_what_torchrun_could_not_run(hosts, ranks, command, message):
+    with pytest.raises(LaunchError, match=message):
+        TorchrunLauncher().argv(hosts, ranks, command)
+
+
+def test_rendezvous_id_must_be_one_plain_word():
+    with pytest.raises(LaunchError, match="rendezvous id"):
+        TorchrunLauncher(rdzv_id="a b").argv(["a"], 1, ["x"])
+
+
+def test_socket_env_prefers_the_override_and_leaves_unknown_interfaces_alone():
+    assert torchrun.socket_env({"a": "eth0", "b": None}) == {
+        "a": {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}, "b": {}}
+    assert torchrun.socket_env({"a": "eth0"}, "ib0")["a"]["GLOO_SOCKET_IFNAME"] == "ib0"
+
+
+def test_leftover_pattern_does_not_match_its_own_command_line():
+    argv = torchrun.leftover_argv("handover-run-0123")
+    assert argv[-1] == "[h]andover-run-0123" and "handover-run-0123" not in " ".join(argv)
+
+
+def processes(marker: str) -> list[str]:
+    """Command lines carrying marker (the nodes share this PID namespace); '[x]yz' skips pgrep."""
+    found = subprocess.run(torchrun.leftover_argv(marker), capture_output=True, text=True).stdout
+    return [line for line in found.splitlines() if line[:1].isdigit()]
+
+
+def payload_workers(marker: str) -> int:
+    """Ranks of the payload running (workers start only once every node joined the rendezvous)."""
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 2 and argv[1] == b"-c" and b"--sizes" in argv and any(marker.encode() in a for a in argv):
+            count += 1
+    return count
+
+
+def wait_until_gone(marker: str, within_s: float) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while (found := processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
+def transports_of(cluster) -> dict:
+    return {node.name: SshTransport(node) for node in cluster.nodes}
+
+
+def test_gloo_all_reduce_across_two_nodes_over_ssh(ns_cluster, tmp_path):
+    """The torchrun launcher on two real sshd nodes: c10d rendezvous on node1, gloo over eth0."""
+    cluster = ns_inventory(ns_cluster, tmp_path / "cluster.yaml", nodes=["node1", "node2"])
+    transports = transports_of(cluster)
+    try:
+        launch = collectives.run_across(transports, {n.name: n.address for n in cluster.nodes}, 1,
+                                        timeout=90)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    assert launch.ok, {node: r.explain() + r.stderr[-1500:] for node, r in launch.results.items()}
+    report, result = collectives.report_of(launch)
+    assert report is not None and report.ok and result.node == "node1"
+    assert report.ranks == 2 and sorted(report.hosts) == ["node1", "node2"]
+    assert report.backend == "gloo" and report.env["GLOO_SOCKET_IFNAME"] == "eth0"
+    largest = report.largest("all_reduce")
+    assert largest.size == 64 << 20 and largest.wrong == 0 and largest.busbw > 0
+    assert largest.busbw == pytest.approx(largest.algbw)  # 2(n-1)/n = 1 for two ranks
+    assert not processes(launch.marker)
+
+
+def test_two_ranks_on_one_node_over_ssh(ns_cluster, tmp_path):
+    cluster = ns_inventory(ns_cluster, tmp_path / "cluster.yaml", nodes=["node3"])
+    transport = SshTransport(cluster.nodes[0])
+    try:
+        result = collectives.run_on_node(transport, 2, timeout=90)
+    finally:
+        transport.close()
+    assert result.ok, result.stderr[-2000:]
+    report = collectives.parse_collectives(result.stdout)
+    assert report.ok and report.ranks == 2 and report.hosts == ["node3", "node3"]
+    assert report.largest("all_reduce").busbw > 0 and report.wrong == 0
+
+
+def test_a_link_cut_mid_run_times_out_and_leaves_no_process(ns_cluster_factory, tmp_path):
+    """node2's link goes down once torchrun runs on both nodes: rank 0 on node1 would wait
+    forever; the node-side timeout ends it, the other launch is killed, nothing is left."""
+    nodes = ns_cluster_factory(2)
+    cluster = ns_inventory(nodes, tmp_path / "cluster.yaml")
+    transports = transports_of(cluster)
+    marker_seen = threading.Event()
+
+    def cut_when_running():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if payload_workers(torchrun.MARKER_PREFIX) >= 2:
+                marker_seen.set()
+                nodes.link_down("node2")
+                return
+            time.sleep(0.1)
+
+    cutter = threading.Thread(target=cut_when_running, daemon=True)
+    cutter.start()
+    started = time.monotonic()
+    try:
+        launch = collectives.run_across(transports, {n.name: n.address for n in cluster.nodes}, 1,
+                                        sizes=(64 << 20,), iters=200, timeout=12, join_timeout_s=10)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    elapsed = time.monotonic() - started
+    cutter.join(1)
+    assert marker_seen.is_set(), {n: r.explain() + r.stderr[-800:] for n, r in launch.results.items()}
+    assert launch.first_failure is not None and not launch.ok
+    assert any(r.timed_out or r.failure for r in launch.results.values()), launch.results
+    assert elapsed < 12 + 60, f"launch took {elapsed:.0f} s"
+    assert launch.leftovers == {}
+    assert wait_until_gone(launch.marker, within_s=15) == []
