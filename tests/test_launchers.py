@@ -1,0 +1,96 @@
+"""Launchers render argv lists (pure tests), and mpirun really starts and stops ranks across
+namespace nodes: a hung rank is bounded by the transport's timeout and leaves nothing behind."""
+from __future__ import annotations
+
+import pytest
+
+from inventory.model import SshSettings
+from runners.launchers import LaunchError, Launcher, MpirunLauncher, launcher_for, ssh_options
+from runners.ssh import SshTransport
+from nodes import ns_inventory, unique_sleep, wait_for_no_leftovers
+
+SSH = SshSettings(user="root", port=2222, identity_file="/keys/id_ed25519",
+                  known_hosts="/keys/known_hosts", connect_timeout=5)
+
+
+def test_mpirun_argv_places_ranks_per_node_on_named_hosts():
+    argv = MpirunLauncher().argv(["gpu001", "gpu002"], 8, ["xhpl"])
+    assert argv[:7] == ["mpirun", "-np", "16", "--host", "gpu001:8,gpu002:8", "--map-by", "ppr:8:node"]
+    assert argv[-1] == "xhpl"
+    assert "--allow-run-as-root" not in argv and "--oversubscribe" not in argv
+
+
+def test_mpirun_argv_root_oversubscribe_interfaces_and_extra_mca():
+    launcher = MpirunLauncher(as_root=True, oversubscribe=True, interfaces=("ib0", "eth0"),
+                              mca={"pml": "ucx"}, export_env=("NCCL_DEBUG",))
+    argv = launcher.argv(["a"], 2, ["hpcc"])
+    assert "--allow-run-as-root" in argv and "--oversubscribe" in argv
+    mca = {argv[i + 1]: argv[i + 2] for i, word in enumerate(argv) if word == "--mca"}
+    assert mca["btl_tcp_if_include"] == mca["oob_tcp_if_include"] == "ib0,eth0"
+    assert mca["pml"] == "ucx"
+    assert argv[argv.index("-x") + 1] == "NCCL_DEBUG"
+    assert argv[-1] == "hpcc"
+
+
+def test_plm_rsh_args_carry_the_inventory_ssh_settings_as_one_word():
+    argv = MpirunLauncher(ssh=SSH).argv(["a", "b"], 1, ["true"])
+    rsh = argv[argv.index("plm_rsh_args") + 1]
+    assert rsh == ("-l root -p 2222 -i /keys/id_ed25519 -o UserKnownHostsFile=/keys/known_hosts "
+                   "-o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=5")
+    learning = ssh_options(SshSettings(host_keys="accept-new"))
+    assert "StrictHostKeyChecking=accept-new" in learning and "-i" not in learning
+
+
+@pytest.mark.parametrize("hosts, ranks, command, message", [
+    ([], 1, ["x"], "no hosts"),
+    (["a", "a"], 1, ["x"], "listed twice"),
+    (["a"], 0, ["x"], "at least 1"),
+    (["a"], 1, [], "no command"),
+])
+def test_mpirun_refuses_launches_it_cannot_render(hosts, ranks, command, message):
+    with pytest.raises(LaunchError, match=message):
+        MpirunLauncher().argv(hosts, ranks, command)
+
+
+def test_a_path_mpirun_would_split_is_refused():
+    with pytest.raises(LaunchError, match="whitespace"):
+        MpirunLauncher(ssh=SshSettings(identity_file="/my keys/id")).argv(["a"], 1, ["x"])
+
+
+def test_launchers_are_registered_by_name_and_say_where_they_start():
+    launcher = launcher_for("mpirun", as_root=True)
+    assert isinstance(launcher, MpirunLauncher) and isinstance(launcher, Launcher)
+    assert launcher.starts_on == "first"
+    with pytest.raises(LaunchError, match="unknown launcher 'pdsh'"):
+        launcher_for("pdsh")
+
+
+def _two_nodes(ns_cluster, tmp_path):
+    cluster = ns_inventory(ns_cluster, tmp_path / "cluster.yaml", nodes=["node1", "node2"])
+    first = cluster.node("node1")
+    launcher = MpirunLauncher(ssh=first.ssh, as_root=True)
+    return cluster, SshTransport(first), launcher
+
+
+def test_mpirun_from_the_first_node_starts_ranks_on_both_nodes(ns_cluster, tmp_path):
+    cluster, transport, launcher = _two_nodes(ns_cluster, tmp_path)
+    hosts = [node.address for node in cluster.nodes]
+    try:
+        result = transport.run(launcher.argv(hosts, 2, ["hostname"]), timeout=60)
+    finally:
+        transport.close()
+    assert result.ok, result.stderr
+    assert sorted(result.stdout.split()) == ["node1", "node1", "node2", "node2"]
+
+
+def test_a_hung_rank_is_bounded_and_leaves_no_rank_or_daemon(ns_cluster, tmp_path):
+    cluster, transport, launcher = _two_nodes(ns_cluster, tmp_path)
+    sleep = unique_sleep()
+    hosts = [node.address for node in cluster.nodes]
+    try:
+        result = transport.run(launcher.argv(hosts, 1, sleep.split()), timeout=6)
+    finally:
+        transport.close()
+    assert result.timed_out and result.status == "timeout"
+    assert wait_for_no_leftovers(sleep) == []
+    assert wait_for_no_leftovers("orted") == []
