@@ -1,0 +1,214 @@
+"""Training: collective bandwidth (all-reduce busbw) within each node and across all nodes.
+
+Within a node: nccl-tests' `all_reduce_perf` over all GPUs where it is installed, else the torch
+payload under torchrun (nccl on GPUs, gloo with two CPU ranks). Across nodes: the torch payload,
+torchrun on every node with a c10d rendezvous on the first. busbw is judged at the largest size,
+never nccl-tests' "Avg bus bandwidth"; the NCCL version and NCCL_* environment go beside every
+figure. Without torch (and nccl-tests) on a node the checks skip on cpu-only and fail where the
+profile expects GPUs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+
+from runners import collectives, nccl_tests
+from runners.parsing import ParseError
+from runners.transport import Result, Transport
+from suites.checks import (CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure,
+                           excerpt, parsed, require)
+
+pytestmark = [pytest.mark.training]
+
+PROBE_STEP = "collectives_probe"
+NODE_STEP = "allreduce_node"
+CLUSTER_STEP = "allreduce_cluster"
+NODE_TIMEOUT_S = 600
+SLOWEST_NAMED = 3
+
+
+@dataclass(frozen=True)
+class Plan:
+    tool: str  # "nccl-tests" or "torch"
+    ranks: int  # per node
+    gpu: bool
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One all-reduce measurement, whichever tool made it."""
+
+    busbw: float  # GB/s at the largest size
+    size: int  # bytes
+    ranks: int
+    nccl_version: Optional[str]
+    env: dict
+    tool: str
+    note: str = ""
+
+    def describe(self) -> str:
+        env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()) if k.startswith(("NCCL_", "GLOO_")))
+        parts = [f"{self.busbw:.3f} GB/s busbw at {self.size / 2**20:g} MiB over {self.ranks} rank(s) ({self.tool})",
+                 f"NCCL {self.nccl_version}" if self.nccl_version else "",
+                 env, self.note]
+        return "; ".join(part for part in parts if part)
+
+
+def plan_for(probe: collectives.NodeProbe, profile) -> tuple[Optional[Plan], str]:
+    """What to run on a node, or why nothing can run there."""
+    expected_gpus = profile.expect.get("gpu_count")
+    gpus = probe.cuda_devices or (expected_gpus if probe.nccl_tests and not probe.torch else 0)
+    if probe.nccl_tests and gpus:
+        return Plan("nccl-tests", gpus, True), ""
+    if probe.torch and expected_gpus and not probe.cuda_devices:
+        return None, f"torch {probe.torch} sees no CUDA device, but profile {profile.name} expects {expected_gpus} GPU(s)"
+    if probe.torch:
+        return Plan("torch", gpus or collectives.CPU_RANKS, bool(gpus)), ""
+    return None, f"neither torch nor nccl-tests on {probe.hostname} ({probe.python} cannot import torch)"
+
+
+def unavailable(why: str, profile) -> None:
+    """Skip on a profile without GPUs; fail where the profile expects them."""
+    if profile.expect.get("gpu_count"):
+        raise ExpectationFailure(f"{why}; profile {profile.name} needs the collectives measured")
+    pytest.skip(why)
+
+
+def probe_of(result: Result) -> collectives.NodeProbe:
+    return parsed(collectives.parse_probe, result)
+
+
+@pytest.fixture(scope="session")
+def measure_node(cluster_run, profile):
+    """The per-node step: nccl-tests or the torch payload, as the node's probe allows."""
+
+    def measure(transport: Transport) -> Result:
+        found = cluster_run.gather(PROBE_STEP, collectives.probe)[transport.node.name]
+        try:
+            plan, _ = plan_for(collectives.parse_probe(found.stdout), profile)
+        except ParseError:
+            plan = None
+        if not found.ok or plan is None:
+            return found  # the test has already skipped or failed on the probe
+        if plan.tool == "nccl-tests":
+            return nccl_tests.run(transport, "all_reduce", plan.ranks, timeout=NODE_TIMEOUT_S)
+        sizes = collectives.GPU_SIZES if plan.gpu else collectives.CPU_SIZES
+        return collectives.run_on_node(transport, plan.ranks, sizes=sizes, timeout=NODE_TIMEOUT_S)
+
+    return measure
+
+
+def figure_of(plan: Plan, result: Result) -> Figure:
+    """Sanity before figures: data check, every rank present, then busbw at the largest size."""
+    if plan.tool == "nccl-tests":
+        report = parsed(nccl_tests.parse_nccl_tests, result)
+        why = nccl_tests.judge(result, report)
+        if why:
+            raise SanityFailure(why, excerpt(result.stdout))
+        if report.ranks and report.ranks != plan.ranks:
+            raise SanityFailure(f"{result.node}: {report.ranks} rank(s) reported, expected {plan.ranks}")
+        largest = max(report.rows, key=lambda row: row.size)
+        busbw = max(v for v in (largest.busbw, largest.busbw_inplace) if v is not None)
+        return Figure(busbw, largest.size, plan.ranks, report.nccl_version,
+                      nccl_tests.nccl_env(result), "nccl-tests",
+                      "one rank: busbw is 0 by definition" if plan.ranks == 1 else "")
+    report = parsed(collectives.parse_collectives, require(result))
+    return torch_figure(result.node, report, plan.ranks)
+
+
+def torch_figure(where: str, report: collectives.CollectivesReport, ranks: int) -> Figure:
+    if report.wrong:
+        raise SanityFailure(f"{where}: {report.wrong} wrong element(s) in the reduced values")
+    if report.ranks != ranks or len(report.hosts) != ranks:
+        raise SanityFailure(f"{where}: {report.ranks} rank(s) answered ({', '.join(report.hosts)}), "
+                            f"expected {ranks}")
+    largest = report.largest("all_reduce")
+    if largest is None:
+        raise SanityFailure(f"{where}: the payload measured no all_reduce")
+    env = {**report.env}
+    return Figure(largest.busbw, largest.size, report.ranks, report.nccl_version, env,
+                  f"torch {report.torch} {report.backend}", report.note)
+
+
+@pytest.mark.quick
+def test_allreduce(on_node, profile, measure_node, metrics, record, recorder, node):
+    """All-reduce busbw among this node's ranks (its GPUs, or two CPU ranks)."""
+    probe = probe_of(on_node(PROBE_STEP, collectives.probe))
+    plan, why = plan_for(probe, profile)
+    if plan is None:
+        unavailable(why, profile)
+    if probe.torch:
+        recorder.record_tool(node, "torch", probe.torch)
+    figure = figure_of(plan, on_node(NODE_STEP, measure_node))
+    if figure.nccl_version:
+        recorder.record_tool(node, "nccl", figure.nccl_version)
+    record.note(figure.describe())
+    metrics.judge(allreduce_busbw=(round(figure.busbw, 3), "GB/s"))
+
+
+@pytest.mark.quick
+@pytest.mark.cluster
+def test_allreduce_spread(cluster_run, profile, measure_node, record):
+    """The per-node figures side by side, the slowest nodes named (each node is judged by itself)."""
+    probes = cluster_run.gather(PROBE_STEP, collectives.probe)
+    figures = {}
+    for node, result in cluster_run.gather(NODE_STEP, measure_node).items():
+        try:
+            plan, _ = plan_for(collectives.parse_probe(probes[node].stdout), profile)
+            if plan is not None:
+                figures[node] = figure_of(plan, result).busbw
+        except (ParseError, AssertionError):
+            continue
+    if not figures:
+        pytest.skip("no node measured an all-reduce")
+    slowest = sorted(figures.items(), key=lambda item: item[1])[:SLOWEST_NAMED]
+    record.note(f"{len(figures)} node(s) measured; slowest: "
+                + ", ".join(f"{node} {busbw:.3f} GB/s" for node, busbw in slowest))
+
+
+@pytest.mark.quick
+@pytest.mark.cluster
+def test_allreduce_cluster(cluster_run, profile, recorder, metrics, record):
+    """All-reduce busbw across every selected node: torchrun on each, rendezvous on the first."""
+    nodes = [node.name for node in cluster_run.nodes]
+    if len(nodes) < 2:
+        pytest.skip("needs at least two nodes")
+    probes = cluster_run.gather(PROBE_STEP, collectives.probe)
+    plans = {}
+    for node in nodes:
+        probe = probe_of(probes[node])
+        plan, why = plan_for(probe, profile)
+        if plan is None:
+            unavailable(why, profile)
+        if not probe.torch:
+            unavailable(f"{node}: torch is missing (nccl-tests across nodes needs mpirun)", profile)
+        plans[node] = plan
+    ranks = plans[nodes[0]].ranks if plans[nodes[0]].gpu else 1
+    transports = {node: cluster_run.transport(node) for node in nodes}
+    addresses = {node: cluster_run.cluster.node(node).address for node in nodes}
+    sizes = collectives.GPU_SIZES if plans[nodes[0]].gpu else collectives.CPU_SIZES
+    launch = collectives.run_across(transports, addresses, ranks, sizes=sizes, timeout=NODE_TIMEOUT_S)
+    saved = []
+    for node, result in launch.results.items():
+        saved += recorder.ledger.save_raw(CLUSTER_STEP, node, result.stdout, result.stderr)
+    record.raw(saved)
+    if launch.first_failure is not None:
+        failed = launch.results.get(launch.first_failure)
+        killed = f"; killed the launch on {', '.join(launch.killed)}" if launch.killed else ""
+        if failed is None or failed.failure in ("unreachable", "auth", "host-key"):
+            raise NodeUnreachable((failed.explain() if failed else f"{launch.first_failure}: no result") + killed)
+        if failed.timed_out:
+            raise CommandTimedOut(failed.explain() + killed, excerpt(failed.stderr))
+        raise SanityFailure(failed.explain() + killed, excerpt(failed.stderr or failed.stdout))
+    if launch.leftovers:
+        raise SanityFailure("processes left after the run (killed): "
+                            + "; ".join(f"{node}: {lines.splitlines()[0]}" for node, lines in launch.leftovers.items()))
+    report, result = collectives.report_of(launch)
+    if report is None:
+        raise SanityFailure("no rank printed a measurement", excerpt(
+            "\n".join(r.stdout for r in launch.results.values())))
+    figure = torch_figure(result.node, report, ranks * len(nodes))
+    record.note(f"{len(nodes)} node(s): " + figure.describe())
+    metrics.judge(allreduce_busbw_cluster=(round(figure.busbw, 3), "GB/s"))
