@@ -1,0 +1,61 @@
+"""The HPC suite end to end: real hpcc under real mpirun on namespace nodes with a scratch
+directory the test creates; skipped with the reason where no scratch is declared; a failure
+where the profile names an HPL that is not installed. The cross-node `full` run is not run here:
+hpcc always runs its whole suite, about 230 s across two namespace nodes, too long for CI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from test_e2e import ROOT, results_of, run_dir_of, run_suites, sign_key  # noqa: F401 (fixture)
+
+
+def hpl_checks(out, cluster: str) -> list[dict]:
+    return [c for c in results_of(run_dir_of(out, cluster))["checks"] if c["check"] == "hpl"]
+
+
+def test_quick_hpl_runs_on_each_node_in_its_scratch_directory(ns_cluster, sign_key, tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml", nodes=["node1", "node2"],
+                                           extra={"scratch": [{"path": str(scratch), "kind": "local"}]})
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "hpc and quick", timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    checks = hpl_checks(tmp_path / "out", "nscluster")
+    assert sorted(c["node"] for c in checks) == ["node1", "node2"]
+    for check in checks:
+        assert check["outcome"] == "passed", check
+        [metric] = check["metrics"]
+        assert metric["name"] == "hpl_gflops" and metric["unit"] == "Gflop/s" and metric["ok"]
+        assert "hpcc 1.5.0, N=1920 NB=192 1x2" in check["message"]
+    raw = run_dir_of(tmp_path / "out", "nscluster") / "raw" / "hpl_quick" / "node2.stdout"
+    assert "Begin of Summary section." in raw.read_text()
+    assert list(scratch.iterdir()) == []
+
+
+def test_without_scratch_hpl_skips_with_the_reason(sign_key, tmp_path):
+    done = run_suites(ROOT / "inventory" / "local.yaml", tmp_path / "out", sign_key, "-m", "hpc")
+    assert done.returncode == 0, done.stdout + done.stderr
+    checks = {c["check"]: c for c in results_of(run_dir_of(tmp_path / "out", "local"))["checks"]}
+    assert checks["hpl"]["outcome"] == "skipped"
+    assert "no scratch path declared" in checks["hpl"]["message"]
+    assert checks["hpl_cluster"]["outcome"] == "skipped"
+
+
+def test_a_profile_naming_an_absent_hpl_fails(sign_key, tmp_path):
+    profile = yaml.safe_load((ROOT / "inventory" / "profiles" / "cpu-only.yaml").read_text())
+    profile.update(profile="xhpl-cpu", expect={**profile["expect"], "hpl_flavour": "xhpl"})
+    (tmp_path / "xhpl-cpu.yaml").write_text(yaml.safe_dump(profile))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    inventory = tmp_path / "local.yaml"
+    inventory.write_text(json.dumps({"cluster": "local", "profile": str(tmp_path / "xhpl-cpu.yaml"),
+                                     "transport": "local", "nodes": ["localhost"],
+                                     "scratch": [str(scratch)]}))
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "hpc and quick")
+    assert done.returncode == 1
+    [check] = hpl_checks(tmp_path / "out", "local")
+    assert check["outcome"] == "failed" and check["kind"] == "expectation"
+    assert "runs HPL as xhpl, but xhpl is not on the node's PATH" in check["message"]
