@@ -75,6 +75,9 @@ def test_full_with_a_dead_link_names_the_node_and_spares_its_partners(ns_cluster
     summary = checks(results, "network_attribution")["test_network_attribution"]
     assert summary["outcome"] == "failed" and "node node4" in summary["message"]
     assert "link" not in summary["message"].replace("all 3", "")
+    report = (run_dir_of(tmp_path / "out", "nscluster") / "report.html").read_text()
+    assert 'id="pairs"' in report and report.count('class="hc hc-broken" href') == 6  # 3 pairs, both halves
+    assert '<th scope="row" title="node4" class="suspect">node4</th>' in report
 
 
 def test_profile_expecting_hcas_fails_where_there_are_none(ns_cluster, sign_key, tmp_path):
