@@ -105,7 +105,7 @@ def parse_collectives(text: str) -> CollectivesReport:
             torch=str(data["torch"]), nccl_version=data.get("nccl_version"), device=str(data["device"]),
             env=dict(data.get("env") or {}), note=str(data.get("note") or ""),
             collectives=collectives, unsupported=unsupported, wrong=wrong)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ParseError(f"collectives payload output lacks or mistypes {exc}") from None
     measured = any(collectives.values())
     return replace(report, ok=measured and wrong == 0 and len(report.hosts) == report.ranks)

@@ -1,0 +1,141 @@
+"""The torch collectives payload run for real (gloo, two ranks and one rank on this machine), its
+parser, the suite's plan per node, and the training suite end to end on namespace nodes."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from inventory.loader import load_profile
+from inventory.model import Node
+from runners import collectives
+from runners.parsing import ParseError
+from runners.transport import LocalTransport
+from suites.test_collectives import plan_for
+from test_e2e import results_of, run_dir_of, run_suites, sign_key  # noqa: F401  (fixture)
+
+pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
+
+VENV_PYTHON = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "python")
+NO_TORCH_PYTHON = "/usr/bin/python3"  # Debian's python3: torch is not installed there
+
+
+def local_transport() -> LocalTransport:
+    import sys
+
+    return LocalTransport(Node(name="localhost", address="localhost", transport="local",
+                               python=sys.executable))
+
+
+@pytest.fixture(scope="module")
+def four_collectives_two_ranks():
+    """One real run of every collective with two gloo ranks on this machine, 1 MiB and 4 MiB."""
+    result = collectives.run_on_node(local_transport(), 2, sizes=(1 << 20, 4 << 20),
+                                     collectives=collectives.COLLECTIVES, iters=2, timeout=120)
+    assert result.ok, result.stderr[-2000:]
+    return result
+
+
+def test_every_collective_is_checked_and_uses_the_nccl_tests_factors(four_collectives_two_ranks):
+    report = collectives.parse_collectives(four_collectives_two_ranks.stdout)
+    assert report.ok and report.wrong == 0 and report.ranks == 2 and report.backend == "gloo"
+    assert set(report.collectives) == set(collectives.COLLECTIVES) and not report.unsupported
+    for name, rows in report.collectives.items():
+        assert [row.size for row in rows] == [1 << 20, 4 << 20]
+        factor = 1.0 if name == "all_reduce" else 0.5  # 2(n-1)/n and (n-1)/n for n = 2
+        for row in rows:
+            assert row.wrong == 0 and row.algbw > 0
+            assert row.busbw == pytest.approx(row.algbw * factor)
+    assert report.env["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def test_one_rank_reports_zero_busbw_by_definition_rather_than_failing():
+    result = collectives.run_on_node(local_transport(), 1, sizes=(1 << 20,), iters=2, timeout=120)
+    assert result.ok, result.stderr[-2000:]
+    report = collectives.parse_collectives(result.stdout)
+    assert report.ok and report.ranks == 1
+    assert report.largest("all_reduce").busbw == 0.0 and report.largest("all_reduce").algbw > 0
+    assert "busbw is 0 by definition" in report.note
+
+
+def test_wrong_values_and_a_missing_rank_are_not_ok(four_collectives_two_ranks):
+    """Derived from the real run above: one row's wrong count set to 3; then one host removed."""
+    data = json.loads(four_collectives_two_ranks.stdout.strip().splitlines()[-1])
+    data["collectives"]["all_reduce"]["rows"][0]["wrong"] = 3
+    report = collectives.parse_collectives(json.dumps(data))
+    assert report.wrong == 3 and not report.ok
+    data["collectives"]["all_reduce"]["rows"][0]["wrong"] = 0
+    data["hosts"] = data["hosts"][:1]
+    assert not collectives.parse_collectives(json.dumps(data)).ok
+
+
+@pytest.mark.parametrize("text", ["", "torchrun said nothing useful\n", '{"collectives": 1}\n'])
+def test_output_without_a_measurement_is_a_parse_error(text):
+    with pytest.raises(ParseError):
+        collectives.parse_collectives(text)
+
+
+def test_payload_command_refuses_an_unknown_collective():
+    with pytest.raises(ValueError, match="broadcast"):
+        collectives.payload_command("python3", sizes=[1], collectives=["broadcast"], iters=1,
+                                    marker="m", op_timeout_s=1)
+
+
+def test_probe_says_whether_torch_is_there():
+    result = collectives.probe(LocalTransport(Node(name="n", address="n", transport="local",
+                                                   python=NO_TORCH_PYTHON)))
+    probe = collectives.parse_probe(result.stdout)
+    assert probe.torch is None and probe.cuda_devices == 0 and probe.nccl_tests is None
+
+
+PROBE = collectives.NodeProbe(hostname="gpu001", python="python3", torch="2.13.0", cuda_devices=0,
+                              nccl_tests=None)
+
+
+def test_plan_per_node_from_the_probe_and_the_profile():
+    cpu, gpu = load_profile("cpu-only"), load_profile("h200-sxm-8gpu")
+    assert plan_for(PROBE, cpu)[0].ranks == collectives.CPU_RANKS
+    assert plan_for(replace(PROBE, cuda_devices=8), gpu)[0] == plan_for(replace(PROBE, cuda_devices=8), cpu)[0]
+    assert plan_for(replace(PROBE, cuda_devices=8, nccl_tests="/usr/bin/all_reduce_perf"), gpu)[0].tool == "nccl-tests"
+    nccl_only = plan_for(replace(PROBE, torch=None, nccl_tests="/usr/bin/all_reduce_perf"), gpu)[0]
+    assert (nccl_only.tool, nccl_only.ranks) == ("nccl-tests", 8)  # GPU count from the profile
+    plan, why = plan_for(PROBE, gpu)
+    assert plan is None and "sees no CUDA device" in why
+    assert plan_for(replace(PROBE, torch=None), cpu) == (None, "neither torch nor nccl-tests on gpu001 "
+                                                         "(python3 cannot import torch)")
+
+
+def checks_of(results: dict) -> dict:
+    return {(c["check"], c["node"]): c for c in results["checks"]}
+
+
+def test_training_suite_on_two_namespace_nodes(ns_cluster, sign_key, tmp_path):  # noqa: F811
+    inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml", nodes=["node1", "node2"])
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "training")
+    assert done.returncode == 0, done.stdout[-3000:]
+    checks = checks_of(results_of(run_dir_of(tmp_path / "out", "nscluster")))
+    for node in ("node1", "node2"):
+        check = checks[("allreduce", node)]
+        assert check["outcome"] == "passed" and "gloo" in check["message"]
+        metric = check["metrics"][0]
+        assert metric["name"] == "allreduce_busbw" and metric["unit"] == "GB/s" and metric["ok"]
+    cluster = checks[("allreduce_cluster", None)]
+    assert cluster["outcome"] == "passed", cluster["message"]
+    assert "GLOO_SOCKET_IFNAME=eth0" in cluster["message"] and cluster["metrics"][0]["value"] > 0
+    assert "slowest: node" in checks[("allreduce_spread", None)]["message"]
+
+
+@pytest.mark.parametrize("profile, outcome", [("cpu-only", "skipped"), ("h200-sxm-8gpu", "failed")])
+def test_without_torch_cpu_only_skips_and_a_gpu_profile_fails(profile, outcome, ns_cluster, sign_key,
+                                                              tmp_path):  # noqa: F811
+    inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml", nodes=["node3", "node4"],
+                                           profile=profile, extra={"python": NO_TORCH_PYTHON})
+    run_suites(inventory, tmp_path / "out", sign_key, "-m", "training")
+    checks = checks_of(results_of(run_dir_of(tmp_path / "out", "nscluster")))
+    for key in [("allreduce", "node3"), ("allreduce", "node4"), ("allreduce_cluster", None)]:
+        assert checks[key]["outcome"] == outcome, checks[key]
+        assert "cannot import torch" in checks[key]["message"]
+    if outcome == "failed":
+        assert checks[("allreduce", "node3")]["kind"] == "expectation"
