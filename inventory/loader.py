@@ -52,7 +52,7 @@ TOP_LEVEL_KEYS = (
     "cluster", "profile", "transport", "python", "sudo", "ssh", "nodes", "groups", "scratch",
     "references",
 )
-NODE_KEYS = ("name", "address") + NODE_SETTING_KEYS
+NODE_KEYS = ("name", "address", "data_address") + NODE_SETTING_KEYS
 GROUP_KEYS = ("nodes",) + NODE_SETTING_KEYS
 SCRATCH_KEYS = ("path", "kind", "destructive")
 PROFILE_KEYS = ("profile", "description", "mandatory", "expect", "references")
@@ -424,6 +424,7 @@ EXPECT_FIELDS: dict[str, Callable[[_At], object]] = {
     "ib_port_rcv_errors_max": _integer,  # per port sysfs port_rcv_errors above this fails (default 0)
     "ib_bidirectional": _boolean,  # ib_write_bw pairs run with -b (both directions at once)
     "ib_gpudirect": _boolean,  # perftest pairs use --use_cuda=<rail>: buffers on the rail's GPU
+    "pair_low_fraction": _number,  # a pair this far below the median of all pairs is low (default 0.25)
 }
 
 
@@ -654,6 +655,7 @@ class _NodeEntry:
     at: _At  # the nodes[] entry it came from
     address: Optional[str]
     settings: dict[str, _Setting]
+    data_address: Optional[str] = None  # the node on the data network (iperf3), if not `address`
 
 
 def _expand(at: _At, what: str) -> list[str]:
@@ -684,6 +686,7 @@ def _node_entries(at: _At) -> list[_NodeEntry]:
                     at=item,
                     address=_string(fields["address"]) if "address" in fields else None,
                     settings=_settings(fields),
+                    data_address=_string(fields["data_address"]) if "data_address" in fields else None,
                 )
             ]
         elif isinstance(item.node, yaml.ScalarNode) and item.node.tag != _NULL:
@@ -859,6 +862,7 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
                 python=settings["python"].value if "python" in settings else "python3",
                 sudo=settings["sudo"].value if "sudo" in settings else False,
                 groups=tuple(sorted(g.name for g in groups if entry.name in g.members)),
+                data_address=entry.data_address,
             )
         )
 

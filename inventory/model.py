@@ -31,6 +31,8 @@ class Node:
     python: str = "python3"  # interpreter for node-side payloads
     sudo: bool = False  # run commands that need root through `sudo -n`
     groups: tuple[str, ...] = ()
+    # Where the node's data (Ethernet) network reaches it, for iperf3 between nodes; None: address.
+    data_address: Optional[str] = None
 
 
 @dataclass(frozen=True)

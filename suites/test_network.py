@@ -191,7 +191,9 @@ class PairwiseIperf3:
     def _run_all(self, wanted: list[Pair], base_port: int, step: str) -> dict[Pair, iperf3.PairRun]:
         nodes = [node.name for node in self._cluster_run.nodes]
         transports = {node: self._cluster_run.transport(node) for node in nodes}
-        address = {node: self._cluster_run.cluster.node(node).address for node in nodes}
+        # iperf3 measures the data network: a node's data_address when the inventory names one.
+        address = {node: self._cluster_run.cluster.node(node).data_address
+                   or self._cluster_run.cluster.node(node).address for node in nodes}
 
         def run_pair(pair: Pair, port: int) -> iperf3.PairRun:
             server, client = pair
@@ -437,11 +439,12 @@ def test_ib_write_lat(pair: Optional[Pair], rail: int, pairwise_ib_write_lat, pr
 
 
 def attribution_of(label: str, passed: dict[Pair, bool], figures: dict[Pair, Optional[float]],
-                   unit: str, second_pass: Optional[Callable[[dict[Pair, bool]], dict[Pair, bool]]] = None
+                   unit: str, low_fraction: float,
+                   second_pass: Optional[Callable[[dict[Pair, bool]], dict[Pair, bool]]] = None
                    ) -> tuple[list[str], list[str]]:
     """(suspects, low pairs) in words for one kind of pair test: failures and figures far below
     the median of all pairs both count against a pair; a second pass may clear partners."""
-    low = pairs.low_pairs(figures)
+    low = pairs.low_pairs(figures, low_fraction)
     first = {pair: ok and pair not in low for pair, ok in passed.items()}
     outcomes = {**first, **(second_pass(first) if second_pass else {})}
     blame = pairs.attribute(outcomes)
@@ -452,15 +455,16 @@ def attribution_of(label: str, passed: dict[Pair, bool], figures: dict[Pair, Opt
 @pytest.mark.quick
 @pytest.mark.full
 @pytest.mark.cluster
-def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, record):
+def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, profile, record):
     """Which nodes or links the failed or low pairs point at, after a second pass (iperf3)."""
     suspects, lows, counts = [], [], []
+    low_fraction = profile.expect.get("pair_low_fraction", pairs.LOW_FRACTION)
     if pairwise_iperf3.runs:
         runs = pairwise_iperf3.runs
         figures = {pair: (iperf3.judge(run)[0].gbps if not iperf3.judge(run)[1] else None)
                    for pair, run in runs.items()}
         found = attribution_of("iperf3", {pair: pairwise_iperf3.passed(run) for pair, run in runs.items()},
-                               figures, "Gb/s", pairwise_iperf3.second_pass)
+                               figures, "Gb/s", low_fraction, pairwise_iperf3.second_pass)
         suspects += found[0]
         lows += found[1]
         failed = sorted(pair_id(pair) for pair, run in runs.items() if not pairwise_iperf3.passed(run))
@@ -477,7 +481,7 @@ def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, record):
         found = attribution_of(f"ib_write_bw rail {rail}",
                                {pair: figure is not None and (pairwise_ib_write_bw.reference is None
                                                               or pairwise_ib_write_bw.reference.admits(figure))
-                                for pair, figure in figures.items()}, figures, "Gb/s")
+                                for pair, figure in figures.items()}, figures, "Gb/s", low_fraction)
         suspects += found[0]
         lows += found[1]
         counts.append(f"ib_write_bw rail {rail}: {len(reports)} pair(s)")

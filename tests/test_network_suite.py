@@ -103,3 +103,18 @@ def test_profile_expecting_hcas_fails_where_there_are_none(ns_cluster, sign_key,
             assert rail["outcome"] == "failed" and rail["kind"] == "expectation", rail
             assert "Unable to find the Infiniband/RoCE device" in rail["message"]
             assert "expects 2 HCA(s)" in rail["message"]
+
+
+def test_iperf3_uses_the_data_address_the_inventory_names(ns_cluster, sign_key, tmp_path):
+    """data_address 'node1' (the node's name, which its generated /etc/hosts resolves) instead
+    of the SSH address: the client's own JSON says where it connected."""
+    inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml", nodes=["node1", "node2"])
+    text = inventory.read_text().replace("- name: node1\n", "- name: node1\n  data_address: node1\n")
+    assert "data_address: node1" in text
+    inventory.write_text(text)
+    done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-k", "iperf3 or ib_ports")
+    assert done.returncode == 0, done.stdout[-3000:]
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    assert checks(results_of(run_dir), "iperf3")["node1-node2"]["outcome"] == "passed"
+    client = (run_dir / "raw" / "iperf3_node1-node2" / "node2.stdout").read_text()
+    assert '"host":\t"node1"' in client or '"host": "node1"' in client, client[:600]
