@@ -1,4 +1,5 @@
-"""Training: collective bandwidth (all-reduce busbw) within each node and across all nodes.
+"""Training: collective bandwidth (all-reduce busbw; all-gather, reduce-scatter, all-to-all in
+`full`) within each node, and all-reduce across all nodes.
 
 Within a node: nccl-tests' `all_reduce_perf` over all GPUs where it is installed, else the torch
 payload under torchrun (nccl on GPUs, gloo with two CPU ranks). Across nodes: the torch payload,
@@ -100,7 +101,43 @@ def measure_node(cluster_run, profile):
     return measure
 
 
-def figure_of(plan: Plan, result: Result) -> Figure:
+OTHER_COLLECTIVES = ("all_gather", "reduce_scatter", "all_to_all")
+
+
+@pytest.fixture(scope="session")
+def measure_other(cluster_run, profile):
+    """measure_other(collective) -> the per-node step for all_gather, reduce_scatter or all_to_all.
+
+    nccl-tests runs one binary per collective; the torch payload measures all three in one
+    launch (torch's start-up dominates on CPUs), kept for the other two steps.
+    """
+    torch_runs: dict[str, Result] = {}
+
+    def for_collective(collective: str):
+        def measure(transport: Transport) -> Result:
+            node = transport.node.name
+            found = cluster_run.gather(PROBE_STEP, collectives.probe)[node]
+            try:
+                plan, _ = plan_for(collectives.parse_probe(found.stdout), profile)
+            except ParseError:
+                plan = None
+            if not found.ok or plan is None:
+                return found
+            if plan.tool == "nccl-tests":
+                return nccl_tests.run(transport, collective, plan.ranks, timeout=NODE_TIMEOUT_S)
+            if node not in torch_runs:
+                sizes = collectives.GPU_SIZES if plan.gpu else collectives.CPU_SIZES
+                torch_runs[node] = collectives.run_on_node(
+                    transport, plan.ranks, sizes=sizes, collectives=OTHER_COLLECTIVES,
+                    timeout=NODE_TIMEOUT_S)
+            return torch_runs[node]
+
+        return measure
+
+    return for_collective
+
+
+def figure_of(plan: Plan, result: Result, collective: str = "all_reduce") -> Figure:
     """Sanity before figures: data check, every rank present, then busbw at the largest size."""
     if plan.tool == "nccl-tests":
         report = parsed(nccl_tests.parse_nccl_tests, result)
@@ -115,18 +152,21 @@ def figure_of(plan: Plan, result: Result) -> Figure:
                       nccl_tests.nccl_env(result), "nccl-tests",
                       "one rank: busbw is 0 by definition" if plan.ranks == 1 else "")
     report = parsed(collectives.parse_collectives, require(result))
-    return torch_figure(result.node, report, plan.ranks)
+    return torch_figure(result.node, report, plan.ranks, collective)
 
 
-def torch_figure(where: str, report: collectives.CollectivesReport, ranks: int) -> Figure:
+def torch_figure(where: str, report: collectives.CollectivesReport, ranks: int,
+                 collective: str = "all_reduce") -> Figure:
     if report.wrong:
         raise SanityFailure(f"{where}: {report.wrong} wrong element(s) in the reduced values")
     if report.ranks != ranks or len(report.hosts) != ranks:
         raise SanityFailure(f"{where}: {report.ranks} rank(s) answered ({', '.join(report.hosts)}), "
                             f"expected {ranks}")
-    largest = report.largest("all_reduce")
+    if collective in report.unsupported:
+        pytest.skip(f"{where}: {collective} is not supported by {report.unsupported[collective]}")
+    largest = report.largest(collective)
     if largest is None:
-        raise SanityFailure(f"{where}: the payload measured no all_reduce")
+        raise SanityFailure(f"{where}: the payload measured no {collective}")
     env = {**report.env}
     return Figure(largest.busbw, largest.size, report.ranks, report.nccl_version, env,
                   f"torch {report.torch} {report.backend}", report.note)
@@ -146,6 +186,35 @@ def test_allreduce(on_node, profile, measure_node, metrics, record, recorder, no
         recorder.record_tool(node, "nccl", figure.nccl_version)
     record.note(figure.describe())
     metrics.judge(allreduce_busbw=(round(figure.busbw, 3), "GB/s"))
+
+
+def measure_other_collective(collective, on_node, profile, measure_other, record) -> Figure:
+    """all_gather, reduce_scatter or all_to_all among this node's ranks, sanity checked."""
+    probe = probe_of(on_node(PROBE_STEP, collectives.probe))
+    plan, why = plan_for(probe, profile)
+    if plan is None:
+        unavailable(why, profile)
+    figure = figure_of(plan, on_node(f"{collective}_node", measure_other(collective)), collective)
+    record.note(f"{collective}: " + figure.describe())
+    return figure
+
+
+@pytest.mark.full
+def test_allgather(on_node, profile, measure_other, metrics, record):
+    figure = measure_other_collective("all_gather", on_node, profile, measure_other, record)
+    metrics.judge(allgather_busbw=(round(figure.busbw, 3), "GB/s"))
+
+
+@pytest.mark.full
+def test_reducescatter(on_node, profile, measure_other, metrics, record):
+    figure = measure_other_collective("reduce_scatter", on_node, profile, measure_other, record)
+    metrics.judge(reducescatter_busbw=(round(figure.busbw, 3), "GB/s"))
+
+
+@pytest.mark.full
+def test_alltoall(on_node, profile, measure_other, metrics, record):
+    figure = measure_other_collective("all_to_all", on_node, profile, measure_other, record)
+    metrics.judge(alltoall_busbw=(round(figure.busbw, 3), "GB/s"))
 
 
 @pytest.mark.quick

@@ -125,6 +125,11 @@ def test_training_suite_on_two_namespace_nodes(ns_cluster, sign_key, tmp_path): 
     assert cluster["outcome"] == "passed", cluster["message"]
     assert "GLOO_SOCKET_IFNAME=eth0" in cluster["message"] and cluster["metrics"][0]["value"] > 0
     assert "slowest: node" in checks[("allreduce_spread", None)]["message"]
+    for check, collective in [("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
+                              ("alltoall", "all_to_all")]:
+        assert checks[(check, "node2")]["outcome"] == "passed"
+        assert checks[(check, "node2")]["message"].startswith(f"{collective}: ")
+        assert checks[(check, "node2")]["metrics"][0]["name"] == f"{check}_busbw"
 
 
 @pytest.mark.parametrize("profile, outcome", [("cpu-only", "skipped"), ("h200-sxm-8gpu", "failed")])
