@@ -385,8 +385,8 @@ def pairwise_ib_write_lat(request, cluster_run, recorder, profile) -> PairwisePe
     return _pairwise_perftest(request, cluster_run, recorder, profile, "ib_write_lat")
 
 
-def measured_rail(pairwise: PairwisePerftest, pair: Optional[Pair], rail: int, profile, record,
-                  recorder) -> perftest.PerftestReport:
+def measured_rail(pairwise: PairwisePerftest, pair: Optional[Pair], rail: int, profile,
+                  record) -> perftest.PerftestReport:
     """The rail's perftest report, sanity first: no RDMA device skips (cpu-only) or fails."""
     if pair is None:
         pytest.skip(NEEDS_TWO)
@@ -412,15 +412,13 @@ def measured_rail(pairwise: PairwisePerftest, pair: Optional[Pair], rail: int, p
         if result.timed_out:
             raise CommandTimedOut(why, excerpt(result.stdout + result.stderr))
         raise SanityFailure(why, excerpt(result.stdout + result.stderr))
-    for node in pair:
-        recorder.record_tool(node, pairwise.tool, "perftest")
     return report
 
 
 def test_ib_write_bw(pair: Optional[Pair], rail: int, pairwise_ib_write_bw, profile, metrics,
-                     record, recorder):
+                     record):
     """RDMA write bandwidth of one rail between two nodes, large messages, in Gb/s per port."""
-    report = measured_rail(pairwise_ib_write_bw, pair, rail, profile, record, recorder)
+    report = measured_rail(pairwise_ib_write_bw, pair, rail, profile, record)
     largest = max(report.rows, key=lambda row: row["bytes"])
     mode = pairwise_ib_write_bw.mode
     record.note(f"rail {rail}: {largest['bw_avg_gbps']:.2f} Gb/s at {largest['bytes']} B"
@@ -429,9 +427,9 @@ def test_ib_write_bw(pair: Optional[Pair], rail: int, pairwise_ib_write_bw, prof
 
 
 def test_ib_write_lat(pair: Optional[Pair], rail: int, pairwise_ib_write_lat, profile, metrics,
-                      record, recorder):
+                      record):
     """RDMA write latency of one rail between two nodes: typical (median) and 99th percentile."""
-    report = measured_rail(pairwise_ib_write_lat, pair, rail, profile, record, recorder)
+    report = measured_rail(pairwise_ib_write_lat, pair, rail, profile, record)
     row = report.rows[0]
     typical, p99 = row.get("t_typical_us"), row.get("p99_us")
     record.note(f"rail {rail}: typical {typical} us, p99 {p99} us at {row['bytes']} B")
