@@ -834,10 +834,12 @@ def _pair_section(checks: list[dict], layout: Layout) -> Optional[PairSection]:
     heatmaps, skipped = [], []
     for number, ((name, rail), members) in enumerate(groups.items()):
         if all(_outcome(checks[i]) == "skipped" for i in members):
-            reasons = list(dict.fromkeys(_first_line(checks[i].get("message")) for i in members))
+            reasons = [_first_line(checks[i].get("message")) for i in members]
+            # "no RDMA device on node2" and "... on node4" are one reason: compare without nodes
+            kinds = {_without_nodes(reason, _pair(checks[i])) for reason, i in zip(reasons, members)}
             where = f"{name}" + (f" rail {rail}" if rail is not None else "")
             skipped.append(f"{where}: all {len(members)} pair(s) skipped — {reasons[0]}"
-                           + (f" (and {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ""))
+                           + (f" (and {len(kinds) - 1} other reason(s))" if len(kinds) > 1 else ""))
             continue
         heatmaps.append(_heatmap(f"pairs-{number}", name, rail, [(i, checks[i]) for i in members],
                                  layout))
@@ -845,6 +847,12 @@ def _pair_section(checks: list[dict], layout: Layout) -> Optional[PairSection]:
                          "anchor": _anchor(i, _outcome(c))}
                         for i, c in enumerate(checks) if c.get("check") == ATTRIBUTION_CHECK), None)
     return PairSection(heatmaps=heatmaps, skipped=skipped, attribution=attribution)
+
+
+def _without_nodes(reason: str, pair: tuple[str, str]) -> str:
+    for node in sorted(pair, key=len, reverse=True):
+        reason = reason.replace(node, "")
+    return reason
 
 
 def _main_metric(members: list[tuple[int, dict]]) -> Optional[dict]:

@@ -476,12 +476,15 @@ def test_one_heatmap_per_rail_and_skipped_pair_checks_are_one_line():
     nodes = ["n1", "n2", "n3"]
     checks = [pair_check(a, b, 390.0 - rail, name="ib_write_bw", floor=380.0, rail=rail)
               for rail in (0, 1) for a, b in [("n1", "n2"), ("n1", "n3"), ("n2", "n3")]]
-    checks += [pair_check(a, b, None, "skipped", name="ib_write_lat", rail=0, message="no RDMA device")
+    checks += [pair_check(a, b, None, "skipped", name="ib_write_lat", rail=0,
+                          message=f"no RDMA device: ib_write_lat on {b} says so")
                for a, b in [("n1", "n2"), ("n1", "n3"), ("n2", "n3")]]
     root = parse(render_html(results(nodes, checks)))
     titles = [s.find("h3").text() for s in root.find_all("section", "heatmap")]
     assert [t.split(" ·")[0:2] for t in titles] == [["ib_write_bw", " rail 0"], ["ib_write_bw", " rail 1"]]
-    assert "ib_write_lat rail 0: all 3 pair(s) skipped — no RDMA device" in root.by_id("pairs").parent.text()
+    section = root.by_id("pairs").parent.text()
+    assert "ib_write_lat rail 0: all 3 pair(s) skipped — no RDMA device: ib_write_lat on n2 says so" in section
+    assert "other reason" not in section
 
 
 def test_pair_heatmap_escapes_node_names_and_messages():
