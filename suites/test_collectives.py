@@ -81,17 +81,23 @@ def probe_of(result: Result) -> collectives.NodeProbe:
     return parsed(collectives.parse_probe, result)
 
 
+def planned(cluster_run, profile, node: str) -> tuple[Optional[Plan], Result]:
+    """This node's plan from the probe step (None when it cannot run), and the probe's Result."""
+    found = cluster_run.gather(PROBE_STEP, collectives.probe)[node]
+    try:
+        plan, _ = plan_for(collectives.parse_probe(found.stdout), profile)
+    except ParseError:
+        plan = None
+    return (plan if found.ok else None), found
+
+
 @pytest.fixture(scope="session")
 def measure_node(cluster_run, profile):
     """The per-node step: nccl-tests or the torch payload, as the node's probe allows."""
 
     def measure(transport: Transport) -> Result:
-        found = cluster_run.gather(PROBE_STEP, collectives.probe)[transport.node.name]
-        try:
-            plan, _ = plan_for(collectives.parse_probe(found.stdout), profile)
-        except ParseError:
-            plan = None
-        if not found.ok or plan is None:
+        plan, found = planned(cluster_run, profile, transport.node.name)
+        if plan is None:
             return found  # the test has already skipped or failed on the probe
         if plan.tool == "nccl-tests":
             return nccl_tests.run(transport, "all_reduce", plan.ranks, timeout=NODE_TIMEOUT_S)
@@ -116,12 +122,8 @@ def measure_other(cluster_run, profile):
     def for_collective(collective: str):
         def measure(transport: Transport) -> Result:
             node = transport.node.name
-            found = cluster_run.gather(PROBE_STEP, collectives.probe)[node]
-            try:
-                plan, _ = plan_for(collectives.parse_probe(found.stdout), profile)
-            except ParseError:
-                plan = None
-            if not found.ok or plan is None:
+            plan, found = planned(cluster_run, profile, node)
+            if plan is None:
                 return found
             if plan.tool == "nccl-tests":
                 return nccl_tests.run(transport, collective, plan.ranks, timeout=NODE_TIMEOUT_S)
