@@ -10,11 +10,16 @@ STAMP   := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 DEBS    := openssh-server openssh-client iproute2 procps sudo stress-ng fio iperf3 hpcc openmpi-bin perftest ibverbs-utils rdma-core infiniband-diags
 INVENTORY ?= inventory/local.yaml
 PYTEST_ARGS ?=
+# make accept runs the quick depth; a real delivery runs the full one too (-m full).
+ACCEPT_ARGS ?= -m "not full"
+# The scratch path inventory/local.yaml declares: storage (fio) and HPL (hpcc) write only there.
+SCRATCH := /var/tmp/handover-scratch
 
 .PHONY: accept test setup debs bench clean
 
 accept: setup
-	$(PY) -m pytest --inventory $(INVENTORY) $(PYTEST_ARGS)
+	mkdir -p $(SCRATCH)
+	$(PY) -m pytest --inventory $(INVENTORY) $(ACCEPT_ARGS) $(PYTEST_ARGS)
 
 test: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)

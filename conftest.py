@@ -8,6 +8,7 @@ Tests parametrized by `node` get one test per selected node, with the node name 
 from __future__ import annotations
 
 import fnmatch
+import signal
 from pathlib import Path
 
 import hostlist
@@ -58,6 +59,13 @@ def pytest_configure(config: pytest.Config) -> None:
                                         run_header(cluster, nodes)), None
     config.pluginmanager.register(Recorder(config, cluster, nodes, ledger, key, resumed),
                                   Recorder.name)
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+
+
+def interrupt_on_sigterm(signum, frame):
+    """A CI job cancelled or a `timeout` that fired sends SIGTERM: treat it as Ctrl-C, so the
+    work on the nodes is killed and the run is written as interrupted, not silently dropped."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def resumed_ledger(run_dir: Path, cluster: Cluster):

@@ -60,7 +60,7 @@ def ssh_keygen_verifies(run_dir: Path, name: str) -> bool:
 def healthy_run(ns_cluster, sign_key, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("healthy")
     inventory = ns_cluster.write_inventory(tmp / "cluster.yaml")
-    done = run_suites(inventory, tmp / "out", sign_key)
+    done = run_suites(inventory, tmp / "out", sign_key, "-m", "not full")
     return done, run_dir_of(tmp / "out", "nscluster")
 
 
@@ -111,7 +111,12 @@ def test_changing_one_byte_fails_verification(healthy_run, tmp_path):
 
 
 def test_local_inventory_is_certified(sign_key, tmp_path):
-    done = run_suites(ROOT / "inventory" / "local.yaml", tmp_path / "out", sign_key)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    inventory = tmp_path / "local.yaml"
+    inventory.write_text((ROOT / "inventory" / "local.yaml").read_text()
+                         .replace("/var/tmp/handover-scratch", str(scratch)))
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "not full")
     assert done.returncode == 0, done.stdout + done.stderr
     assert results_of(run_dir_of(tmp_path / "out", "local"))["verdict"]["status"] == "CERTIFIED"
 
@@ -120,7 +125,7 @@ def test_stopped_node_fails_as_unreachable_and_the_others_pass(ns_cluster_factor
     nodes = ns_cluster_factory(4)
     inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
     nodes.stop_sshd("node2")
-    done = run_suites(inventory, tmp_path / "out", sign_key)
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system")
     assert done.returncode == 1
     run_dir = run_dir_of(tmp_path / "out", "nscluster")
     results = results_of(run_dir)
@@ -138,7 +143,7 @@ def test_stopped_node_fails_as_unreachable_and_the_others_pass(ns_cluster_factor
 
 def test_nodes_option_and_k_select_nodes(ns_cluster, sign_key, tmp_path):
     inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml")
-    done = run_suites(inventory, tmp_path / "out", sign_key, "--nodes", "node[2-3]")
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system", "--nodes", "node[2-3]")
     assert done.returncode == 0, done.stdout
     assert results_of(run_dir_of(tmp_path / "out", "nscluster"))["run"]["nodes"] == ["node2", "node3"]
     done = run_suites(inventory, tmp_path / "out2", sign_key, "-k", "node4 and memory")
@@ -149,8 +154,11 @@ def test_nodes_option_and_k_select_nodes(ns_cluster, sign_key, tmp_path):
     assert results["verdict"]["status"] == "INCOMPLETE"  # the other mandatory checks did not run
 
 
-def test_interrupted_run_keeps_its_results_and_can_be_reported_and_resumed(ns_cluster_factory, sign_key, tmp_path):
-    """Ctrl-C while a node hangs at connect: what finished is kept, the report says INCOMPLETE."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupted_run_keeps_its_results_and_can_be_reported_and_resumed(
+        ns_cluster_factory, sign_key, tmp_path, signum):
+    """Ctrl-C (or a CI job's SIGTERM) while a node hangs at connect: what finished is kept, the
+    report says the run was interrupted, and --resume completes it."""
     nodes = ns_cluster_factory(2)
     inventory = nodes.write_inventory(tmp_path / "cluster.yaml", extra={})
     text = inventory.read_text().replace("connect_timeout: 5", "connect_timeout: 60")
@@ -158,10 +166,10 @@ def test_interrupted_run_keeps_its_results_and_can_be_reported_and_resumed(ns_cl
     nodes.link_down("node2")
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", f"--inventory={inventory}", f"--out={tmp_path / 'out'}",
-         f"--sign-key={sign_key}", "-p", "no:cacheprovider"],
+         f"--sign-key={sign_key}", "-p", "no:cacheprovider", "-m", "system"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(4)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2, output  # pytest's "interrupted"
     run_dir = run_dir_of(tmp_path / "out", "nscluster")
@@ -178,7 +186,7 @@ def test_interrupted_run_keeps_its_results_and_can_be_reported_and_resumed(ns_cl
     # The link is mended; --resume runs only what has no result and completes the same run.
     nodes.link_up("node2")
     done_before = {c["test_id"] for c in results["checks"]}
-    resumed = run_suites(inventory, tmp_path / "unused", sign_key, f"--resume={run_dir}")
+    resumed = run_suites(inventory, tmp_path / "unused", sign_key, "-m", "system", f"--resume={run_dir}")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     results = results_of(run_dir)
     assert results["verdict"]["status"] == "CERTIFIED" and results["run"]["interrupted"] is False
@@ -225,7 +233,7 @@ def test_default_signing_key_is_created_once(tmp_path):
     env = {**os.environ, "HANDOVER_HOME": str(tmp_path / "home")}
     inventory = ROOT / "inventory" / "local.yaml"
     args = [sys.executable, "-m", "pytest", f"--inventory={inventory}", f"--out={tmp_path / 'out'}",
-            "-p", "no:cacheprovider"]
+            "-p", "no:cacheprovider", "-m", "system"]
     first = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     second = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert "created signing key" in first.stdout and "created signing key" not in second.stdout
