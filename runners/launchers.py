@@ -11,6 +11,7 @@ As in ReFrame, launchers are registered by name (LAUNCHERS) and unit-tested by c
 """
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -116,13 +117,22 @@ class MpirunLauncher(Launcher):
         return parameters
 
 
-LAUNCHERS: dict[str, type[Launcher]] = {MpirunLauncher.name: MpirunLauncher}
+# Name -> "module:class"; resolved on use, since torchrun's module builds on this one.
+LAUNCHERS: dict[str, str] = {
+    "mpirun": "runners.launchers:MpirunLauncher",
+    "torchrun": "runners.torchrun:TorchrunLauncher",
+}
+
+
+def launcher_class(name: str) -> type[Launcher]:
+    try:
+        module, _, cls = LAUNCHERS[name].partition(":")
+    except KeyError:
+        raise LaunchError(f"unknown launcher {name!r}; known: {', '.join(sorted(LAUNCHERS))}") from None
+    return getattr(importlib.import_module(module), cls)
 
 
 def launcher_for(name: str, **settings) -> Launcher:
     """The launcher registered under `name`, configured with `settings`."""
-    try:
-        return LAUNCHERS[name](**settings)
-    except KeyError:
-        raise LaunchError(f"unknown launcher {name!r}; known: {', '.join(sorted(LAUNCHERS))}") from None
+    return launcher_class(name)(**settings)
 

@@ -94,3 +94,11 @@ def test_a_hung_rank_is_bounded_and_leaves_no_rank_or_daemon(ns_cluster, tmp_pat
     assert result.timed_out and result.status == "timeout"
     assert wait_for_no_leftovers(sleep) == []
     assert wait_for_no_leftovers("orted") == []
+
+
+def test_both_engines_are_registered_by_name():
+    from runners.launchers import launcher_class
+    from runners.torchrun import TorchrunLauncher
+
+    assert launcher_class("mpirun") is MpirunLauncher
+    assert launcher_class("torchrun") is TorchrunLauncher
