@@ -30,3 +30,11 @@ def wait_for_no_leftovers(marker: str, within_s: float = 10) -> list[str]:
     while (found := leftovers(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return found
+
+
+def local_inventory_without_scratch(tmp_path: Path) -> Path:
+    """inventory/local.yaml as shipped, less its scratch path: checks that need one skip."""
+    shipped = Path(__file__).resolve().parent.parent / "inventory" / "local.yaml"
+    copy = tmp_path / "local.yaml"
+    copy.write_text(shipped.read_text().split("\nscratch:")[0] + "\n")
+    return copy

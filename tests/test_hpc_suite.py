@@ -9,6 +9,7 @@ import json
 import pytest
 import yaml
 
+from nodes import local_inventory_without_scratch
 from test_e2e import ROOT, results_of, run_dir_of, run_suites, sign_key  # noqa: F401 (fixture)
 
 
@@ -36,7 +37,7 @@ def test_quick_hpl_runs_on_each_node_in_its_scratch_directory(ns_cluster, sign_k
 
 
 def test_without_scratch_hpl_skips_with_the_reason(sign_key, tmp_path):
-    done = run_suites(ROOT / "inventory" / "local.yaml", tmp_path / "out", sign_key, "-m", "hpc")
+    done = run_suites(local_inventory_without_scratch(tmp_path), tmp_path / "out", sign_key, "-m", "hpc")
     assert done.returncode == 0, done.stdout + done.stderr
     checks = {c["check"]: c for c in results_of(run_dir_of(tmp_path / "out", "local"))["checks"]}
     assert checks["hpl"]["outcome"] == "skipped"
