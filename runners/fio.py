@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 from inventory.model import ScratchPath
 from runners import payloads
 from runners.parsing import ParseError
+from runners.scratch import declared
 from runners.transport import Result, Transport
 
 MiB = 2**20
@@ -27,10 +28,6 @@ MISSING_PREFIX = "handover-missing: "
 LAYOUT_RATE = 50 * 10**6  # B/s assumed for writing a job's file, to size the run timeout
 TIMEOUT_MARGIN_S = 30
 FIO = "fio"
-
-
-class ScratchRefused(Exception):
-    """The harness will not write to this path: the inventory does not declare it as scratch."""
 
 
 @dataclass(frozen=True)
@@ -95,16 +92,6 @@ def timeout_for(plan: Plan, argv: Sequence[str]) -> float:
     timed_jobs = sum(1 for arg in argv if arg == "--time_based")
     return (timed_jobs * (plan.runtime_s + plan.ramp_s) + plan.size_bytes / LAYOUT_RATE
             + TIMEOUT_MARGIN_S)
-
-
-def declared(path: str, scratch: Sequence[ScratchPath]) -> ScratchPath:
-    """The inventory's scratch entry for exactly this path, or ScratchRefused."""
-    for entry in scratch:
-        if entry.path == path:
-            return entry
-    known = ", ".join(entry.path for entry in scratch) or "none"
-    raise ScratchRefused(f"{path} is not a scratch path the inventory declares (declared: {known}); "
-                         "the harness writes nowhere else")
 
 
 def run_on_scratch(transport: Transport, path: str, scratch: Sequence[ScratchPath], plan: Plan,

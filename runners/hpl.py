@@ -22,6 +22,7 @@ from inventory.model import ScratchPath
 from runners import payloads
 from runners.launchers import Launcher
 from runners.parsing import ParseError
+from runners.scratch import declared
 from runners.transport import Result, Transport
 
 FLAVOURS = ("hpl-nvidia", "xhpl", "hpcc")  # in the order detection prefers them
@@ -37,10 +38,6 @@ MISSING_EXIT = 127
 REFUSED_PREFIX = "handover-refused: "
 MISSING_PREFIX = "handover-missing: "
 DETECT_TIMEOUT_S = 30
-
-
-class ScratchRefused(Exception):
-    """The harness will not run HPL in this path: the inventory does not declare it as scratch."""
 
 
 @dataclass(frozen=True)
@@ -194,15 +191,6 @@ def parse_detect(text: str) -> Detected:
             or not isinstance(data.get("root"), bool):
         raise ParseError("HPL detection output lacks 'programs' and a boolean 'root'")
     return Detected(programs=data["programs"], root=data["root"])
-
-
-def declared(path: str, scratch: Sequence[ScratchPath]) -> ScratchPath:
-    for entry in scratch:
-        if entry.path == path:
-            return entry
-    known = ", ".join(entry.path for entry in scratch) or "none"
-    raise ScratchRefused(f"{path} is not a scratch path the inventory declares (declared: {known}); "
-                         "the harness writes nowhere else")
 
 
 def run_on_scratch(transport: Transport, path: str, scratch: Sequence[ScratchPath], flavour: str,

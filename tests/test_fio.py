@@ -11,6 +11,7 @@ import pytest
 from inventory.model import ScratchPath
 from runners import fio
 from runners.parsing import ParseError
+from runners.scratch import ScratchRefused, declared
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data" / "fio"
@@ -123,11 +124,11 @@ def test_timeout_covers_the_plan():
 
 def test_only_declared_scratch_paths_are_accepted():
     scratch = (ScratchPath("/scratch/a"), ScratchPath("/dev/nvme1n1", destructive=True))
-    assert fio.declared("/dev/nvme1n1", scratch).destructive
-    with pytest.raises(fio.ScratchRefused, match="/scratch/a/sub is not a scratch path"):
-        fio.declared("/scratch/a/sub", scratch)
-    with pytest.raises(fio.ScratchRefused, match=r"declared: none"):
-        fio.declared("/tmp", ())
+    assert declared("/dev/nvme1n1", scratch).destructive
+    with pytest.raises(ScratchRefused, match="/scratch/a/sub is not a scratch path"):
+        declared("/scratch/a/sub", scratch)
+    with pytest.raises(ScratchRefused, match=r"declared: none"):
+        declared("/tmp", ())
 
 
 def test_mount_facts():

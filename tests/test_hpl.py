@@ -13,6 +13,7 @@ from inventory.model import Node, ScratchPath
 from runners import hpl
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
+from runners.scratch import ScratchRefused
 from runners.transport import LocalTransport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +179,7 @@ def test_hpcc_runs_in_a_directory_of_its_own_and_removes_it(local, tmp_path):
 
 
 def test_an_undeclared_or_missing_scratch_path_is_refused(local, tmp_path):
-    with pytest.raises(hpl.ScratchRefused, match="not a scratch path"):
+    with pytest.raises(ScratchRefused, match="not a scratch path"):
         quick_hpcc(local, tmp_path, scratch=(ScratchPath("/scratch"),))
     missing = tmp_path / "gone"
     result = quick_hpcc(local, missing, scratch=(ScratchPath(str(missing)),))

@@ -17,6 +17,7 @@ import yaml
 
 from inventory.model import Node, ScratchPath
 from runners import fio
+from runners.scratch import ScratchRefused
 from runners.transport import LocalTransport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,9 +71,9 @@ def test_fio_runs_in_a_file_of_its_own_and_removes_it(local, scratch_dir):
 def test_an_undeclared_path_is_refused_before_the_node_is_asked(local, scratch_dir, tmp_path):
     other = tmp_path / "other"
     other.mkdir()
-    with pytest.raises(fio.ScratchRefused, match=f"{other} is not a scratch path"):
+    with pytest.raises(ScratchRefused, match=f"{other} is not a scratch path"):
         run(local, other, (ScratchPath(str(scratch_dir)),))
-    with pytest.raises(fio.ScratchRefused):  # a subdirectory of a scratch path is not one either
+    with pytest.raises(ScratchRefused):  # a subdirectory of a scratch path is not one either
         run(local, scratch_dir / "sub", (ScratchPath(str(scratch_dir)),))
     assert list(other.iterdir()) == [] and list(scratch_dir.iterdir()) == []
 
