@@ -64,6 +64,8 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
         entries = by_check.get(check, [])
         if not entries:
             incomplete.append(f"mandatory check {check!r} has no result")
+            for node in nodes:
+                per_node[node]["incomplete"].append(f"mandatory check {check!r} has no result")
             continue
         cluster_wide = [e for e in entries if e.get("node") is None]
         if cluster_wide:

@@ -226,6 +226,7 @@ def test_a_mandatory_check_without_any_result_is_incomplete(tmp_path):
     assert verdict.status == INCOMPLETE
     assert verdict.reasons == ["mandatory check 'memory' has no result"]
     assert verdict.gate_failed is False
+    assert [node_row(verdict, n)["status"] for n in NODES] == ["incomplete", "incomplete"]
 
 
 def test_a_mandatory_check_missing_on_one_node_names_that_node(tmp_path):
