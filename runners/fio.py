@@ -21,10 +21,6 @@ from runners.transport import Result, Transport
 
 MiB = 2**20
 GiB = 2**30
-REFUSED_EXIT = 3  # the payload's exit code when it refused to write
-MISSING_EXIT = 127  # fio is not installed on the node
-REFUSED_PREFIX = "handover-refused: "
-MISSING_PREFIX = "handover-missing: "
 LAYOUT_RATE = 50 * 10**6  # B/s assumed for writing a job's file, to size the run timeout
 TIMEOUT_MARGIN_S = 30
 FIO = "fio"
@@ -111,25 +107,6 @@ def probe_mount(transport: Transport, path: str) -> Result:
     """Whether `path` exists on the node, and the mount point and filesystem type it lies on."""
     spec = {"action": "mount", "path": path}
     return transport.run_script(payloads.load("fio_scratch"), [json.dumps(spec)], timeout=30)
-
-
-def refusal(result: Result) -> Optional[str]:
-    """Why the node refused to write, or None when it did not refuse."""
-    if result.exit_code != REFUSED_EXIT:
-        return None
-    for line in result.stderr.splitlines():
-        if line.startswith(REFUSED_PREFIX):
-            return line[len(REFUSED_PREFIX):]
-    return None
-
-
-def missing_tool(result: Result) -> Optional[str]:
-    if result.exit_code != MISSING_EXIT:
-        return None
-    for line in result.stderr.splitlines():
-        if line.startswith(MISSING_PREFIX):
-            return line[len(MISSING_PREFIX):]
-    return None
 
 
 # ---------------------------------------------------------------- parsing

@@ -33,10 +33,6 @@ OUTPUT_FILES = {"hpcc": "hpccoutf.txt"}  # the others print their results on std
 DEFAULT_NB = {"hpl-nvidia": 1024, "xhpl": 192, "hpcc": 192}
 THRESHOLD = 16.0  # HPL's usual bound on the scaled residual
 DOUBLE_BYTES = 8
-REFUSED_EXIT = 3
-MISSING_EXIT = 127
-REFUSED_PREFIX = "handover-refused: "
-MISSING_PREFIX = "handover-missing: "
 DETECT_TIMEOUT_S = 30
 
 
@@ -202,24 +198,6 @@ def run_on_scratch(transport: Transport, path: str, scratch: Sequence[ScratchPat
             "files": {INPUT_FILES[flavour]: input_text(flavour, hpl_input)},
             "output": OUTPUT_FILES.get(flavour), "argv": list(argv)}
     return transport.run_script(payloads.load("hpl_scratch"), [json.dumps(spec)], timeout=timeout)
-
-
-def _prefixed_line(result: Result, exit_code: int, prefix: str) -> Optional[str]:
-    if result.exit_code != exit_code:
-        return None
-    for line in result.stderr.splitlines():
-        if line.startswith(prefix):
-            return line[len(prefix):]
-    return None
-
-
-def refusal(result: Result) -> Optional[str]:
-    """Why the node refused to run in the scratch path, or None."""
-    return _prefixed_line(result, REFUSED_EXIT, REFUSED_PREFIX)
-
-
-def missing_tool(result: Result) -> Optional[str]:
-    return _prefixed_line(result, MISSING_EXIT, MISSING_PREFIX)
 
 
 # ---------------------------------------------------------------- parsing

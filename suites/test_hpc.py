@@ -17,6 +17,7 @@ import pytest
 from runners import hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
+from runners.scratch import missing_tool, refusal
 from runners.transport import Result, Transport
 from suites.checks import ExpectationFailure, SanityFailure, excerpt, parsed, require
 
@@ -122,10 +123,10 @@ def sane(result: Result) -> hpl.HplRun:
     """The HPL figures, once the run is known good: refusal, missing tool, result, residual."""
     if result.failure or result.timed_out:
         require(result)
-    refused = hpl.refusal(result)
+    refused = refusal(result)
     if refused:
         raise ExpectationFailure(f"{result.node}: refused to run HPL: {refused}")
-    missing = hpl.missing_tool(result)
+    missing = missing_tool(result)
     if missing:
         raise ExpectationFailure(f"{result.node}: {missing}")
     try:

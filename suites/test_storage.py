@@ -15,6 +15,7 @@ import pytest
 
 from runners import fio, system
 from runners.parsing import ParseError
+from runners.scratch import missing_tool, refusal
 from runners.transport import Result
 from suites.checks import (
     ExpectationFailure,
@@ -99,10 +100,10 @@ def sane(result: Result) -> fio.FioRun:
     """fio's figures, once the run is known good: refusals, missing fio, job errno, exit code."""
     if result.failure or result.timed_out:
         require(result)
-    refused = fio.refusal(result)
+    refused = refusal(result)
     if refused:
         raise ExpectationFailure(f"{result.node}: refused to write: {refused}")
-    missing = fio.missing_tool(result)
+    missing = missing_tool(result)
     if missing:
         raise ExpectationFailure(f"{result.node}: {missing}, but the inventory declares scratch "
                                  "paths to test")

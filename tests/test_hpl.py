@@ -13,7 +13,7 @@ from inventory.model import Node, ScratchPath
 from runners import hpl
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
-from runners.scratch import ScratchRefused
+from runners.scratch import ScratchRefused, missing_tool, refusal
 from runners.transport import LocalTransport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,12 +183,12 @@ def test_an_undeclared_or_missing_scratch_path_is_refused(local, tmp_path):
         quick_hpcc(local, tmp_path, scratch=(ScratchPath("/scratch"),))
     missing = tmp_path / "gone"
     result = quick_hpcc(local, missing, scratch=(ScratchPath(str(missing)),))
-    assert hpl.refusal(result) == f"{missing} does not exist on this node or is not a directory"
+    assert refusal(result) == f"{missing} does not exist on this node or is not a directory"
 
 
 def test_a_missing_program_is_named_and_leftovers_are_swept(local, tmp_path):
     (tmp_path / "handover-hpl-localhost-old").mkdir()
     (tmp_path / "handover-hpl-otherhost-old").mkdir()
     result = quick_hpcc(local, tmp_path, argv=["/nonexistent/xhpl"])
-    assert hpl.missing_tool(result) == "/nonexistent/xhpl is not installed"
+    assert missing_tool(result) == "/nonexistent/xhpl is not installed"
     assert [p.name for p in tmp_path.iterdir()] == ["handover-hpl-otherhost-old"]

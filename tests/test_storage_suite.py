@@ -17,7 +17,7 @@ import yaml
 
 from inventory.model import Node, ScratchPath
 from runners import fio
-from runners.scratch import ScratchRefused
+from runners.scratch import REFUSED_EXIT, ScratchRefused, refusal
 from runners.transport import LocalTransport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,44 +91,44 @@ def block_device(tmp_path):
 
 def test_a_raw_block_device_is_refused_unless_destructive(local, block_device, tmp_path):
     result = run(local, block_device, (ScratchPath(str(block_device)),))
-    assert result.exit_code == fio.REFUSED_EXIT and result.stdout == ""
-    assert "raw block device" in fio.refusal(result) and "destructive: true" in fio.refusal(result)
+    assert result.exit_code == REFUSED_EXIT and result.stdout == ""
+    assert "raw block device" in refusal(result) and "destructive: true" in refusal(result)
     # destructive: true passes that guard; the size check still stops fio on a 0-byte device.
     result = run(local, block_device, (ScratchPath(str(block_device), destructive=True),))
-    assert result.stdout == "" and "holds 0 MiB, the job needs 96 MiB" in fio.refusal(result)
+    assert result.stdout == "" and "holds 0 MiB, the job needs 96 MiB" in refusal(result)
     assert ours(tmp_path) == []
 
 
 def test_short_free_space_is_refused(local, scratch_dir):
     huge = fio.Plan("quick", size_bytes=2**50, runtime_s=1, ramp_s=0)
     result = run(local, scratch_dir, (ScratchPath(str(scratch_dir)),), plan=huge, timeout=30)
-    assert result.exit_code == fio.REFUSED_EXIT and result.stdout == ""
-    assert "MiB free, the job needs" in fio.refusal(result)
+    assert result.exit_code == REFUSED_EXIT and result.stdout == ""
+    assert "MiB free, the job needs" in refusal(result)
     assert list(scratch_dir.iterdir()) == []
 
 
 def test_a_missing_path_or_a_plain_file_is_refused(local, tmp_path):
     missing = tmp_path / "absent"
     result = run(local, missing, (ScratchPath(str(missing)),))
-    assert "does not exist on this node" in fio.refusal(result) and not missing.exists()
+    assert "does not exist on this node" in refusal(result) and not missing.exists()
     plain = tmp_path / "file"
     plain.write_text("keep")
     result = run(local, plain, (ScratchPath(str(plain)),))
-    assert "neither a directory nor a block device" in fio.refusal(result)
+    assert "neither a directory nor a block device" in refusal(result)
     assert plain.read_text() == "keep" and ours(tmp_path) == []
 
 
 def test_a_job_naming_its_own_files_is_refused(local, scratch_dir, tmp_path):
     argv = [*fio.shared_argv(SMALL), f"--directory={tmp_path}"]
     result = run(local, scratch_dir, (ScratchPath(str(scratch_dir)),), argv=argv)
-    assert result.stdout == "" and "names its own files" in fio.refusal(result)
+    assert result.stdout == "" and "names its own files" in refusal(result)
     assert ours(tmp_path) == [] and list(scratch_dir.iterdir()) == []
 
 
 def test_the_file_is_removed_after_fio_fails(local, scratch_dir):
     argv = [*fio.shared_argv(SMALL), "--rw=sideways"]
     result = run(local, scratch_dir, (ScratchPath(str(scratch_dir)),), argv=argv)
-    assert result.exit_code not in (0, fio.REFUSED_EXIT)
+    assert result.exit_code not in (0, REFUSED_EXIT)
     assert "handover-fio: removed" in result.stderr
     assert list(scratch_dir.iterdir()) == []
 
