@@ -11,6 +11,7 @@ from typing import Callable, Optional, TypeVar
 
 from inventory.model import Profile
 from runners.parsing import ParseError
+from runners.scratch import missing_tool, refusal
 from runners.transport import Result
 
 T = TypeVar("T")
@@ -67,6 +68,19 @@ def require(result: Result) -> Result:
     if not result.ok:
         raise SanityFailure(result.explain(), excerpt(result.stderr or result.stdout))
     return result
+
+
+def require_scratch_run(result: Result, refused_as: str, missing_hint: str = "") -> None:
+    """Before any figure of a tool run in a scratch path: the node answered, its guard did not
+    refuse the path, and the tool is installed (runners.scratch's protocol)."""
+    if result.failure or result.timed_out:
+        require(result)
+    refused = refusal(result)
+    if refused:
+        raise ExpectationFailure(f"{result.node}: {refused_as}: {refused}")
+    missing = missing_tool(result)
+    if missing:
+        raise ExpectationFailure(f"{result.node}: {missing}{missing_hint}")
 
 
 def parsed(parser: Callable[[str], T], result: Result) -> T:

@@ -17,9 +17,9 @@ import pytest
 from runners import hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
-from runners.scratch import missing_tool, refusal
 from runners.transport import Result, Transport
-from suites.checks import ExpectationFailure, SanityFailure, excerpt, parsed, require
+from suites.checks import (ExpectationFailure, SanityFailure, excerpt, parsed, require,
+                           require_scratch_run)
 
 pytestmark = [pytest.mark.hpc]
 
@@ -121,14 +121,7 @@ def quick_step(cluster_run, cluster, profile) -> tuple[str, Callable[[Transport]
 
 def sane(result: Result) -> hpl.HplRun:
     """The HPL figures, once the run is known good: refusal, missing tool, result, residual."""
-    if result.failure or result.timed_out:
-        require(result)
-    refused = refusal(result)
-    if refused:
-        raise ExpectationFailure(f"{result.node}: refused to run HPL: {refused}")
-    missing = missing_tool(result)
-    if missing:
-        raise ExpectationFailure(f"{result.node}: {missing}")
+    require_scratch_run(result, "refused to run HPL")
     try:
         run = hpl.parse_hpl(result.stdout)
     except ParseError as exc:

@@ -15,7 +15,6 @@ import pytest
 
 from runners import fio, system
 from runners.parsing import ParseError
-from runners.scratch import missing_tool, refusal
 from runners.transport import Result
 from suites.checks import (
     ExpectationFailure,
@@ -24,6 +23,7 @@ from suites.checks import (
     excerpt,
     parsed,
     require,
+    require_scratch_run,
 )
 
 pytestmark = [pytest.mark.storage]
@@ -98,15 +98,8 @@ def shared_step(cluster, path: str, plan: fio.Plan) -> tuple[str, Callable]:
 
 def sane(result: Result) -> fio.FioRun:
     """fio's figures, once the run is known good: refusals, missing fio, job errno, exit code."""
-    if result.failure or result.timed_out:
-        require(result)
-    refused = refusal(result)
-    if refused:
-        raise ExpectationFailure(f"{result.node}: refused to write: {refused}")
-    missing = missing_tool(result)
-    if missing:
-        raise ExpectationFailure(f"{result.node}: {missing}, but the inventory declares scratch "
-                                 "paths to test")
+    require_scratch_run(result, "refused to write",
+                        ", but the inventory declares scratch paths to test")
     try:
         run = fio.parse_fio(result.stdout)
     except ParseError as exc:
