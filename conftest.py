@@ -18,8 +18,9 @@ from inventory.loader import InventoryError, load_inventory
 from inventory.model import Cluster, Node, Profile
 from reports import signing
 from reports.ledger import Ledger, LedgerError, read_ledger
-from reports.recorder import PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_RAW, Recorder, run_header
-from suites.checks import Metrics
+from reports.recorder import (PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_RAW, PROPERTY_SERIES, Recorder,
+                              run_header)
+from suites.checks import Metrics, series_entry
 
 DEFAULT_OUT = "out"
 
@@ -160,6 +161,12 @@ def record(request):
 
         def metrics(self, rows: list[dict]) -> None:
             request.node.user_properties.append((PROPERTY_METRICS, rows))
+
+        def series(self, name: str, *, x: tuple[str, str], y: tuple[str, str],
+                   lines: dict[str, list[tuple[float, float]]], x_scale: str = "linear") -> None:
+            """A curve for the report: `x`/`y` are (label, unit); `lines` maps a legend to points."""
+            request.node.user_properties.append((PROPERTY_SERIES, series_entry(
+                name, x=x, y=y, lines=lines, x_scale=x_scale)))
 
     return Evidence()
 

@@ -27,6 +27,7 @@ AREAS = ("system", "hardware", "network", "storage", "hpc", "training")
 DEPTHS = ("quick", "full")
 PROGRESS_EVERY_S = 15  # without a terminal (CI logs), one progress line this often
 PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_RAW = "handover_metrics", "handover_note", "handover_raw"
+PROPERTY_SERIES = "handover_series"
 
 
 class Recorder:
@@ -173,6 +174,9 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
         "raw": props.get(PROPERTY_RAW, []),
         "metrics": props.get(PROPERTY_METRICS, []),
     }
+    series = [curve for key, curve in report.user_properties if key == PROPERTY_SERIES]
+    if series:  # curves (busbw against size, loss against step) for the report's charts
+        entry["series"] = series
     pair = params.params.get("pair") if params else None
     if pair:  # a test between two nodes: the report places it without parsing test ids
         entry["pair"] = list(pair)

@@ -6,7 +6,9 @@ Keys (a public interface; add, never rename):
     signer{fingerprint, public_key}?, verdict{status, reasons}, nodes[{name, status, reasons}],
     checks[{test_id, check, area, node, outcome, kind, message, log_excerpt, duration_s,
             finished, raw[], metrics[{name, value, unit, reference, criterion, margin, ok}],
-            pair[a, b]? (tests between two nodes), rail? (perftest: HCA index)}]
+            pair[a, b]? (tests between two nodes), rail? (perftest: HCA index),
+            series[{name, x_label, x_unit, y_label, y_unit, x_scale, lines[{label, points[[x, y]]}]}]?
+            (curves such as busbw against message size or loss against step)}]
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ kind of failure into the results, so a report can tell an unreachable node from 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
@@ -139,3 +140,25 @@ class Metrics:
 def _reference_dict(reference) -> dict:
     return {"value": reference.value, "lower": reference.lower, "upper": reference.upper,
             "unit": reference.unit, "source": reference.source}
+
+
+X_SCALES = ("linear", "log2")
+
+
+def series_entry(name: str, *, x: tuple[str, str], y: tuple[str, str],
+                 lines: dict[str, list[tuple[float, float]]], x_scale: str = "linear") -> dict:
+    """The results' form of one curve: named axes with units, and points per legend entry.
+
+    Non-finite points are dropped (a loss that went to NaN shows as a gap, the check fails
+    on its own); a log2 axis needs positive x.
+    """
+    if x_scale not in X_SCALES:
+        raise ValueError(f"x_scale {x_scale!r}: one of {', '.join(X_SCALES)}")
+    def usable(px: float, py: float) -> bool:
+        finite = math.isfinite(px) and math.isfinite(py)
+        return finite and (x_scale == "linear" or px > 0)
+    return {"name": name, "x_label": x[0], "x_unit": x[1], "y_label": y[0], "y_unit": y[1],
+            "x_scale": x_scale,
+            "lines": [{"label": str(label), "points": [[float(px), float(py)] for px, py in points
+                                                       if usable(float(px), float(py))]}
+                      for label, points in lines.items()]}
