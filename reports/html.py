@@ -20,6 +20,8 @@ import hostlist
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from reports.curves import CurveChart, build_curves, nice_ticks
+
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
 
@@ -316,6 +318,7 @@ class View:
     signer: Optional[dict]
     pairs: PairSection = None
     schema: str = ""
+    curves: list[CurveChart] = None
 
 
 def build_view(results: dict) -> View:
@@ -356,6 +359,7 @@ def build_view(results: dict) -> View:
         signer=_signer(results.get("signer")),
         pairs=_pair_section(checks, layout),
         schema=text(results.get("schema")),
+        curves=build_curves(checks, lambda check: text(_where(check)), format_number),
     )
 
 
@@ -724,19 +728,6 @@ LABEL_CHAR_PX = 6.0
 LABEL_CHARS = 14
 
 
-def _nice_ticks(low: float, high: float, count: int = 4) -> list[float]:
-    """Round tick values (1, 2, 5 x 10^k steps) spanning low..high."""
-    raw_step = (high - low) / count
-    power = 10 ** math.floor(math.log10(raw_step))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw_step)
-    ticks = []
-    value = math.ceil(low / step) * step
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 12))
-        value += step
-    return ticks
-
-
 def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str) -> Chart:
     """Bars per node in node order on a zero-based axis, with the accepted band shaded.
 
@@ -757,7 +748,7 @@ def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str) -> Chart:
     if axis_high == axis_low:
         axis_high = axis_low + 1.0
     axis_high += (axis_high - axis_low) * 0.06
-    ticks = _nice_ticks(axis_low, axis_high)
+    ticks = nice_ticks(axis_low, axis_high)
     axis_low, axis_high = min(axis_low, ticks[0]), max(axis_high, ticks[-1])
 
     def y_of(value: float) -> float:
