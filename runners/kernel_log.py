@@ -6,14 +6,18 @@ handover (often an application's fault, or a correctable event); `info` is recor
 """
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Optional
 
+from runners import payloads
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 
-READ_TIMEOUT_S = 30
+READ_TIMEOUT_S = 60  # dmesg, then journalctl -k, each bounded to 20 s on the node
+WINDOW_MARGIN_S = 5.0  # the run's window opens this much before its recorded start (SSH set-up)
 CRITICAL, WARNING, INFO = "critical", "warning", "info"
 
 # xid -> (what it is, severity, recommended action)
@@ -64,6 +68,11 @@ _SXID = re.compile(r"nvidia-(?P<switch>nvswitch\d+): SXid \((?:PCI:)?(?P<device>
 _AER = re.compile(r"PCIe Bus Error: severity=(?P<severity>[^,]+)|AER: (?P<summary>.*error.*received.*)")
 _LINK_LIMITED = re.compile(r"available PCIe bandwidth, limited by|[Ll]ink (?:speed |width )?downgraded")
 _UPTIME = re.compile(r"^\s*\[\s*(\d+\.\d+)\]")
+# Newer drivers also say it without an Xid, over several lines that each start with "NVRM:":
+# "NVRM: The NVIDIA GPU 0000:b3:00.0" / "NVRM: (PCI ID: ...) installed in this system has" /
+# "NVRM: fallen off the bus and is not responding to commands."; older ones in one line.
+_OFF_THE_BUS = re.compile(r"NVRM: .*fallen off the bus")
+_NVRM_GPU = re.compile(r"NVRM: (?:The NVIDIA GPU|GPU at) (?P<device>[0-9A-Fa-f]{4}:[0-9A-Fa-f:.]+)")
 
 
 @dataclass(frozen=True)
@@ -88,20 +97,17 @@ class KernelLog:
         return not any(event.severity == CRITICAL for event in self.events)
 
 
-def read(transport: Transport) -> Result:
-    """dmesg needs root or CAP_SYSLOG where kernel.dmesg_restrict is 1; nothing is written."""
-    return transport.run(["dmesg"], timeout=READ_TIMEOUT_S, root=True)
+def read(transport: Transport, run_started: Optional[datetime] = None) -> Result:
+    """This boot's kernel log through the kernel_log payload (dmesg, else journalctl -k).
 
-
-def unreadable_reason(result: Result) -> Optional[str]:
-    """Why the kernel log could not be read (a skip reason), or None when it was read."""
-    if result.failure or result.timed_out or result.ok:
-        return None
-    text = (result.stderr or result.stdout).strip().splitlines()
-    detail = text[-1] if text else f"exit {result.exit_code}"
-    if result.exit_code == 127:
-        return f"dmesg is not installed: {detail}"
-    return f"dmesg could not read the kernel log (needs root or CAP_SYSLOG): {detail}"
+    Runs as root where the node allows sudo (dmesg_restrict); `run_started` (aware, the harness's
+    clock) marks where this acceptance run's window begins, a margin earlier.
+    """
+    argv = []
+    if run_started is not None:
+        ago = (datetime.now(timezone.utc) - run_started).total_seconds() + WINDOW_MARGIN_S
+        argv = ["--run-started-ago", f"{max(0.0, ago):.1f}"]
+    return transport.run_script(payloads.load("kernel_log"), argv, timeout=READ_TIMEOUT_S, root=True)
 
 
 def _uptime(line: str) -> Optional[float]:
@@ -136,6 +142,12 @@ def classify(line: str) -> Optional[KernelEvent]:
             "uncorrected PCIe error: reseat or replace the device or riser" if uncorrected
             else "corrected PCIe errors: check the link if they keep coming",
             _uptime(line), line.strip())
+    if _OFF_THE_BUS.search(line):
+        meaning, severity, action = XID_CATALOG[79]
+        device = _NVRM_GPU.search(line)
+        return KernelEvent("xid", 79, device["device"] if device else "", severity,
+                           meaning + " (reported without an Xid number)", action, _uptime(line),
+                           line.strip())
     if _LINK_LIMITED.search(line):
         return KernelEvent("pcie-link", None, _pci_address(line), WARNING,
                            "PCIe link below its capability",
@@ -154,5 +166,65 @@ def parse_kernel_log(text: str) -> KernelLog:
     if "\x00" in text:
         raise ParseError("binary data, not kernel log text")
     lines = text.splitlines()
-    events = [event for event in map(classify, lines) if event is not None]
+    events, last_gpu, last_uptime = [], "", None
+    for line in lines:
+        named = _NVRM_GPU.search(line)
+        if named:
+            last_gpu = named["device"]
+        last_uptime = _uptime(line) if _uptime(line) is not None else last_uptime
+        event = classify(line)
+        if event is None:
+            continue
+        if event.kind == "xid" and not event.device and last_gpu:  # the GPU named lines before
+            event = replace(event, device=last_gpu)
+        if event.uptime_s is None and line.startswith((" ", "\t")):  # dmesg's continuation lines
+            event = replace(event, uptime_s=last_uptime)
+        events.append(event)
     return KernelLog(events=events, lines=len(lines))
+
+
+@dataclass(frozen=True)
+class KernelRead:
+    """What the kernel_log payload read, parsed, split at the start of this acceptance run."""
+
+    source: Optional[str]  # dmesg, journalctl, or None when neither could read the log
+    uptime_s: float  # the node's uptime when the log was read
+    window_start_uptime_s: Optional[float]  # None when the run's start was not passed
+    attempts: list[dict]
+    log: KernelLog = field(default_factory=lambda: KernelLog(events=[], lines=0))
+
+    @property
+    def readable(self) -> bool:
+        return self.source is not None
+
+    def unreadable_reason(self) -> str:
+        return "the kernel log could not be read: " + "; ".join(
+            f"`{a.get('command')}`: {a.get('error') or 'exit ' + str(a.get('exit'))}"
+            for a in self.attempts)
+
+    def during_run(self) -> list[KernelEvent]:
+        """Events logged since this acceptance run started."""
+        start = self.window_start_uptime_s
+        return [e for e in self.log.events
+                if start is not None and e.uptime_s is not None and e.uptime_s >= start]
+
+    def before_run(self) -> list[KernelEvent]:
+        """Events since boot but before this run, and events the log gives no time for."""
+        during = set(map(id, self.during_run()))
+        return [e for e in self.log.events if id(e) not in during]
+
+
+def parse_kernel_read(text: str) -> KernelRead:
+    """The kernel_log payload's JSON."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"kernel log payload output is not JSON: {exc}") from None
+    if not isinstance(data, dict) or "attempts" not in data or "uptime_s" not in data:
+        raise ParseError("kernel log payload output lacks `attempts` and `uptime_s`")
+    source = data.get("source")
+    log = parse_kernel_log(str(data.get("text") or "")) if source else KernelLog(events=[], lines=0)
+    start = data.get("window_start_uptime_s")
+    return KernelRead(source=source, uptime_s=float(data["uptime_s"]),
+                      window_start_uptime_s=float(start) if start is not None else None,
+                      attempts=list(data["attempts"]), log=log)

@@ -9,10 +9,12 @@ environment: HANDOVER_GPU_BURN_S (quick, default 60) and HANDOVER_GPU_BURN_FULL_
 from __future__ import annotations
 
 import os
+from datetime import datetime
 
 import pytest
 
 from runners import burn, dcgmi, kernel_log, nvidia_smi, nvml, stress_ng
+from reports.ledger import read_ledger
 from runners.parsing import ParseError
 from suites.checks import (ExpectationFailure, Metrics, PerformanceFailure, SanityFailure, excerpt,
                            parsed, require)
@@ -127,24 +129,6 @@ def test_gpu_uniformity(cluster_run, record):
     differences = [odd_ones_out(label, {n: s[label] for n, s in sets.items()})
                    for label in ("driver", "VBIOS", "InfoROM")]
     fail_on([d for d in differences if d])
-
-
-@quick
-def test_kernel_log(on_node, record):
-    result = on_node(KERNEL_STEP, kernel_log.read)
-    reason = kernel_log.unreadable_reason(result)
-    if reason:
-        pytest.skip(reason)
-    log = parsed(kernel_log.parse_kernel_log, result)
-    worst = [e for e in log.events if e.severity == kernel_log.CRITICAL]
-    others = [e for e in log.events if e.severity != kernel_log.CRITICAL]
-    summary = [f"{e.kind} {e.code if e.code is not None else ''} {e.device}: {e.meaning} -> "
-               f"{e.action}".replace("  ", " ") for e in worst + others]
-    record.note(f"{log.lines} line(s), {len(log.events)} event(s)"
-                + ("; WARNING: " + " | ".join(summary[:5]) if summary else ""))
-    if worst:
-        raise SanityFailure(f"{len(worst)} critical kernel event(s): " + " | ".join(summary[:len(worst)]),
-                            "\n".join(e.line for e in worst))
 
 
 def stress_text(result) -> str:
@@ -289,3 +273,42 @@ def test_pcie_bandwidth(on_node, profile, record, metrics):
                 + ", ".join(f"{g.index}: {g.h2d_gbps:.1f}/{g.d2h_gbps:.1f}" for g in run.gpus))
     metrics.judge(h2d_bandwidth=(run.slowest("h2d_gbps"), "GB/s"),
                   d2h_bandwidth=(run.slowest("d2h_gbps"), "GB/s"))
+
+
+def run_started(recorder) -> datetime:
+    """When this acceptance run started (the ledger's header; a resumed run keeps its first start)."""
+    return datetime.fromisoformat(read_ledger(recorder.run_dir).header["started"])
+
+
+def describe_events(events: list[kernel_log.KernelEvent]) -> list[str]:
+    return [f"{e.kind} {e.code if e.code is not None else ''} {e.device}: {e.meaning} -> "
+            f"{e.action}".replace("  ", " ") for e in events]
+
+
+@quick
+def test_kernel_log(on_node, profile, recorder, record):
+    """Xid/SXid, PCIe AER and degraded links since boot, split at this run's start.
+
+    Last in the module so the window covers the burn and bandwidth runs before it. A critical
+    event fails the node whether it came during this run or earlier since boot (the GPU needs a
+    reset or more either way); the note says which. Unreadable log: skip on a CPU-only profile,
+    fail on a GPU profile.
+    """
+    result = on_node(KERNEL_STEP, lambda transport: kernel_log.read(transport, run_started(recorder)))
+    require(result)
+    log = parsed(kernel_log.parse_kernel_read, result)
+    if not log.readable:
+        if profile.expect.get("gpu_count"):
+            raise ExpectationFailure(f"profile {profile.name} expects GPUs, whose Xids are in the "
+                                     f"kernel log, but {log.unreadable_reason()}")
+        pytest.skip(log.unreadable_reason())
+    during, before = log.during_run(), log.before_run()
+    record.note(f"{log.source}: {log.log.lines} line(s) since boot; during this run: "
+                + ("; ".join(describe_events(during)[:5]) or "no event")
+                + "; earlier since boot: " + ("; ".join(describe_events(before)[:5]) or "no event"))
+    problems = [f"{label}: " + " | ".join(describe_events(worst))
+                for label, events in (("during this run", during), ("earlier since boot", before))
+                if (worst := [e for e in events if e.severity == kernel_log.CRITICAL])]
+    if problems:
+        raise SanityFailure("critical kernel event(s) " + "; ".join(problems),
+                            "\n".join(e.line for e in log.log.events if e.severity == kernel_log.CRITICAL))

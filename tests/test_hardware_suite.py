@@ -23,6 +23,9 @@ def test_local_cpu_only_skips_gpu_checks_with_the_nvml_reason(sign_key, tmp_path
     assert stress["outcome"] == "passed" and "bogo-ops/s" in stress["message"]
     assert {m["name"] for m in stress["metrics"]} == {"stress_cpu", "stress_matrix", "stress_vm"}
     assert all(m["unit"] == "bogo-ops/s" and m["value"] > 0 for m in stress["metrics"])
+    kernel = checks(run_dir, "kernel_log")[0]  # root here: dmesg is readable, the VM has no GPU
+    assert kernel["outcome"] == "passed", kernel["message"]
+    assert kernel["message"].startswith("dmesg: ") and "during this run: no event" in kernel["message"]
 
 
 def test_gpu_profile_without_nvml_fails_gpu_checks_on_every_node(ns_cluster, sign_key, tmp_path):  # noqa: F811

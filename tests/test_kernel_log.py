@@ -1,4 +1,5 @@
-"""Kernel-log scan: lines whose wording is public, with their sources, and dmesg read for real.
+"""Kernel-log scan: real dmesg lines (tests/data/kernel-log, PROVENANCE.md there), lines whose
+wording is public, and the payload's dmesg-then-journalctl reading run for real here.
 
 Sources of the lines below (none was captured on this machine):
 - XID 79 and the `(0000:03:00): 14` form: examples quoted in leptonai/gpud's xid package
@@ -15,10 +16,18 @@ Sources of the lines below (none was captured on this machine):
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
 import pytest
 
 from inventory.model import Node
-from runners import kernel_log
+from runners import kernel_log, payloads
+from runners.parsing import ParseError
 from runners.transport import LocalTransport
 
 LINES = {
@@ -78,11 +87,107 @@ def test_log_with_unrelated_lines():
     assert not kernel_log.parse_kernel_log(text + "\n" + LINES[95]).ok
 
 
-def test_dmesg_here_is_read_or_skipped_with_a_reason():
-    result = kernel_log.read(LocalTransport(Node("here", "here", "local")))
-    reason = kernel_log.unreadable_reason(result)
-    if reason is None:
-        assert result.ok
-        kernel_log.parse_kernel_log(result.stdout)
-    else:
-        assert "dmesg" in reason
+DATA = Path(__file__).parent / "data" / "kernel-log"
+
+
+def read_here(*args: str, argv_prefix: tuple[str, ...] = ()):
+    """The kernel_log payload run for real on this machine (as root, as the test runner is)."""
+    transport = LocalTransport(Node("here", "here", "local"))
+    return transport.run([*argv_prefix, "-", *args], stdin=payloads.load("kernel_log"), timeout=60)
+
+
+def test_real_h200_nvrm_lines_are_not_events():
+    log = kernel_log.parse_kernel_log((DATA / "h200_dmesg_nvrm_lines.txt").read_text())
+    assert (log.lines, log.events, log.ok) == (3, [], True)
+
+
+def test_real_local_dmesg_has_no_events():
+    log = kernel_log.parse_kernel_log((DATA / "local_dmesg_boot_excerpt.txt").read_text())
+    assert log.lines == 40 and log.events == []
+
+
+def test_fallen_off_the_bus_over_three_lines_without_an_xid():
+    """Real dmesg from NVIDIA/NVSentinel#155: the GPU is named two lines before the words."""
+    log = kernel_log.parse_kernel_log(
+        (DATA / "nvsentinel-issue155_dmesg_fallen_off_bus_without_xid.txt").read_text())
+    [event] = log.events
+    assert (event.kind, event.code, event.device, event.severity, event.uptime_s) == (
+        "xid", 79, "0000:b3:00.0", "critical", 1843.308145)
+    assert "without an Xid" in event.meaning and "drain the node" in event.action
+    assert not log.ok
+
+
+def test_gpu_at_address_has_fallen_off_the_bus():
+    log = kernel_log.parse_kernel_log((DATA / "bumblebee-issue554_dmesg_gpu_at_fallen_off_bus.txt").read_text())
+    assert [(e.code, e.device, e.uptime_s) for e in log.events] == [
+        (79, "0000:01:00.0", 49.261458), (79, "0000:01:00.0", 49.261472)]
+
+
+def test_unreadable_log_says_why_for_each_command_in_order():
+    """Real payload output as an unprivileged user here: dmesg_restrict, then no journal."""
+    read = kernel_log.parse_kernel_read(
+        (DATA / "local_payload_as_nobody_dmesg_restricted_no_journal.json").read_text())
+    assert not read.readable and read.log.events == []
+    reason = read.unreadable_reason()
+    assert reason.index("`dmesg`: dmesg: read kernel buffer failed: Operation not permitted") \
+        < reason.index("`journalctl -k -b -o short-monotonic --no-pager`: no kernel messages: "
+                       "No journal files were found.")
+
+
+def test_events_split_at_the_runs_start():
+    """DERIVED: the real local dmesg excerpt (from 7611.77 s) with composed Xid lines appended:
+    an Xid 48 at 7612.0 s (before the window, which opens at 7650 s), an Xid 95 at 7700.5 s
+    (during) and an untimed Xid 63 (time unknown, so counted as earlier)."""
+    text = (DATA / "local_dmesg_boot_excerpt.txt").read_text() + "\n".join([
+        LINES[48].replace("[  100.5]", "[ 7612.000000]"),
+        LINES[95].replace("NVRM:", "[ 7700.500000] NVRM:", 1),
+        LINES[63]])
+    output = {"source": "dmesg", "text": text, "uptime_s": 7800.0, "window_start_uptime_s": 7650.0,
+              "attempts": [{"command": "dmesg", "exit": 0, "error": ""}]}
+    read = kernel_log.parse_kernel_read(json.dumps(output))
+    assert [e.code for e in read.during_run()] == [95]
+    assert [e.code for e in read.before_run()] == [48, 63]
+    no_window = kernel_log.parse_kernel_read(json.dumps({**output, "window_start_uptime_s": None}))
+    assert no_window.during_run() == [] and len(no_window.before_run()) == 3
+
+
+def test_payload_output_that_is_not_the_payloads_is_a_parse_error():
+    with pytest.raises(ParseError):
+        kernel_log.parse_kernel_read((DATA / "local_dmesg_boot_excerpt.txt").read_text())
+    with pytest.raises(ParseError):
+        kernel_log.parse_kernel_read('{"source": "dmesg"}')
+
+
+def test_dmesg_read_here_with_the_runs_window():
+    """Real: this machine's dmesg through the payload, window opened 60 s (+ margin) ago."""
+    started = datetime.now(timezone.utc) - timedelta(seconds=60)
+    result = kernel_log.read(LocalTransport(Node("here", "here", "local")), started)
+    assert result.ok, result.stderr
+    read = kernel_log.parse_kernel_read(result.stdout)
+    assert read.source == "dmesg" and read.attempts == [{"command": "dmesg", "exit": 0, "error": ""}]
+    assert read.log.lines > 0
+    opened_ago = read.uptime_s - read.window_start_uptime_s
+    assert 60 + kernel_log.WINDOW_MARGIN_S <= opened_ago < 60 + kernel_log.WINDOW_MARGIN_S + 30
+
+
+def test_journalctl_is_tried_when_dmesg_is_missing():
+    """Real: no such dmesg program, then this VM's journalctl, which finds no journal."""
+    result = read_here("--dmesg", "/nonexistent/dmesg", argv_prefix=(sys.executable,))
+    read = kernel_log.parse_kernel_read(result.stdout)
+    assert [a["command"].split()[0] for a in read.attempts] == ["/nonexistent/dmesg", "journalctl"]
+    assert "not installed" in read.attempts[0]["error"]
+    assert read.source is None and "journalctl" in read.unreadable_reason()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_unprivileged_user_falls_back_and_is_told_why():
+    """Real: as nobody, dmesg_restrict refuses dmesg (skipped where dmesg_restrict is 0)."""
+    if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
+        pytest.skip("kernel.dmesg_restrict is 0 here: dmesg is readable by everyone")
+    result = read_here(argv_prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                    "/usr/bin/python3"))
+    read = kernel_log.parse_kernel_read(result.stdout)
+    assert read.attempts[0]["exit"] == 1 and "Operation not permitted" in read.attempts[0]["error"]
+    assert read.attempts[1]["command"].startswith("journalctl -k -b")
+    if not read.readable:
+        assert "No journal files were found" in read.unreadable_reason()
