@@ -47,6 +47,8 @@ class Sample:
     power_w: Optional[float]
     sm_mhz: Optional[int]
     reasons: Optional[int]
+    pcie_gen: Optional[int] = None  # the running link under load; None in traces without it
+    pcie_width: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def _sample(raw: dict) -> Sample:
     power = number("power_mw")
     return Sample(t=float(raw.get("t", 0.0)), phase=str(raw.get("phase", "burn")), temp_c=number("temp"),
                   power_w=power / 1000 if power is not None else None, sm_mhz=number("sm_mhz"),
-                  reasons=number("reasons"))
+                  reasons=number("reasons"), pcie_gen=number("pcie_gen"), pcie_width=number("pcie_width"))
 
 
 def _gpu(position: int, raw: dict) -> GpuBurn:
@@ -203,6 +205,8 @@ class GpuSummary:
     median_sm_mhz: Optional[float]
     reasons_seen: dict[str, int]  # reason name -> samples during the burn with that bit set
     samples: int
+    pcie_gen_min: Optional[int] = None  # the lowest running link during the burn (under load)
+    pcie_width_min: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,8 @@ class BurnAnalysis:
             if gpu.samples:
                 text += (f", max {gpu.max_temp_c} C, {_fmt(gpu.max_power_w)} W, SM "
                          f"{_fmt(gpu.median_sm_mhz)} MHz")
+            if gpu.pcie_gen_min is not None or gpu.pcie_width_min is not None:
+                text += f", PCIe at least Gen{_fmt(gpu.pcie_gen_min)} x{_fmt(gpu.pcie_width_min)} under load"
             if gpu.reasons_seen:
                 text += ", " + ", ".join(f"{name} x{count}" for name, count in gpu.reasons_seen.items())
             parts.append(text)
@@ -242,6 +248,8 @@ def summarize(gpu: GpuBurn) -> GpuSummary:
     temps = [s.temp_c for s in burn if s.temp_c is not None]
     powers = [s.power_w for s in burn if s.power_w is not None]
     clocks = [s.sm_mhz for s in burn if s.sm_mhz is not None]
+    generations = [s.pcie_gen for s in burn if s.pcie_gen is not None]
+    widths = [s.pcie_width for s in burn if s.pcie_width is not None]
     return GpuSummary(
         index=gpu.index, sustained_tflops=rate,
         peak_tflops=max(gpu.burn_windows) if gpu.burn_windows else None,
@@ -249,7 +257,9 @@ def summarize(gpu: GpuBurn) -> GpuSummary:
         burn_vs_matmul_pct=round(100 * rate / baseline, 2) if rate and baseline else None,
         max_temp_c=max(temps) if temps else None, max_power_w=max(powers) if powers else None,
         median_sm_mhz=statistics.median(clocks) if clocks else None,
-        reasons_seen=dict(reasons), samples=len(burn))
+        reasons_seen=dict(reasons), samples=len(burn),
+        pcie_gen_min=min(generations) if generations else None,
+        pcie_width_min=min(widths) if widths else None)
 
 
 def throttle_problems(gpu: GpuBurn) -> list[str]:

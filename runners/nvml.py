@@ -15,7 +15,9 @@ from runners import payloads
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 
-PROBE_TIMEOUT_S = 120  # NVML start-up on 8 GPUs without persistence mode can take many seconds
+# NVML start-up on 8 GPUs without persistence mode can take many seconds; then torch's import and
+# CUDA contexts for the short load under which the PCIe links are read
+PROBE_TIMEOUT_S = 180
 MIB = 2**20
 COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 
@@ -44,6 +46,8 @@ class Gpu:
     pcie_width_current: Optional[int]
     pcie_width_max: Optional[int]
     pcie_replay: Optional[int]
+    pcie_gen_load: Optional[int]  # read while the GPU was busy; None: no load ran (no torch/CUDA)
+    pcie_width_load: Optional[int]
     nvlink_active: Optional[int]  # None: NVML reports no NVLink at all on this GPU
     persistence: Optional[bool]
     mig_current: Optional[bool]
@@ -65,6 +69,7 @@ class GpuFacts:
     driver: str = ""
     cuda_driver: Optional[int] = None
     gpus: list[Gpu] = field(default_factory=list)
+    load_error: str = ""  # why the PCIe links could not be read under load ("" when they were)
 
 
 def probe(transport: Transport) -> Result:
@@ -154,6 +159,8 @@ def _gpu(index: int, raw: dict) -> Gpu:
         pcie_width_current=_int(raw.get("pcie_width_cur")),
         pcie_width_max=_int(raw.get("pcie_width_max")),
         pcie_replay=_int(raw.get("pcie_replay")),
+        pcie_gen_load=_int(raw.get("pcie_gen_load")),
+        pcie_width_load=_int(raw.get("pcie_width_load")),
         nvlink_active=_nvlink_active(raw.get("nvlink")),
         persistence=_flag(raw.get("persistence")),
         mig_current=mig_current,
@@ -178,8 +185,11 @@ def parse_gpu_facts(text: str) -> GpuFacts:
     if not isinstance(data.get("gpus"), list):
         raise ParseError("GPU facts have neither `available: false` nor a `gpus` list")
     gpus = [_gpu(index, raw) for index, raw in enumerate(data["gpus"])]
+    load = data.get("pcie_load")
+    load_error = (str(load.get("error") or "") if isinstance(load, dict)
+                  else "the probe ran no load (no `pcie_load` in its output)")
     return GpuFacts(available=True, reason="", driver=_text(data.get("driver")),
-                    cuda_driver=_int(data.get("cuda_driver")), gpus=gpus)
+                    cuda_driver=_int(data.get("cuda_driver")), gpus=gpus, load_error=load_error)
 
 
 # ---------------------------------------------------------------- evaluations (pure)
@@ -230,13 +240,20 @@ def ecc_problems(facts: GpuFacts, expect: dict) -> tuple[list[str], list[str]]:
 
 
 def pcie_problems(facts: GpuFacts, expect: dict) -> tuple[list[str], list[str]]:
-    """(problems, notes): link generation and width capability as the profile says.
+    """(problems, notes): link capability as the profile says, and the link running at it.
 
-    Links train down to a lower generation at idle to save power, so a current generation below
-    the maximum is only a note here; the current width below the maximum is a problem.
+    Links train down to a lower generation at idle to save power, so the running link is judged
+    on the reading taken under load when there is one: below the maximum generation or width is
+    a problem. Without one, the idle reading is judged: width below the maximum is a problem,
+    generation below it only a note (it may read low). The first note says which reading it was.
     """
     problems, notes = [], []
     want_gen, want_width = expect.get("pcie_gen"), expect.get("pcie_width")
+    loaded = [gpu for gpu in facts.gpus if gpu.pcie_gen_load is not None or gpu.pcie_width_load is not None]
+    if facts.gpus:
+        notes.append("running link read under load" if len(loaded) == len(facts.gpus) else
+                     f"running link read at idle on {len(facts.gpus) - len(loaded)} GPU(s), where it "
+                     f"may read low" + (f" ({facts.load_error})" if facts.load_error else ""))
     for gpu in facts.gpus:
         if want_gen is not None and gpu.pcie_gen_max != want_gen:
             problems.append(f"{gpu.label}: PCIe link at most Gen{gpu.pcie_gen_max}, "
@@ -244,14 +261,25 @@ def pcie_problems(facts: GpuFacts, expect: dict) -> tuple[list[str], list[str]]:
         if want_width is not None and gpu.pcie_width_max != want_width:
             problems.append(f"{gpu.label}: PCIe link at most x{gpu.pcie_width_max}, "
                             f"expected x{want_width}")
-        if (gpu.pcie_width_current is not None and gpu.pcie_width_max is not None
-                and gpu.pcie_width_current < gpu.pcie_width_max):
-            problems.append(f"{gpu.label}: PCIe link running x{gpu.pcie_width_current} "
-                            f"of x{gpu.pcie_width_max}")
-        if (gpu.pcie_gen_current is not None and gpu.pcie_gen_max is not None
-                and gpu.pcie_gen_current < gpu.pcie_gen_max):
-            notes.append(f"{gpu.label}: Gen{gpu.pcie_gen_current} now (idle links train down)")
+        gen, width = running_link(gpu)
+        under_load = gpu.pcie_gen_load is not None or gpu.pcie_width_load is not None
+        when = "under load" if under_load else "at idle"
+        if width is not None and gpu.pcie_width_max is not None and width < gpu.pcie_width_max:
+            problems.append(f"{gpu.label}: PCIe link running x{width} of x{gpu.pcie_width_max} {when}")
+        if gen is not None and gpu.pcie_gen_max is not None and gen < gpu.pcie_gen_max:
+            if under_load:
+                problems.append(f"{gpu.label}: PCIe link running Gen{gen} of Gen{gpu.pcie_gen_max} "
+                                "under load")
+            else:
+                notes.append(f"{gpu.label}: Gen{gen} at idle (idle links train down)")
     return problems, notes
+
+
+def running_link(gpu: Gpu) -> tuple[Optional[int], Optional[int]]:
+    """(generation, width) the link ran at: under load when read so, else at idle."""
+    if gpu.pcie_gen_load is not None or gpu.pcie_width_load is not None:
+        return gpu.pcie_gen_load, gpu.pcie_width_load
+    return gpu.pcie_gen_current, gpu.pcie_width_current
 
 
 def nvlink_problems(facts: GpuFacts, expect: dict) -> list[str]:

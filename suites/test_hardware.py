@@ -74,11 +74,13 @@ def test_gpu_ecc(on_node, profile, record):
 
 @quick
 def test_gpu_pcie(on_node, profile, record):
+    """Link capability as the profile says, and the link running at it while the GPU is busy."""
     facts = gpu_facts_of(on_node, profile)
     problems, notes = nvml.pcie_problems(facts, profile.expect)
-    links = sorted({f"Gen{g.pcie_gen_max} x{g.pcie_width_max}" for g in facts.gpus})
+    capable = sorted({f"Gen{g.pcie_gen_max} x{g.pcie_width_max}" for g in facts.gpus})
+    running = sorted({"Gen{} x{}".format(*nvml.running_link(g)) for g in facts.gpus})
     replays = sum(g.pcie_replay or 0 for g in facts.gpus)
-    record.note(f"links {', '.join(links)}; {replays} replay(s)"
+    record.note(f"capable of {', '.join(capable)}; running {', '.join(running)}; {replays} replay(s)"
                 + ("; " + "; ".join(notes) if notes else ""))
     fail_on(problems)
 

@@ -53,6 +53,19 @@ def test_real_h200_trace_sustains_655_tflops_at_the_power_cap():
                                   "SW power cap x61")
 
 
+def test_real_trace_has_no_pcie_reading_and_a_derived_one_is_summarized():
+    """The recorded trace predates the PCIe fields: no reading, nothing said. DERIVED: the same
+    trace with `pcie_gen`/`pcie_width` added to every sample as the payload now writes them,
+    Gen5 x16 except one sample at Gen4: the lowest under load is what the note shows."""
+    assert burn.analyze(run_of(TRACE)).gpus[0].pcie_gen_min is None
+    trace = copy.deepcopy(TRACE)
+    for number, sample in enumerate(trace["telemetry"]):
+        sample.update(pcie_gen=4 if number == 30 else 5, pcie_width=16)
+    gpu = burn.analyze(run_of(trace)).gpus[0]
+    assert (gpu.pcie_gen_min, gpu.pcie_width_min) == (4, 16)
+    assert "PCIe at least Gen4 x16 under load" in burn.analyze(run_of(trace)).summary()
+
+
 def test_clocks_event_reasons_decode_with_nvml_bit_values():
     assert burn.decode_reasons(0x4) == ["SW power cap"]
     assert burn.decode_reasons(0x1 | 0x8 | 0x40 | 0x80) == [

@@ -48,7 +48,9 @@ def test_real_h200_passes_every_evaluation_for_its_profile():
     found = facts()
     assert nvml.inventory_problems(found, ONE_H200) == []
     assert nvml.ecc_problems(found, ONE_H200) == ([], [])
-    assert nvml.pcie_problems(found, ONE_H200) == ([], [])
+    assert nvml.pcie_problems(found, ONE_H200) == ([], [
+        "running link read at idle on 1 GPU(s), where it may read low "
+        "(the probe ran no load (no `pcie_load` in its output))"])
     assert nvml.nvlink_problems(found, ONE_H200) == []
     assert nvml.mode_problems(found, ONE_H200) == []
 
@@ -93,9 +95,43 @@ def test_derived_link_at_gen3_fails_and_idle_downtraining_is_a_note():
                                      ONE_H200)
     assert problems == ["GPU 0 (00000000:00:06.0): PCIe link at most Gen3, expected Gen5"]
     problems, notes = nvml.pcie_problems(derived(lambda gpu: gpu.update(pcie_gen_cur=1)), ONE_H200)
-    assert problems == [] and notes == ["GPU 0 (00000000:00:06.0): Gen1 now (idle links train down)"]
+    assert problems == [] and notes[1:] == ["GPU 0 (00000000:00:06.0): Gen1 at idle (idle links train down)"]
+    assert notes[0].startswith("running link read at idle on 1 GPU(s), where it may read low")
     problems, _ = nvml.pcie_problems(derived(lambda gpu: gpu.update(pcie_width_cur=8)), ONE_H200)
-    assert problems == ["GPU 0 (00000000:00:06.0): PCIe link running x8 of x16"]
+    assert problems == ["GPU 0 (00000000:00:06.0): PCIe link running x8 of x16 at idle"]
+
+
+def under_load(gen, width, idle_gen=1):
+    """DERIVED: the real H200 dump (no load reading in it) as the payload now writes it, with
+    `pcie_load` and per-GPU `pcie_gen_load`/`pcie_width_load` added and the idle generation set
+    to `idle_gen` (links train down at idle)."""
+    data = copy.deepcopy(H200)
+    data["pcie_load"] = {"seconds": 2.0, "error": None}
+    data["gpus"][0].update(pcie_gen_cur=idle_gen, pcie_gen_load=gen, pcie_width_load=width)
+    return facts(data)
+
+
+def test_derived_under_load_reading_is_judged_instead_of_the_idle_one():
+    problems, notes = nvml.pcie_problems(under_load(5, 16), ONE_H200)
+    assert problems == [] and notes == ["running link read under load"]
+    assert nvml.running_link(under_load(5, 16).gpus[0]) == (5, 16)
+
+
+@pytest.mark.parametrize("gen, width, problem", [
+    (4, 16, "PCIe link running Gen4 of Gen5 under load"),
+    (5, 8, "PCIe link running x8 of x16 under load")])
+def test_derived_link_below_its_maximum_under_load_fails(gen, width, problem):
+    problems, notes = nvml.pcie_problems(under_load(gen, width), ONE_H200)
+    assert problems == [f"GPU 0 (00000000:00:06.0): {problem}"]
+    assert notes == ["running link read under load"]
+
+
+def test_derived_load_that_could_not_run_says_why():
+    data = copy.deepcopy(H200)
+    data["pcie_load"] = {"seconds": 0, "error": "torch is not installed for /usr/bin/python3"}
+    _, notes = nvml.pcie_problems(facts(data), ONE_H200)
+    assert notes == ["running link read at idle on 1 GPU(s), where it may read low "
+                     "(torch is not installed for /usr/bin/python3)"]
 
 
 def test_nvlink_expected_by_the_8gpu_profile_fails_on_a_gpu_without_links():

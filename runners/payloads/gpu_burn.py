@@ -132,7 +132,8 @@ class Worker:
 
 
 class Telemetry(threading.Thread):
-    """NVML samples of every GPU each interval: temperature, power, clocks, reasons."""
+    """NVML samples of every GPU each interval: temperature, power, clocks, reasons, and the
+    PCIe link generation and width as they run under load."""
 
     def __init__(self, workers):
         super().__init__(daemon=True)
@@ -175,11 +176,21 @@ class Telemetry(threading.Thread):
                         "sm_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
                         "mem_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
                         "util": {"gpu": utilization.gpu, "memory": utilization.memory},
-                        "reasons": reasons(handle)})
+                        "reasons": reasons(handle),
+                        "pcie_gen": optional(pynvml, pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle),
+                        "pcie_width": optional(pynvml, pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)})
                 except pynvml.NVMLError as exc:
                     self.samples[index].append({"t": now, "phase": self.phase,
                                                 "error": f"{type(exc).__name__}: {exc}"})
         pynvml.nvmlShutdown()
+
+
+def optional(pynvml, getter, handle):
+    """A reading some GPUs or drivers do not give (NotSupported): None instead of losing the sample."""
+    try:
+        return getter(handle)
+    except pynvml.NVMLError:
+        return None
 
 
 def run_phase(workers, telemetry, phase, seconds):

@@ -5,9 +5,17 @@ it prints {"available": false, "error": ..., "reason": ...} and exits 0: the sui
 the profile whether that is a skip (CPU-only) or a failure (GPU SKU).
 A field NVML cannot give on this GPU is {"error": "NVMLError_NotSupported", "msg": ...}, never
 a guess. The shape follows a pynvml dump recorded on an H200 (tests/data/h200-1gpu/nvml.json).
+Where torch and CUDA are present, each GPU also gets `pcie_gen_load` and `pcie_width_load`, read
+during a short load (top-level `pcie_load` says how long, or why not).
 """
 import json
+import os
 import sys
+import threading
+import time
+
+LOAD_SECONDS = 2.0  # busy time before the under-load PCIe reading, after every GPU has started
+LOAD_START_TIMEOUT_S = 60.0  # CUDA contexts on 8 GPUs
 
 
 def unavailable(error, reason):
@@ -124,6 +132,65 @@ def gpu(index):
     }
 
 
+def pcie_under_load(count):
+    """Current PCIe generation and width of every GPU read while torch keeps it busy.
+
+    Links train down at idle, so the idle reading may be low on a healthy GPU. GEMMs and pinned
+    host-to-device copies on every GPU at once for LOAD_SECONDS, then NVML is read while they run.
+    Returns ({"seconds": ..., "error": ...}, {index: {"pcie_gen_load": ..., "pcie_width_load": ...}});
+    without torch or CUDA the error says why and the suite judges the idle reading.
+    """
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch's indices = NVML's indices
+    try:
+        import torch
+    except ImportError as exc:
+        return {"seconds": 0, "error": f"torch is not installed for {sys.executable}: {exc}"}, {}
+    if not torch.cuda.is_available() or torch.cuda.device_count() != count:
+        return {"seconds": 0, "error": f"torch {torch.__version__} sees {torch.cuda.device_count()} "
+                                       f"CUDA device(s), NVML {count}"}, {}
+    stop, errors = threading.Event(), {}
+    started = [threading.Event() for _ in range(count)]
+
+    def busy(index):
+        try:
+            device = torch.device("cuda", index)
+            matrix = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+            host = torch.empty(64 * 2**20, dtype=torch.uint8).pin_memory()
+            target = torch.empty(host.shape, dtype=torch.uint8, device=device)
+            while not stop.is_set():
+                for _ in range(8):
+                    torch.matmul(matrix, matrix)
+                target.copy_(host, non_blocking=True)
+                torch.cuda.synchronize(device)
+                started[index].set()
+        except Exception as exc:  # one GPU's CUDA error must not hide the others' readings
+            errors[index] = f"{type(exc).__name__}: {exc}"
+            started[index].set()
+
+    threads = [threading.Thread(target=busy, args=(index,), daemon=True) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + LOAD_START_TIMEOUT_S
+    for event in started:
+        event.wait(max(0.0, deadline - time.monotonic()))
+    time.sleep(LOAD_SECONDS)
+    readings = {}
+    for index in range(count):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if index in errors or not started[index].is_set():
+            error = errors.get(index, f"not busy within {LOAD_START_TIMEOUT_S:g} s")
+            readings[index] = {"pcie_gen_load": {"error": "load", "msg": error},
+                               "pcie_width_load": {"error": "load", "msg": error}}
+            continue
+        readings[index] = {
+            "pcie_gen_load": attempt(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle),
+            "pcie_width_load": attempt(pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)}
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    return {"seconds": LOAD_SECONDS, "error": None}, readings
+
+
 try:
     pynvml.nvmlInit()
 except pynvml.NVMLError as exc:
@@ -139,6 +206,9 @@ try:
         "count": count,
         "gpus": [gpu(index) for index in range(count)],
     }
+    facts["pcie_load"], readings = pcie_under_load(count)
+    for index, reading in readings.items():
+        facts["gpus"][index].update(reading)
 finally:
     pynvml.nvmlShutdown()
 print(json.dumps(facts))
