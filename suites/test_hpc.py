@@ -1,4 +1,5 @@
-"""HPC: HPL per node (quick: a small N on two ranks) and across all nodes (full), via mpirun.
+"""HPC: HPL per node (quick: a small N on two ranks) and across all nodes (full), via mpirun;
+cuBLAS GEMM and cuFFT throughput per GPU (quick).
 
 The flavour is the profile's `hpl_flavour`, else the first one found on the node: HPL-NVIDIA's
 hpl.sh (GPU profiles only), netlib xhpl, Debian's hpcc. Sanity first: a result exists and its
@@ -6,6 +7,12 @@ scaled residual says PASSED (hpcc: also Success=1); then `hpl_gflops` against th
 band, and as a percentage of the node's FP64 peak when the profile gives `fp64_peak_tflops`.
 HPL runs in a directory of its own under a declared scratch path (it reads its input from, and
 hpcc writes its output to, its working directory); without one the check skips.
+
+GEMM (bf16, fp16, tf32, fp32, fp64) and batched 2D complex FFT: the torch payload measures every
+GPU in turn; each check judges the node's slowest GPU against the profile and names every GPU's
+figure in the note. Without CUDA it measures the CPU with small shapes (fp32, fp64, FFT; the
+reduced precisions skip as not measured on CPU), which a profile expecting GPUs fails; without
+torch the checks skip on cpu-only and fail where the profile expects GPUs.
 """
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from runners import hpl, system
+from runners import gemm_fft, hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
@@ -193,3 +200,100 @@ def test_hpl_cluster(cluster_run, cluster, profile, metrics, record):
     run = sane(results[first])
     record.note(f"{len(names)} node(s) from {first}: {describe(run)}: "
                 + judge(run, profile, metrics, len(names), "hpl_cluster"))
+
+
+GEMM_FFT_STEP = "gemm_fft"
+
+
+def gemm_fft_step(profile) -> Callable[[Transport], Result]:
+    timeout = gemm_fft.GPU_TIMEOUT_S if profile.expect.get("gpu_count") else gemm_fft.CPU_TIMEOUT_S
+    return lambda transport: gemm_fft.run(transport, timeout=timeout)
+
+
+def measured(on_node, profile, node: str) -> gemm_fft.GemmFftReport:
+    """The node's GEMM/FFT figures, once it is known they are the GPUs' the profile expects."""
+    report = parsed(gemm_fft.parse_gemm_fft, on_node(GEMM_FFT_STEP, gemm_fft_step(profile)))
+    expected = profile.expect.get("gpu_count")
+    if report.torch is None:
+        why = f"{node}: {report.torch_error or 'torch cannot be imported'} (the payload needs torch)"
+        if expected:
+            raise ExpectationFailure(f"{why}; profile {profile.name} needs GEMM and FFT measured "
+                                     "on its GPUs")
+        pytest.skip(why)
+    if expected and report.device != "cuda":
+        raise ExpectationFailure(f"{node}: torch {report.torch} sees no CUDA device, but profile "
+                                 f"{profile.name} expects {expected} GPU(s)")
+    if expected and len(report.devices) != expected:
+        raise ExpectationFailure(f"{node}: the payload measured {len(report.devices)} GPU(s), "
+                                 f"profile {profile.name} expects {expected}")
+    return report
+
+
+def per_device(report, slowest, figure, form: str) -> str:
+    """'slowest GPU 3 (...): 771.2 TFLOP/s; all: GPU 0 ... 778.1, ...', or the one device's figure."""
+    if len(report.devices) == 1:
+        return f"{slowest.label}: " + form.format(figure(slowest))
+    return (f"slowest {slowest.label}: " + form.format(figure(slowest)) + "; all: "
+            + ", ".join(f"{d.label} " + form.split()[0].format(figure(d)) for d in report.devices))
+
+
+def gemm_check(dtype: str, on_node, profile, node, metrics, record) -> None:
+    """Sanity of every device's dtype GEMM, then the slowest device's TFLOP/s against the profile."""
+    report = measured(on_node, profile, node)
+    problems = [device.problem(dtype) for device in report.devices if device.problem(dtype)]
+    if problems:
+        raise SanityFailure("; ".join(problems))
+    slowest = report.slowest(dtype)
+    if slowest is None:
+        reasons = sorted({d.not_measured.get(dtype, "") for d in report.devices} - {""})
+        pytest.skip(f"{node}: {dtype} GEMM {', '.join(reasons) or 'not measured'}")
+    n = report.gemm_size
+    record.note(f"{dtype} GEMM {n}x{n}x{n}: " + per_device(
+        report, slowest, lambda d: d.gemm_tflops[dtype], "{:.4g} TFLOP/s"))
+    metrics.judge(**{f"gemm_{dtype}_tflops": (round(slowest.gemm_tflops[dtype], 4), "TFLOP/s")})
+
+
+@pytest.mark.quick
+def test_gemm_bf16(on_node, profile, node, metrics, record):
+    """bf16 GEMM (tensor cores), the precision training runs in."""
+    gemm_check("bf16", on_node, profile, node, metrics, record)
+
+
+@pytest.mark.quick
+def test_gemm_fp16(on_node, profile, node, metrics, record):
+    """fp16 GEMM (tensor cores), the precision much inference runs in."""
+    gemm_check("fp16", on_node, profile, node, metrics, record)
+
+
+@pytest.mark.quick
+def test_gemm_tf32(on_node, profile, node, metrics, record):
+    """fp32 inputs on tensor cores (torch.backends.cuda.matmul.allow_tf32 on)."""
+    gemm_check("tf32", on_node, profile, node, metrics, record)
+
+
+@pytest.mark.quick
+def test_gemm_fp32(on_node, profile, node, metrics, record):
+    """IEEE fp32 (allow_tf32 off): the CUDA cores' rate."""
+    gemm_check("fp32", on_node, profile, node, metrics, record)
+
+
+@pytest.mark.quick
+def test_gemm_fp64(on_node, profile, node, metrics, record):
+    """fp64 GEMM, the HPC precision HPL leans on."""
+    gemm_check("fp64", on_node, profile, node, metrics, record)
+
+
+@pytest.mark.quick
+def test_fft(on_node, profile, recorder, node, metrics, record):
+    """Batched 2D complex64 FFT (cuFFT), GFLOP/s at 5 N log2 N per transform; records torch's
+    version (every check here reads the same run)."""
+    report = measured(on_node, profile, node)
+    recorder.record_tool(node, "torch", report.torch)
+    problems = [device.fft_problem() for device in report.devices if device.fft_problem()]
+    if problems:
+        raise SanityFailure("; ".join(problems))
+    slowest = report.slowest_fft()
+    batch, nx, ny = report.fft_shape
+    record.note(f"{batch} x {nx}x{ny} complex64 FFT: " + per_device(
+        report, slowest, lambda d: d.fft_c64_gflops, "{:.5g} GFLOP/s"))
+    metrics.judge(fft_c64_gflops=(round(slowest.fft_c64_gflops, 3), "GFLOP/s"))
