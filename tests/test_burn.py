@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -172,3 +173,35 @@ def test_bandwidth_payload_runs_on_cpu_and_slowest_gpu_is_judged():
     data["gpus"].append({"index": 2, "name": "cpu", "error": "RuntimeError: CUDA error: out of memory"})
     broken = burn.parse_bandwidth(json.dumps(data))
     assert not broken.ok and broken.slowest("d2h_gbps") is None
+
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "burn_vs_matmul.py"
+
+
+def test_bench_without_cuda_exits_2_with_one_line():
+    torch = pytest.importorskip("torch", reason="the bench needs torch to get as far as CUDA")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the bench would run for real")
+    done = subprocess.run([sys.executable, str(BENCH), "--seconds", "30"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"burn_vs_matmul: no CUDA device (torch {torch.__version__}, torch.cuda.is_available() "
+        "is False); run it on a GPU machine"]
+
+
+def test_bench_on_cpu_runs_matmul_burn_matmul_and_prints_the_ratio(tmp_path):
+    """The bench's own CPU mode (tiny GEMMs; figures meaningless): every step runs for real."""
+    pytest.importorskip("torch", reason="the bench runs torch")
+    done = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--seconds", "1",
+                           "--size", "64", "--window", "20", "--min-ratio", "0",
+                           "--json", str(tmp_path / "bench.json")],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0].strip() for line in lines[1:4]] == [
+        "plain matmul (before)", "burn", "plain matmul (after)"]
+    assert lines[-1].startswith("burn ") and " vs plain matmul " in lines[-1] and "%" in lines[-1]
+    figures = json.loads((tmp_path / "bench.json").read_text())
+    assert figures["burn_tflops"] > 0 and figures["matmul_tflops"] > 0
+    assert figures["ratio"] == pytest.approx(figures["burn_tflops"] / figures["matmul_tflops"])
