@@ -122,6 +122,16 @@ def parse_ibv_devinfo(text: str) -> IbDevices:
     return IbDevices(hcas, "ibv_devinfo", _all_healthy(hcas))
 
 
+def natural_order(names) -> list[str]:
+    """HCA names with their numbers compared as numbers: mlx5_2 before mlx5_10.
+
+    ibstat lists CAs in plain string order (mlx5_0, mlx5_1, mlx5_10, mlx5_2, ...), so on a node
+    with more than ten HCAs its order is not the ports' order; rails follow this one.
+    """
+    return sorted(names, key=lambda name: [int(part) if part.isdigit() else part
+                                           for part in re.split(r"(\d+)", name)])
+
+
 def _number(value: str, what: str, line: str) -> float:
     try:
         return float(value.split()[0])

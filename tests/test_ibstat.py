@@ -1,7 +1,8 @@
 """ibstat and ibv_devinfo parsers, and what ibstat does here without an RDMA device.
 
-Real HCA-bearing text exists only for ibv_devinfo (8x ConnectX-7); the ibstat layout test uses a
-CONSTRUCTED file (see tests/data/infiniband/PROVENANCE.md), the no-device case a real run.
+Real HCA-bearing text: ibv_devinfo of 8x ConnectX-7, and ibstat of a B300 node with 4 ConnectX-7
+ports up at 100 Gb/s and 7 ConnectX-8 ports down (a failing case for the GPU profiles); the
+no-device case is a real run here. See tests/data/infiniband/PROVENANCE.md.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from inventory.loader import load_profile
 from inventory.model import Node
 from runners import ibstat
 from runners.parsing import ParseError
@@ -39,16 +41,50 @@ def test_ibv_devinfo_with_a_port_down_is_not_ok():
     assert devices.hcas[0].ports[0].state == "Down" and not devices.ok
 
 
-def test_ibstat_layout_constructed_from_the_documented_format():
-    """CONSTRUCTED input (no real ibstat with HCAs was available): field names and indentation
-    as tool-formats.md section 9 documents them."""
-    devices = ibstat.parse_ibstat((DATA / "CONSTRUCTED_ibstat_layout_from_tool-formats-s9.txt").read_text())
-    first, second = devices.hcas
-    assert (first.name, first.ca_type, first.firmware) == ("mlx5_0", "MT4129", "28.41.1000")
-    assert vars(first.ports[0]) == {"port": 1, "state": "Active", "physical_state": "LinkUp",
-                                    "rate": 400.0, "link_layer": "InfiniBand"}
-    assert (second.ports[0].state, second.ports[0].physical_state, second.ports[0].rate) == ("Down", "Polling", 10.0)
+XE9780 = "baeyunseon-xe9780_ibstat_4xCX7-MT4129-Rate100_7xMT4131-Down.txt"
+
+
+def test_ibstat_of_a_real_node_with_eleven_hcas():
+    """REAL ibstat (spaces where ibstat prints tabs, as pasted): every CA, type, firmware, port."""
+    devices = ibstat.parse_ibstat((DATA / XE9780).read_text())
+    names = [hca.name for hca in devices.hcas]
+    assert names == ["mlx5_0", "mlx5_1", "mlx5_10", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5",
+                     "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9"]  # ibstat's string order
+    cx7 = [hca for hca in devices.hcas if hca.ca_type == "MT4129"]
+    assert [hca.name for hca in cx7] == ["mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5"]
+    assert {hca.firmware for hca in cx7} == {"28.47.2526"}
+    assert vars(cx7[0].ports[0]) == {"port": 1, "state": "Active", "physical_state": "LinkUp",
+                                     "rate": 100.0, "link_layer": "InfiniBand"}
+    down = [hca for hca in devices.hcas if hca.ca_type == "MT4131"]
+    assert len(down) == 7 and {hca.firmware for hca in down} == {"40.46.5500"}
+    assert {(p.state, p.physical_state, p.rate) for hca in down for p in hca.ports} == {("Down", "Disabled", 10.0)}
     assert not devices.ok and devices.source == "ibstat"
+
+
+def test_ibstat_with_its_own_tab_indentation_reads_the_same():
+    """DERIVED: the real file with ibstat's tabs in place of the paste's spaces."""
+    spaces = ibstat.parse_ibstat((DATA / XE9780).read_text())
+    tabs = ibstat.parse_ibstat((DATA / "derived_baeyunseon-xe9780_ibstat_tab-indented.txt").read_text())
+    assert tabs == spaces
+
+
+def test_rails_follow_the_hcas_in_natural_order_not_ibstats_string_order():
+    devices = ibstat.parse_ibstat((DATA / XE9780).read_text())
+    assert ibstat.natural_order(hca.name for hca in devices.hcas) == [f"mlx5_{i}" for i in range(11)]
+
+
+def test_the_real_node_fails_an_ndr_profile_with_every_reason_named():
+    """The real ibstat against the H100 profile's InfiniBand expectations (8x ConnectX-7 NDR 400)."""
+    from suites.test_network import port_problems
+
+    expect = load_profile("h100-sxm-8gpu").expect
+    problems = port_problems(ibstat.parse_ibstat((DATA / XE9780).read_text()), expect)
+    assert problems[0] == "11 HCA(s), expected 8"
+    assert "mlx5_0: CA type MT4131, expected MT4129" in problems
+    assert "mlx5_0 port 1: Down/Disabled, expected Active/LinkUp" in problems
+    assert "mlx5_2 port 1: rate 100.0 Gb/s, expected 400" in problems
+    assert not any(problem.startswith("mlx5_2: CA type") for problem in problems)
+    assert not any("link layer" in problem for problem in problems)
 
 
 def test_other_text_is_not_ibstat_or_ibv_devinfo():
@@ -74,7 +110,7 @@ def test_a_missing_ibstat_is_told_apart_from_no_device():
 
 @pytest.mark.parametrize("tool, name, expected", [
     ("ibv_devinfo", "deepep-issue397_ibv_devinfo_8xCX7-MT4129_IB.txt", '"ca_type": "MT4129"'),
-    ("ibstat", "CONSTRUCTED_ibstat_layout_from_tool-formats-s9.txt", '"physical_state": "LinkUp"'),
+    ("ibstat", XE9780, '"physical_state": "LinkUp"'),
 ])
 def test_handover_parse_cli(tool, name, expected):
     done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", tool, str(DATA / name)],
