@@ -36,6 +36,15 @@ DOUBLE_BYTES = 8
 DETECT_TIMEOUT_S = 30
 
 
+# Caps on the timeout estimated from N. The estimate uses a deliberately pessimistic rate per
+# rank (it must never cut a healthy run short), so where N fills half of a large memory it grows
+# to hours or days (2 TiB and 224 CPU ranks: about 84 h). A hung or crawling job must not hold an acceptance run
+# that long: past the cap the check fails as a timeout that names the cap, and the operator
+# chooses a smaller N (or a longer cap) knowingly. Quick runs a fixed small N: minutes at most.
+QUICK_TIMEOUT_CAP_S = 15 * 60
+FULL_TIMEOUT_CAP_S = 4 * 60 * 60
+
+
 @dataclass(frozen=True)
 class Depth:
     """How big a run is: `quick` a fixed small N (seconds), `full` a fraction of memory."""
@@ -45,11 +54,14 @@ class Depth:
     memory_fraction: float  # of the memory the matrix may fill
     timeout_s: float  # beyond the estimated solve time
     min_gflops_per_rank: float  # pessimistic rate, only to size the timeout
+    timeout_cap_s: float  # the longest the run may take, whatever the estimate
 
 
 # hpcc runs its whole suite (RandomAccess alone is bounded at 60 s per variant), hence margins.
-QUICK = Depth("quick", fixed_n=2000, memory_fraction=0.05, timeout_s=240, min_gflops_per_rank=0.05)
-FULL = Depth("full", fixed_n=None, memory_fraction=0.5, timeout_s=900, min_gflops_per_rank=0.5)
+QUICK = Depth("quick", fixed_n=2000, memory_fraction=0.05, timeout_s=240, min_gflops_per_rank=0.05,
+              timeout_cap_s=QUICK_TIMEOUT_CAP_S)
+FULL = Depth("full", fixed_n=None, memory_fraction=0.5, timeout_s=900, min_gflops_per_rank=0.5,
+             timeout_cap_s=FULL_TIMEOUT_CAP_S)
 DEPTHS = {depth.name: depth for depth in (QUICK, FULL)}
 
 
@@ -83,10 +95,26 @@ def plan_input(depth: Depth, memory_bytes: int, ranks: int, nb: int) -> HplInput
     return HplInput(n, nb, *grid(ranks))
 
 
-def timeout_for(depth: Depth, hpl_input: HplInput) -> float:
+def estimated_timeout(depth: Depth, hpl_input: HplInput) -> float:
+    """The depth's margin plus the solve time at the pessimistic rate per rank, uncapped."""
     ranks = hpl_input.p * hpl_input.q
     flops = 2 / 3 * hpl_input.n ** 3
     return depth.timeout_s + flops / (depth.min_gflops_per_rank * 1e9 * ranks)
+
+
+def timeout_for(depth: Depth, hpl_input: HplInput) -> float:
+    """The node-side timeout: the estimate, at most the depth's cap (QUICK/FULL_TIMEOUT_CAP_S)."""
+    return min(estimated_timeout(depth, hpl_input), depth.timeout_cap_s)
+
+
+def timeout_cap_note(depth: Depth, hpl_input: HplInput) -> str:
+    """What a timeout message adds when the cap, not the estimate, set the timeout; else ''."""
+    estimate = estimated_timeout(depth, hpl_input)
+    if estimate <= depth.timeout_cap_s:
+        return ""
+    return (f"the {depth.name} depth caps HPL at {depth.timeout_cap_s / 3600:g} h "
+            f"(estimate for N={hpl_input.n} on {hpl_input.p * hpl_input.q} rank(s): "
+            f"{estimate / 3600:.1f} h); choose a smaller N or a longer cap")
 
 
 _HPL_DAT = """HPLinpack benchmark input file

@@ -25,8 +25,8 @@ from runners import gemm_fft, hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
-from suites.checks import (ExpectationFailure, SanityFailure, excerpt, parsed, require,
-                           require_scratch_run)
+from suites.checks import (CommandTimedOut, ExpectationFailure, SanityFailure, excerpt, parsed,
+                           require, require_scratch_run)
 
 pytestmark = [pytest.mark.hpc]
 
@@ -46,6 +46,7 @@ class Plan:
     argv: list[str]
     timeout: float
     scratch: str
+    timeout_note: str = ""  # hpl.timeout_cap_note: set when the depth's cap set the timeout
 
 
 def scratch_path(cluster, prefer: str) -> Optional[str]:
@@ -88,7 +89,7 @@ def make_plan(cluster, profile, depth: hpl.Depth, flavour: str, detected: hpl.De
                               as_root=detected.root, oversubscribe=ranks > logical_cpus)
     addresses = [cluster.node(name).address for name in hosts] if first else ["localhost"]
     return Plan(flavour, hpl_input, hpl.command(flavour, launcher, addresses, ranks),
-                hpl.timeout_for(depth, hpl_input), scratch)
+                hpl.timeout_for(depth, hpl_input), scratch, hpl.timeout_cap_note(depth, hpl_input))
 
 
 def not_run(node: str, why: str) -> Result:
@@ -126,8 +127,12 @@ def quick_step(cluster_run, cluster, profile) -> tuple[str, Callable[[Transport]
     return "hpl_quick", run
 
 
-def sane(result: Result) -> hpl.HplRun:
-    """The HPL figures, once the run is known good: refusal, missing tool, result, residual."""
+def sane(result: Result, timeout_note: str = "") -> hpl.HplRun:
+    """The HPL figures, once the run is known good: refusal, missing tool, result, residual.
+    A timeout the depth's cap set says so (timeout_note)."""
+    if result.timed_out and timeout_note:
+        raise CommandTimedOut(f"{result.explain()}: {timeout_note}",
+                              excerpt(result.stdout + result.stderr))
     require_scratch_run(result, "refused to run HPL")
     try:
         run = hpl.parse_hpl(result.stdout)
@@ -165,8 +170,8 @@ def describe(run: hpl.HplRun) -> str:
 def test_hpl(on_node, cluster_run, cluster, profile, node, recorder, metrics, record):
     """HPL on each node alone, small N: the FP64 path, MPI and the residual check work."""
     require(on_node(SYSTEM_STEP, system.probe))
-    node_plan(cluster_run, cluster, profile, node)  # skips or fails before any run
-    run = sane(on_node(*quick_step(cluster_run, cluster, profile)))
+    plan = node_plan(cluster_run, cluster, profile, node)  # skips or fails before any run
+    run = sane(on_node(*quick_step(cluster_run, cluster, profile)), plan.timeout_note)
     recorder.record_tool(node, run.flavour, run.version or "unknown")
     record.note(f"{describe(run)}: " + judge(run, profile, metrics, 1, "hpl"))
 
@@ -197,7 +202,7 @@ def test_hpl_cluster(cluster_run, cluster, profile, metrics, record):
         f"hpl_full_{len(names)}_nodes",
         lambda t: run_plan(t, plan, cluster) if t.node.name == first
         else not_run(t.node.name, f"the job runs from {first}"))
-    run = sane(results[first])
+    run = sane(results[first], plan.timeout_note)
     record.note(f"{len(names)} node(s) from {first}: {describe(run)}: "
                 + judge(run, profile, metrics, len(names), "hpl_cluster"))
 

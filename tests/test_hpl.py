@@ -14,7 +14,9 @@ from runners import hpl
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.scratch import ScratchRefused, missing_tool, refusal
-from runners.transport import LocalTransport
+from runners.transport import LocalTransport, Result
+from suites.checks import CommandTimedOut
+from suites.test_hpc import sane
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data" / "hpl"
@@ -132,6 +134,26 @@ def test_quick_uses_a_small_n_full_a_fraction_of_memory():
     assert hpl.plan_input(hpl.QUICK, 2**20, 2, 192).n == 192  # tiny memory: never below NB
     full = hpl.plan_input(hpl.FULL, 4 * 512 * 2**30, 4 * 64, 192)
     assert (full.p, full.q) == (16, 16) and full.n > 100_000
+
+
+def test_timeouts_follow_the_estimate_up_to_each_depths_cap():
+    quick = hpl.plan_input(hpl.QUICK, 24 * 2**30, 2, 192)
+    assert hpl.timeout_for(hpl.QUICK, quick) == hpl.estimated_timeout(hpl.QUICK, quick) < hpl.QUICK_TIMEOUT_CAP_S
+    assert hpl.timeout_cap_note(hpl.QUICK, quick) == ""
+    big = hpl.plan_input(hpl.FULL, 2 * 2**40, 224, 192)  # 2 TiB, 224 CPU ranks: days estimated
+    assert hpl.estimated_timeout(hpl.FULL, big) > 24 * 3600
+    assert hpl.timeout_for(hpl.FULL, big) == hpl.FULL_TIMEOUT_CAP_S == 4 * 3600
+    assert hpl.timeout_cap_note(hpl.FULL, big).startswith(
+        "the full depth caps HPL at 4 h (estimate for N=370560 on 224 rank(s): 84.4 h)")
+
+
+def test_a_timeout_set_by_the_cap_says_so():
+    """A Result as the transport returns it when the node-side timeout fired (exit 124)."""
+    timed_out = Result("gpu001", "mpirun ... hpcc", 124, "", "", 14400.2, timed_out=True)
+    with pytest.raises(CommandTimedOut, match=r"timed out after 14400 s: the full depth caps HPL at 4 h"):
+        sane(timed_out, "the full depth caps HPL at 4 h (estimate ...)")
+    with pytest.raises(CommandTimedOut, match=r"timed out after 14400 s$"):
+        sane(timed_out)
 
 
 def test_hpccinf_matches_debians_sample_line_for_line():
