@@ -272,6 +272,9 @@ def pcie_problems(facts: GpuFacts, expect: dict) -> tuple[list[str], list[str]]:
                                 "under load")
             else:
                 notes.append(f"{gpu.label}: Gen{gen} at idle (idle links train down)")
+        if gpu.pcie_replay:
+            notes.append(f"WARNING: {gpu.label}: PCIe replay counter at {gpu.pcie_replay} "
+                         "(link-level retries: a marginal link, riser or slot)")
     return problems, notes
 
 
@@ -316,6 +319,20 @@ def firmware_set(facts: GpuFacts) -> dict[str, str]:
     return {"driver": facts.driver,
             "VBIOS": ",".join(sorted({gpu.vbios for gpu in facts.gpus})),
             "InfoROM": ",".join(sorted({gpu.inforom for gpu in facts.gpus}))}
+
+
+def mixed_firmware_problems(facts: GpuFacts) -> list[str]:
+    """GPUs of one node on different VBIOS or InfoROM versions, each version with its GPUs."""
+    problems = []
+    for label, version_of in (("VBIOS", lambda gpu: gpu.vbios), ("InfoROM", lambda gpu: gpu.inforom)):
+        by_version: dict[str, list[int]] = {}
+        for gpu in facts.gpus:
+            by_version.setdefault(version_of(gpu), []).append(gpu.index)
+        if len(by_version) > 1:
+            problems.append(f"GPUs on different {label} versions: " + "; ".join(
+                f"{version or 'unknown'} on GPU(s) {', '.join(map(str, indexes))}"
+                for version, indexes in sorted(by_version.items())))
+    return problems
 
 
 def _state(value: Optional[bool]) -> str:

@@ -56,7 +56,10 @@ def test_gpu_inventory(on_node, profile, recorder, node, record, metrics):
     facts = gpu_facts_of(on_node, profile)
     recorder.record_tool(node, "nvidia-driver", facts.driver)
     models = sorted({gpu.name for gpu in facts.gpus})
-    record.note(f"{len(facts.gpus)} GPU(s): {', '.join(models) or 'none'}; driver {facts.driver}")
+    firmware = nvml.firmware_set(facts)
+    record.note(f"{len(facts.gpus)} GPU(s): {', '.join(models) or 'none'}; driver {facts.driver}, "
+                f"CUDA driver {facts.cuda_driver}, VBIOS {firmware['VBIOS']}, InfoROM "
+                f"{firmware['InfoROM']}; serials {', '.join(g.serial for g in facts.gpus)}")
     fail_on(nvml.inventory_problems(facts, profile.expect))
     sizes = [gpu.memory_total_mib for gpu in facts.gpus if gpu.memory_total_mib is not None]
     smallest = round(min(sizes) * GIB_PER_MIB, 2) if sizes else None
@@ -116,21 +119,24 @@ def test_gpu_topology(on_node, profile, node, record):
 @quick
 @pytest.mark.cluster
 def test_gpu_uniformity(cluster_run, record):
-    """Same driver, VBIOS and InfoROM set on every node with NVML; odd ones out are named."""
-    sets = {}
+    """Same driver, VBIOS and InfoROM set on every node with NVML; odd ones out are named, and
+    so are nodes whose own GPUs run different VBIOS or InfoROM versions."""
+    sets, every = {}, {}
     for node, result in cluster_run.gather(GPU_STEP, nvml.probe).items():
         try:
             facts = nvml.parse_gpu_facts(result.stdout) if result.ok else None
         except ParseError:
             facts = None
         if facts is not None and facts.available:
-            sets[node] = nvml.firmware_set(facts)
+            sets[node], every[node] = nvml.firmware_set(facts), facts
     if not sets:
         pytest.skip("no node answered with NVML facts")
     record.note(f"{len(sets)} node(s) compared")
     differences = [odd_ones_out(label, {n: s[label] for n, s in sets.items()})
                    for label in ("driver", "VBIOS", "InfoROM")]
-    fail_on([d for d in differences if d])
+    mixed = [f"{node}: {problem}" for node, facts in sorted(every.items())
+             for problem in nvml.mixed_firmware_problems(facts)]
+    fail_on([d for d in differences if d] + mixed)
 
 
 def stress_text(result) -> str:

@@ -176,3 +176,37 @@ def test_payload_with_pynvml_but_no_driver_reports_library_not_found():
     data = json.loads(done.stdout)
     assert data == {"available": False, "error": "NVMLError_LibraryNotFound",
                     "reason": "NVML cannot start: NVML Shared Library Not Found"}
+
+
+def test_uniformity_names_the_odd_node_out():
+    """DERIVED: three nodes with the real H200's facts, node3's VBIOS changed."""
+    from suites.test_system import odd_ones_out
+    sets = {"node1": nvml.firmware_set(facts()), "node2": nvml.firmware_set(facts()),
+            "node3": nvml.firmware_set(derived(lambda gpu: gpu.update(vbios="96.00.99.00.01")))}
+    assert odd_ones_out("VBIOS", {n: s["VBIOS"] for n, s in sets.items()}) == (
+        "VBIOS: node3 has '96.00.99.00.01', while 2 node(s) have '96.00.A5.00.1A'")
+    assert odd_ones_out("driver", {n: s["driver"] for n, s in sets.items()}) == ""
+
+
+def test_derived_gpus_of_one_node_on_different_firmware_are_named():
+    """DERIVED: the real H200 copied as GPU 1 with another InfoROM image."""
+    data = copy.deepcopy(H200)
+    data["gpus"].append({**copy.deepcopy(H200["gpus"][0]), "index": 1, "inforom_image": "G520.0282.02.01"})
+    assert nvml.mixed_firmware_problems(facts(data)) == [
+        "GPUs on different InfoROM versions: G520.0282.02.01 on GPU(s) 1; G520.0282.02.02 on GPU(s) 0"]
+    assert nvml.mixed_firmware_problems(facts()) == []
+
+
+def test_derived_pcie_replays_are_a_warning_not_a_failure():
+    problems, notes = nvml.pcie_problems(derived(lambda gpu: gpu.update(pcie_replay=12)), ONE_H200)
+    assert problems == []
+    assert notes[-1] == ("WARNING: GPU 0 (00000000:00:06.0): PCIe replay counter at 12 "
+                         "(link-level retries: a marginal link, riser or slot)")
+
+
+def test_not_supported_page_retirement_and_correctable_errors_do_not_fail():
+    """Real H200: retired_pending is NotSupported (Hopper remaps rows); DERIVED: 5000 correctable
+    errors with the profile's limit of 1000 warn without failing."""
+    assert nvml.ecc_problems(facts(), ONE_H200) == ([], [])
+    problems, warnings = nvml.ecc_problems(derived(lambda gpu: gpu.update(ecc_sbe_aggregate=5000)), ONE_H200)
+    assert problems == [] and len(warnings) == 1
