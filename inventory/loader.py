@@ -419,6 +419,8 @@ EXPECT_FIELDS: dict[str, Callable[[_At], object]] = {
     "hpl_flavour": lambda at: _choice(at, "HPL flavour", ("hpl-nvidia", "xhpl", "hpcc")),
     "hpl_nb": _integer,  # HPL block size NB (default: 1024 for HPL-NVIDIA, 192 on CPUs)
     "fp64_peak_tflops": _number,  # theoretical FP64 peak of one node, Tflop/s
+    # Training (suites/test_training.py)
+    "training_straggler_fraction": _number,  # a rank's forward pass this far above the median straggles
     "ib_symbol_errors_max": _integer,  # per port sysfs symbol_error above this fails (default 0)
     "ib_link_downed_max": _integer,  # per port sysfs link_downed above this fails (default 0)
     "ib_port_rcv_errors_max": _integer,  # per port sysfs port_rcv_errors above this fails (default 0)

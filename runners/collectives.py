@@ -15,7 +15,8 @@ from typing import Mapping, Optional, Sequence
 from runners import payloads
 from runners.nccl_tests import NcclRow
 from runners.parsing import ParseError
-from runners.torchrun import Launch, TorchrunLauncher, detect_interfaces, launch_every, new_run_id, socket_env
+from runners import torchrun
+from runners.torchrun import Launch
 from runners.transport import Result, Transport
 
 PAYLOAD = "collectives"
@@ -26,8 +27,6 @@ GIB = 1 << 30
 CPU_SIZES = (1 * MIB, 16 * MIB, 64 * MIB)  # gloo on CPUs: about 1 GB/s, so 64 MiB is ~0.1 s an op
 GPU_SIZES = (1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB)  # NVLink/IB figures need >= 1 GiB messages
 CPU_RANKS = 2
-# One node: sockets between its ranks over loopback (NCCL itself uses NVLink/PCIe for the data).
-LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 
 @dataclass(frozen=True)
@@ -127,38 +126,24 @@ def payload_command(python: str, *, sizes: Sequence[int], collectives: Sequence[
 
 def run_on_node(transport: Transport, ranks: int, *, sizes: Sequence[int] = CPU_SIZES,
                 collectives: Sequence[str] = ("all_reduce",), iters: int = 5,
-                timeout: float = 300, port: int = 29432) -> Result:
+                timeout: float = 300) -> Result:
     """torchrun with one node and `ranks` local ranks; the rendezvous on the node's loopback."""
     python = transport.node.python
-    marker = new_run_id()
-    launcher = TorchrunLauncher(rdzv_id=marker, port=port, python=python,
-                                join_timeout_s=int(min(timeout, 60)))
-    command = payload_command(python, sizes=sizes, collectives=collectives, iters=iters,
-                              marker=marker, op_timeout_s=min(timeout, 120))
-    return transport.run(launcher.argv(["localhost"], ranks, command), timeout=timeout,
-                         env=LOOPBACK_ENV)
+    return torchrun.run_on_node(transport, ranks, lambda marker: payload_command(
+        python, sizes=sizes, collectives=collectives, iters=iters, marker=marker,
+        op_timeout_s=min(timeout, 120)), timeout=timeout)
 
 
 def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str],
                ranks_per_node: int, *, sizes: Sequence[int] = CPU_SIZES,
                collectives: Sequence[str] = ("all_reduce",), iters: int = 5, timeout: float = 300,
-               port: int = 29433, socket_ifname: Optional[str] = None,
-               join_timeout_s: int = 60) -> Launch:
-    """torchrun on every node, rendezvous on the first; rank 0's node prints the measurement.
-
-    Interfaces for Gloo/NCCL sockets: `socket_ifname` when given, else each node's route
-    toward a peer.
-    """
-    nodes = list(transports)
-    python = transports[nodes[0]].node.python
-    marker = new_run_id()
-    launcher = TorchrunLauncher(rdzv_id=marker, port=port, python=python, join_timeout_s=join_timeout_s)
-    command = payload_command(python, sizes=sizes, collectives=collectives, iters=iters,
-                              marker=marker, op_timeout_s=min(timeout, 120))
-    env = socket_env(detect_interfaces(transports, addresses) if not socket_ifname
-                     else {node: None for node in nodes}, socket_ifname)
-    argv = launcher.argv([addresses[node] for node in nodes], ranks_per_node, command)
-    return launch_every(transports, argv, timeout=timeout, marker=marker, env=env)
+               socket_ifname: Optional[str] = None, join_timeout_s: int = 60) -> Launch:
+    """torchrun on every node, rendezvous on the first; rank 0's node prints the measurement."""
+    python = transports[next(iter(transports))].node.python
+    return torchrun.run_across(transports, addresses, ranks_per_node, lambda marker: payload_command(
+        python, sizes=sizes, collectives=collectives, iters=iters, marker=marker,
+        op_timeout_s=min(timeout, 120)), timeout=timeout, socket_ifname=socket_ifname,
+        join_timeout_s=join_timeout_s)
 
 
 def report_of(launch: Launch) -> tuple[Optional[CollectivesReport], Optional[Result]]:

@@ -16,16 +16,19 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from runners.launchers import Launcher, LaunchError
 from runners.transport import HARNESS_GRACE_S, Result, Transport
 
-DEFAULT_PORT = 29431
+DEFAULT_PORT = 29431  # torchrun's rendezvous port when the rendezvous node cannot name a free one
 MARKER_PREFIX = "handover-run-"
 LEFTOVER_CHECK_TIMEOUT_S = 15
 LEFTOVER_GRACE_S = 10  # how long ranks may take to exit once their torchrun is gone
 _ROUTE_DEV = re.compile(r"\bdev\s+(\S+)")
+# One node: sockets between its ranks over loopback (NCCL itself uses NVLink/PCIe for the data).
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+FREE_PORT_SCRIPT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 
 def new_run_id() -> str:
@@ -201,3 +204,47 @@ def detect_interfaces(transports: Mapping[str, Transport], addresses: Mapping[st
     return {node: route_interface(transports[node], addresses[nodes[(i + 1) % len(nodes)]])
             for i, node in enumerate(nodes)}
 
+
+
+def free_port(transport: Transport) -> int:
+    """A port the kernel calls free on the rendezvous node right now; DEFAULT_PORT if it cannot say.
+
+    A fixed port collides with anything the customer runs there (or a previous run's store
+    still in TIME_WAIT); asking the node is what torchrun's own standalone mode does.
+    """
+    result = transport.run([transport.node.python, "-c", FREE_PORT_SCRIPT], timeout=15)
+    text = result.stdout.strip()
+    return int(text) if result.ok and text.isdigit() else DEFAULT_PORT
+
+
+CommandOf = Callable[[str], Sequence[str]]  # the run's marker -> the command every rank runs
+
+
+def run_on_node(transport: Transport, ranks: int, command_of: CommandOf, *, timeout: float,
+                join_timeout_s: int = 60) -> Result:
+    """torchrun with one node and `ranks` local ranks; the rendezvous on the node's loopback."""
+    marker = new_run_id()
+    launcher = TorchrunLauncher(rdzv_id=marker, port=free_port(transport),
+                                python=transport.node.python,
+                                join_timeout_s=int(min(timeout, join_timeout_s)))
+    return transport.run(launcher.argv(["localhost"], ranks, command_of(marker)), timeout=timeout,
+                         env=LOOPBACK_ENV)
+
+
+def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str],
+               ranks_per_node: int, command_of: CommandOf, *, timeout: float,
+               socket_ifname: Optional[str] = None, join_timeout_s: int = 60) -> Launch:
+    """torchrun on every node, the rendezvous on the first; one node's failure stops them all.
+
+    Interfaces for Gloo/NCCL sockets: `socket_ifname` when given, else each node's route
+    toward a peer.
+    """
+    nodes = list(transports)
+    first = transports[nodes[0]]
+    marker = new_run_id()
+    launcher = TorchrunLauncher(rdzv_id=marker, port=free_port(first), python=first.node.python,
+                                join_timeout_s=join_timeout_s)
+    env = socket_env(detect_interfaces(transports, addresses) if not socket_ifname
+                     else {node: None for node in nodes}, socket_ifname)
+    argv = launcher.argv([addresses[node] for node in nodes], ranks_per_node, command_of(marker))
+    return launch_every(transports, argv, timeout=timeout, marker=marker, env=env)
