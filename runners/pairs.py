@@ -189,6 +189,7 @@ class Attribution:
 
     suspect_nodes: dict[str, str] = field(default_factory=dict)  # node -> evidence
     suspect_links: dict[Pair, str] = field(default_factory=dict)  # pair -> evidence
+    cleared_nodes: dict[str, str] = field(default_factory=dict)  # node -> second-pass evidence
 
     @property
     def clean(self) -> bool:
@@ -197,6 +198,7 @@ class Attribution:
     def summary(self) -> str:
         parts = [f"node {node}: {why}" for node, why in self.suspect_nodes.items()]
         parts += [f"link {pair_id(pair)}: {why}" for pair, why in self.suspect_links.items()]
+        parts += [f"cleared {node}: {why}" for node, why in self.cleared_nodes.items()]
         return "; ".join(parts)
 
 
@@ -238,22 +240,41 @@ LOW_FRACTION = 0.25  # a pair this far below the median of all pairs is low, wha
 MIN_PAIRS_FOR_MEDIAN = 3
 
 
-def low_pairs(figures: dict[Pair, Optional[float]], fraction: float = LOW_FRACTION) -> dict[Pair, str]:
-    """Pairs whose figure (higher is better) is far below the median of all measured pairs.
+def median_of(figures: dict[Pair, Optional[float]]) -> Optional[float]:
+    """The median of the measured figures; None with too few pairs to trust, or a median <= 0."""
+    values = [value for value in figures.values() if value is not None]
+    if len(values) < MIN_PAIRS_FOR_MEDIAN:
+        return None
+    median = statistics.median(values)
+    return median if median > 0 else None
+
+
+def off_median(figures: dict[Pair, Optional[float]], median: Optional[float], fraction: float,
+               higher_is_better: bool = True) -> dict[Pair, str]:
+    """Pairs whose figure is more than `fraction` on the bad side of `median`, with the words why."""
+    if median is None:
+        return {}
+    found = {}
+    for pair, value in figures.items():
+        if value is None:
+            continue
+        if higher_is_better and value < median * (1 - fraction):
+            found[pair] = f"{value:.3g} is {(1 - value / median) * 100:.0f}% below the median {median:.3g}"
+        elif not higher_is_better and value > median * (1 + fraction):
+            found[pair] = f"{value:.3g} is {(value / median - 1) * 100:.0f}% above the median {median:.3g}"
+    return found
+
+
+def low_pairs(figures: dict[Pair, Optional[float]], fraction: float = LOW_FRACTION,
+              higher_is_better: bool = True) -> dict[Pair, str]:
+    """Pairs whose figure is far on the bad side of the median of all measured pairs.
 
     A band says what a healthy link should reach; the median says what this fabric does reach.
     A pair 40% below its peers is a bad cable or port even when the band is generous (or
-    missing), so it counts against its nodes in attribute() as a failure would.
+    missing), so it counts against its nodes in attribute() as a failure would. Latencies
+    (higher_is_better False) are bad far above the median.
     """
-    values = [value for value in figures.values() if value is not None]
-    if len(values) < MIN_PAIRS_FOR_MEDIAN:
-        return {}
-    median = statistics.median(values)
-    if median <= 0:
-        return {}
-    return {pair: f"{value:.3g} is {(1 - value / median) * 100:.0f}% below the median {median:.3g}"
-            for pair, value in figures.items()
-            if value is not None and value < median * (1 - fraction)}
+    return off_median(figures, median_of(figures), fraction, higher_is_better)
 
 
 def other(pair: Pair, node: str) -> str:
@@ -284,3 +305,76 @@ def second_pass_pairs(passed: dict[Pair, bool], nodes: Sequence[str]) -> list[Pa
                 turn = (turn + step + 1) % len(good)
                 break
     return chosen
+
+
+# ------------------------------------------------------------------------------ both passes
+
+
+@dataclass(frozen=True)
+class PairOutcome:
+    """One pair test as attribution sees it: sane and within its band (passed), and its figure."""
+
+    passed: bool
+    figure: Optional[float] = None  # None when nothing was measured
+
+
+@dataclass
+class PairVerdicts:
+    """One kind of pair test (a tool, a rail): first pass, second pass, and who is to blame.
+
+    The first pass is what the pair tests measured. A pair counts as failed when it did not pass
+    or its figure is far from the first pass's median (low_pairs). second_pass_pairs() names the
+    pairs to measure next: every node of a failed pair with a node all of whose pairs passed;
+    their outcomes go in `second`, judged against the FIRST pass's median (a handful of
+    second-pass pairs has no median of its own). attribution() then blames on both passes.
+    """
+
+    first: dict[Pair, PairOutcome]
+    fraction: float = LOW_FRACTION
+    higher_is_better: bool = True
+    second: dict[Pair, PairOutcome] = field(default_factory=dict)
+
+    @property
+    def median(self) -> Optional[float]:
+        return median_of({pair: outcome.figure for pair, outcome in self.first.items()})
+
+    def _off(self, outcomes: dict[Pair, PairOutcome]) -> dict[Pair, str]:
+        return off_median({pair: outcome.figure for pair, outcome in outcomes.items()},
+                          self.median, self.fraction, self.higher_is_better)
+
+    @property
+    def low(self) -> dict[Pair, str]:
+        """Pairs of either pass far from the first pass's median, with the words why."""
+        return {**self._off(self.first), **self._off(self.second)}
+
+    def _verdicts(self, outcomes: dict[Pair, PairOutcome]) -> dict[Pair, bool]:
+        off = self._off(outcomes)
+        return {pair: outcome.passed and pair not in off for pair, outcome in outcomes.items()}
+
+    def second_pass_pairs(self, nodes: Sequence[str]) -> list[Pair]:
+        """The pairs a second pass measures (none when every pair passed or no node is good)."""
+        return second_pass_pairs(self._verdicts(self.first), nodes)
+
+    def attribution(self) -> Attribution:
+        """attribute() on both passes, the second pass named in the evidence."""
+        first, second = self._verdicts(self.first), self._verdicts(self.second)
+        blame = attribute({**first, **second})
+        if not second:
+            return blame
+        suspects = dict(blame.suspect_nodes)
+        for node in suspects:
+            again = [other(pair, node) for pair, ok in second.items() if node in pair and not ok]
+            if again:
+                suspects[node] += f"; failed again with {', '.join(again)} in the second pass"
+        failed_first = {node for pair, ok in first.items() if not ok for node in pair}
+        cleared = {}
+        for node in sorted(failed_first - suspects.keys(), key=list(self._nodes()).index):
+            partners = [other(pair, node) for pair, ok in second.items() if node in pair and ok]
+            if partners:
+                failed_with = [other(pair, node) for pair, ok in first.items() if node in pair and not ok]
+                cleared[node] = (f"failed with {', '.join(failed_with)}, passed with "
+                                 f"{', '.join(partners)} in the second pass")
+        return Attribution(suspects, blame.suspect_links, cleared)
+
+    def _nodes(self) -> dict[str, None]:
+        return dict.fromkeys(node for pair in [*self.first, *self.second] for node in pair)

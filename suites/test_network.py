@@ -4,15 +4,16 @@ pairs in rounds; and blame.
 Per-node checks cannot see a bad cable: a link only shows up in a test between its two ends.
 Pairs run in rounds of disjoint pairs (runners.pairs); `-m quick` runs a ring (every node in two
 pairs), `-m full` every pair. perftest tests one rail at a time per pair test (HCA i of one node
-to HCA i of the other, all rails of a pair at once). The cluster-wide summary re-pairs failing
-nodes with passing ones, compares every pair's figure with the median of all pairs, and names
-the suspect nodes and links.
+to HCA i of the other, all rails of a pair at once). The cluster-wide summary compares every
+pair's figure with the median of all pairs, re-pairs failing nodes with passing ones in a second
+pass (one implementation, runners.pairs.PairVerdicts and blame(), for iperf3 and every perftest
+rail), and names the suspect nodes and links with the evidence.
 """
 from __future__ import annotations
 
 import itertools
 import threading
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, TypeVar, Union
 
 import pytest
 
@@ -30,6 +31,8 @@ IPERF3_SECONDS = 2
 IPERF3_BASE_PORT = 5301  # pair i of a round uses IPERF3_BASE_PORT + i
 SECOND_PASS_BASE_PORT = 5401
 PERFTEST_BASE_PORTS = {"ib_write_bw": 18515, "ib_write_lat": 19515}
+PERFTEST_SECOND_PASS_BASE_PORTS = {"ib_write_bw": 23515, "ib_write_lat": 24515}
+PERFTEST_MAIN_METRICS = {"ib_write_bw": "ib_write_bw", "ib_write_lat": "ib_write_lat_typical"}
 RAIL_PORT_STRIDE = 100  # rail r of pair i in a round listens on base + r * stride + i
 COUNTERS_STEP = "ib_counters"
 NEEDS_TWO = "needs at least two nodes"
@@ -172,12 +175,13 @@ class PairwiseIperf3:
         self._reference = profile.references.get("iperf3_bandwidth")
         self._lock = threading.Lock()
         self.runs: dict[Pair, iperf3.PairRun] = {}
+        self.second_runs: dict[Pair, iperf3.PairRun] = {}
         self.raw: dict[Pair, list[str]] = {}
 
     def run(self, pair: Pair) -> iperf3.PairRun:
         with self._lock:
             if pair not in self.runs:
-                self._run_all(self._selected() or [pair], IPERF3_BASE_PORT, "iperf3")
+                self.runs.update(self._run_all(self._selected() or [pair], IPERF3_BASE_PORT, "iperf3"))
             return self.runs[pair]
 
     def _selected(self) -> list[Pair]:
@@ -207,26 +211,24 @@ class PairwiseIperf3:
                 if result is not None:
                     saved += self._recorder.ledger.save_raw(f"{step}/{pair_id(pair)}", result.node,
                                                             result.stdout, result.stderr)
-            self.raw[pair] = saved
-        self.runs.update(done)
+            if step == "iperf3":
+                self.raw[pair] = saved
         return done
 
-    def passed(self, run: iperf3.PairRun) -> bool:
-        """Sane, and within the profile's band when it has one."""
+    def outcome(self, run: iperf3.PairRun) -> pairs.PairOutcome:
+        """Sane, and within the profile's band when it has one; the figure in Gb/s."""
         report, why = iperf3.judge(run)
         if why:
-            return False
-        return self._reference is None or self._reference.admits(report.gbps)
+            return pairs.PairOutcome(False)
+        return pairs.PairOutcome(self._reference is None or self._reference.admits(report.gbps),
+                                 report.gbps)
 
-    def second_pass(self, first: dict[Pair, bool]) -> dict[Pair, bool]:
-        """Re-pair the nodes of failed pairs with nodes that passed; their outcomes."""
-        nodes = [node.name for node in self._cluster_run.nodes]
-        again = pairs.second_pass_pairs(first, nodes)
-        if not again:
-            return {}
+    def second_pass(self, wanted: dict[None, list[Pair]]) -> dict[None, dict[Pair, pairs.PairOutcome]]:
+        """The second pass's pairs (one kind: key None) in rounds on their own ports; outcomes."""
         with self._lock:
-            done = self._run_all(again, SECOND_PASS_BASE_PORT, "iperf3_second_pass")
-        return {pair: self.passed(run) for pair, run in done.items()}
+            done = self._run_all(wanted[None], SECOND_PASS_BASE_PORT, "iperf3_second_pass")
+        self.second_runs.update(done)
+        return {None: {pair: self.outcome(run) for pair, run in done.items()}}
 
 
 _PAIRWISE_KEY = pytest.StashKey[PairwiseIperf3]()
@@ -270,9 +272,10 @@ RailRun = Union[PairRun, str]  # the run, or why it could not start (e.g. a miss
 class PairwisePerftest:
     """One perftest tool for every selected (pair, rail), run once in rounds when first asked.
 
-    Rail r joins the r-th HCA ibstat lists on each node (rail-aligned); a node whose ibstat
-    lists no HCA runs perftest without --ib-dev, so perftest itself says whether it finds an
-    RDMA device. Every rail of a pair runs at once, each on its own port.
+    Rail r joins the r-th HCA ibstat lists on each node (rail-aligned, in natural name order:
+    mlx5_2 before mlx5_10); a node whose ibstat lists no HCA runs perftest without --ib-dev, so
+    perftest itself says whether it finds an RDMA device. Every rail of a pair runs at once,
+    each on its own port.
     """
 
     def __init__(self, session: pytest.Session, cluster_run, recorder, profile, tool: str):
@@ -280,7 +283,9 @@ class PairwisePerftest:
         self._cluster_run = cluster_run
         self._recorder = recorder
         self.tool = tool
-        self.reference = profile.references.get(tool)
+        self.references = {name: ref for name, ref in profile.references.items() if ref.check == tool}
+        self.main_metric = PERFTEST_MAIN_METRICS[tool]
+        self.higher_is_better = tool.endswith("_bw")
         self.mode = perftest.PerftestMode(
             tool=tool,
             size=perftest.LARGE_MESSAGE_BYTES if tool.endswith("_bw") else perftest.LATENCY_MESSAGE_BYTES,
@@ -288,12 +293,14 @@ class PairwisePerftest:
             use_cuda=bool(profile.expect.get("ib_gpudirect")))
         self._lock = threading.Lock()
         self.runs: dict[tuple[Pair, int], RailRun] = {}
+        self.second_runs: dict[tuple[Pair, int], RailRun] = {}
         self.raw: dict[tuple[Pair, int], list[str]] = {}
 
     def run(self, pair: Pair, rail: int) -> RailRun:
         with self._lock:
             if (pair, rail) not in self.runs:
-                self._run_all(self._selected() or {pair: [rail]})
+                self.runs.update(self._run_all(self._selected() or {pair: [rail]},
+                                               PERFTEST_BASE_PORTS[self.tool], self.tool))
             return self.runs[(pair, rail)]
 
     def _selected(self) -> dict[Pair, list[int]]:
@@ -305,16 +312,17 @@ class PairwisePerftest:
         return chosen
 
     def _hcas(self) -> dict[str, list[str]]:
-        """Each node's HCA names in ibstat's order ([] when it lists none or did not answer)."""
+        """Each node's HCA names, naturally ordered ([] when it lists none or did not answer)."""
         names = {}
         for node, result in self._cluster_run.gather(IBSTAT_STEP, ibstat.probe).items():
             try:
-                names[node] = [hca.name for hca in ibstat.parse_ibstat(result.stdout).hcas]
+                names[node] = ibstat.natural_order(hca.name for hca in ibstat.parse_ibstat(result.stdout).hcas)
             except ParseError:
                 names[node] = []
         return names
 
-    def _run_all(self, wanted: dict[Pair, list[int]]) -> None:
+    def _run_all(self, wanted: dict[Pair, list[int]], base_port: int,
+                 step: str) -> dict[tuple[Pair, int], RailRun]:
         nodes = [node.name for node in self._cluster_run.nodes]
         transports = {node: self._cluster_run.transport(node) for node in nodes}
         address = {node: self._cluster_run.cluster.node(node).address for node in nodes}
@@ -350,18 +358,69 @@ class PairwisePerftest:
                 thread.join()
             return done
 
-        base = PERFTEST_BASE_PORTS[self.tool]
-        for pair, rails in pairs.run_rounds(pairs.schedule(nodes, wanted), base, run_pair).items():
+        runs: dict[tuple[Pair, int], RailRun] = {}
+        for pair, rails in pairs.run_rounds(pairs.schedule(nodes, wanted), base_port, run_pair).items():
             for rail, run in rails.items():
-                self.runs[(pair, rail)] = run
+                runs[(pair, rail)] = run
                 saved = []
                 if not isinstance(run, str):
                     for result in (run.client_result, run.server_result):
                         if result is not None:
                             saved += self._recorder.ledger.save_raw(
-                                f"{self.tool}/{pair_id(pair)}-rail{rail}", result.node,
+                                f"{step}/{pair_id(pair)}-rail{rail}", result.node,
                                 result.stdout, result.stderr)
-                self.raw[(pair, rail)] = saved
+                if step == self.tool:
+                    self.raw[(pair, rail)] = saved
+        return runs
+
+    def metrics_of(self, report: perftest.PerftestReport) -> dict[str, Optional[float]]:
+        """The figures a rail is judged on: bandwidth at the largest message; latency typical
+        (median) and 99th percentile of the first (only) size."""
+        if self.higher_is_better:
+            return {self.main_metric: max(report.rows, key=lambda row: row["bytes"])["bw_avg_gbps"]}
+        row = report.rows[0]
+        return {self.main_metric: row.get("t_typical_us"), "ib_write_lat_p99": row.get("p99_us")}
+
+    def outcome(self, run: RailRun) -> Optional[pairs.PairOutcome]:
+        """The rail for attribution; None when it says nothing about the link (no HCA for the
+        rail, no RDMA device on a node)."""
+        if isinstance(run, str) or any(perftest.no_rdma_device(result)
+                                       for result in (run.client_result, run.server_result)
+                                       if result is not None):
+            return None
+        report, why = perftest.judge(run)
+        if why:
+            return pairs.PairOutcome(False)
+        figures = self.metrics_of(report)
+        within = all(figures.get(name) is not None and reference.admits(figures[name])
+                     for name, reference in self.references.items())
+        return pairs.PairOutcome(within, figures[self.main_metric])
+
+    def first_pass(self) -> dict[int, dict[Pair, pairs.PairOutcome]]:
+        """Every measured rail's pair outcomes, by rail."""
+        by_rail: dict[int, dict[Pair, pairs.PairOutcome]] = {}
+        for (pair, rail), run in self.runs.items():
+            outcome = self.outcome(run)
+            if outcome is not None:
+                by_rail.setdefault(rail, {})[pair] = outcome
+        return by_rail
+
+    def second_pass(self, wanted: dict[int, list[Pair]]) -> dict[int, dict[Pair, pairs.PairOutcome]]:
+        """Every rail's second-pass pairs at once (a pair's rails together), on their own ports."""
+        by_pair: dict[Pair, list[int]] = {}
+        for rail, rail_pairs in wanted.items():
+            for pair in rail_pairs:
+                by_pair.setdefault(pair, []).append(rail)
+        with self._lock:
+            done = self._run_all(by_pair, PERFTEST_SECOND_PASS_BASE_PORTS[self.tool],
+                                 f"{self.tool}_second_pass")
+        self.second_runs.update(done)
+        outcomes: dict[int, dict[Pair, pairs.PairOutcome]] = {}
+        for (pair, rail), run in done.items():
+            outcome = self.outcome(run)
+            if outcome is not None:
+                outcomes.setdefault(rail, {})[pair] = outcome
+        return outcomes
 
 
 def _pairwise_perftest(request, cluster_run, recorder, profile, tool: str) -> PairwisePerftest:
@@ -423,69 +482,79 @@ def test_ib_write_bw(pair: Optional[Pair], rail: int, pairwise_ib_write_bw, prof
     mode = pairwise_ib_write_bw.mode
     record.note(f"rail {rail}: {largest['bw_avg_gbps']:.2f} Gb/s at {largest['bytes']} B"
                 + (" bidirectional" if mode.bidirectional else "") + (" GPUDirect" if mode.use_cuda else ""))
-    metrics.judge(ib_write_bw=(largest["bw_avg_gbps"], "Gb/s"))
+    metrics.judge(**{name: (value, "Gb/s")
+                     for name, value in pairwise_ib_write_bw.metrics_of(report).items()})
 
 
 def test_ib_write_lat(pair: Optional[Pair], rail: int, pairwise_ib_write_lat, profile, metrics,
                       record):
     """RDMA write latency of one rail between two nodes: typical (median) and 99th percentile."""
     report = measured_rail(pairwise_ib_write_lat, pair, rail, profile, record)
-    row = report.rows[0]
-    typical, p99 = row.get("t_typical_us"), row.get("p99_us")
-    record.note(f"rail {rail}: typical {typical} us, p99 {p99} us at {row['bytes']} B")
-    metrics.judge(ib_write_lat_typical=(typical, "us"), ib_write_lat_p99=(p99, "us"))
+    figures = pairwise_ib_write_lat.metrics_of(report)
+    record.note(f"rail {rail}: typical {figures['ib_write_lat_typical']} us, "
+                f"p99 {figures['ib_write_lat_p99']} us at {report.rows[0]['bytes']} B")
+    metrics.judge(**{name: (value, "us") for name, value in figures.items()})
 
 
-def attribution_of(label: str, passed: dict[Pair, bool], figures: dict[Pair, Optional[float]],
-                   unit: str, low_fraction: float,
-                   second_pass: Optional[Callable[[dict[Pair, bool]], dict[Pair, bool]]] = None
-                   ) -> tuple[list[str], list[str]]:
-    """(suspects, low pairs) in words for one kind of pair test: failures and figures far below
-    the median of all pairs both count against a pair; a second pass may clear partners."""
-    low = pairs.low_pairs(figures, low_fraction)
-    first = {pair: ok and pair not in low for pair, ok in passed.items()}
-    outcomes = {**first, **(second_pass(first) if second_pass else {})}
-    blame = pairs.attribute(outcomes)
-    suspects = [] if blame.clean else [f"{label}: {blame.summary()}"]
-    return suspects, [f"{label} {pair_id(pair)}: {why} {unit}" for pair, why in low.items()]
+Kind = TypeVar("Kind")
+
+
+def blame(kinds: dict[Kind, tuple[str, str, pairs.PairVerdicts]], nodes: list[str],
+          second_pass: Callable[[dict[Kind, list[Pair]]], dict[Kind, dict[Pair, pairs.PairOutcome]]]
+          ) -> tuple[list[str], list[str]]:
+    """(suspects, low pairs) in words for kinds of pair test (iperf3; a perftest tool's rails).
+
+    The one second pass for every tool: each kind names the pairs to re-measure (failing nodes
+    with good ones), `second_pass` measures them all at once, and each kind blames on both passes.
+    kinds: key -> (label, unit, verdicts).
+    """
+    wanted = {key: verdicts.second_pass_pairs(nodes) for key, (_, _, verdicts) in kinds.items()}
+    wanted = {key: again for key, again in wanted.items() if again}
+    if wanted:
+        for key, outcomes in second_pass(wanted).items():
+            kinds[key][2].second = outcomes
+    suspects, lows = [], []
+    for label, unit, verdicts in kinds.values():
+        found = verdicts.attribution()
+        if not found.clean:
+            suspects.append(f"{label}: {found.summary()}")
+        lows += [f"{label} {pair_id(pair)}: {why} {unit}" for pair, why in verdicts.low.items()]
+    return suspects, lows
 
 
 @pytest.mark.quick
 @pytest.mark.full
 @pytest.mark.cluster
-def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, profile, record):
-    """Which nodes or links the failed or low pairs point at, after a second pass (iperf3)."""
+def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, pairwise_ib_write_lat, cluster_run,
+                             profile, record):
+    """Which nodes or links the failed or low pairs point at, after a second pass that re-pairs
+    every failing node with nodes that passed (iperf3, and each rail of ib_write_bw/ib_write_lat)."""
     suspects, lows, counts = [], [], []
     low_fraction = profile.expect.get("pair_low_fraction", pairs.LOW_FRACTION)
+    nodes = [node.name for node in cluster_run.nodes]
     if pairwise_iperf3.runs:
-        runs = pairwise_iperf3.runs
-        figures = {pair: (iperf3.judge(run)[0].gbps if not iperf3.judge(run)[1] else None)
-                   for pair, run in runs.items()}
-        found = attribution_of("iperf3", {pair: pairwise_iperf3.passed(run) for pair, run in runs.items()},
-                               figures, "Gb/s", low_fraction, pairwise_iperf3.second_pass)
+        first = {pair: pairwise_iperf3.outcome(run) for pair, run in pairwise_iperf3.runs.items()}
+        found = blame({None: ("iperf3", "Gb/s", pairs.PairVerdicts(first, low_fraction))}, nodes,
+                      pairwise_iperf3.second_pass)
         suspects += found[0]
         lows += found[1]
-        failed = sorted(pair_id(pair) for pair, run in runs.items() if not pairwise_iperf3.passed(run))
-        counts.append(f"iperf3: {len(runs)} pair(s), {len(failed)} failed"
+        failed = sorted(pair_id(pair) for pair, outcome in first.items() if not outcome.passed)
+        counts.append(f"iperf3: {len(first)} pair(s), {len(failed)} failed"
                       + (f" ({', '.join(failed)})" if failed else ""))
-    measured = {key: run for key, run in pairwise_ib_write_bw.runs.items()
-                if not isinstance(run, str) and not any(
-                    perftest.no_rdma_device(result) for result in (run.client_result, run.server_result)
-                    if result is not None)}
-    for rail in sorted({rail for _, rail in measured}):
-        reports = {pair: perftest.judge(run) for (pair, r), run in measured.items() if r == rail}
-        figures = {pair: (report.peak_bw_gbps if report and not why else None)
-                   for pair, (report, why) in reports.items()}
-        found = attribution_of(f"ib_write_bw rail {rail}",
-                               {pair: figure is not None and (pairwise_ib_write_bw.reference is None
-                                                              or pairwise_ib_write_bw.reference.admits(figure))
-                                for pair, figure in figures.items()}, figures, "Gb/s", low_fraction)
+    for pairwise, unit in ((pairwise_ib_write_bw, "Gb/s"), (pairwise_ib_write_lat, "us")):
+        by_rail = pairwise.first_pass()
+        if not by_rail:
+            continue
+        kinds = {rail: (f"{pairwise.tool} rail {rail}", unit,
+                        pairs.PairVerdicts(first, low_fraction, pairwise.higher_is_better))
+                 for rail, first in sorted(by_rail.items())}
+        found = blame(kinds, nodes, pairwise.second_pass)
         suspects += found[0]
         lows += found[1]
-        counts.append(f"ib_write_bw rail {rail}: {len(reports)} pair(s)")
+        counts += [f"{pairwise.tool} rail {rail}: {len(first)} pair(s)" for rail, first in sorted(by_rail.items())]
     if not counts:
         pytest.skip(f"no pair measured ({NEEDS_TWO}, no RDMA device, or none selected)")
-    record.note("; ".join(counts) + (f"; low against the median: {'; '.join(lows)}" if lows else ""))
+    record.note("; ".join(counts) + (f"; far from the median: {'; '.join(lows)}" if lows else ""))
     if suspects:
         raise ExpectationFailure("suspects: " + "; ".join(suspects)
-                                 + (f" (low pairs: {'; '.join(lows)})" if lows else ""))
+                                 + (f" (far from the median: {'; '.join(lows)})" if lows else ""))

@@ -118,3 +118,29 @@ def test_iperf3_uses_the_data_address_the_inventory_names(ns_cluster, sign_key, 
     assert checks(results_of(run_dir), "iperf3")["node1-node2"]["outcome"] == "passed"
     client = (run_dir / "raw" / "iperf3_node1-node2" / "node2.stdout").read_text()
     assert '"host":\t"node1"' in client or '"host": "node1"' in client, client[:600]
+
+
+def test_quick_second_pass_clears_the_node_between_two_dead_ones(ns_cluster_factory, sign_key, tmp_path):
+    """Six real nodes in a ring, node3 and node5 cut off: node4's both ring pairs fail through no
+    fault of its own. The second pass (real iperf3, rounds of disjoint pairs on their own ports)
+    re-pairs the failing nodes with node1, the one node all of whose pairs passed: node4 passes
+    and is cleared; node3 and node5 fail again and are the suspects."""
+    nodes = ns_cluster_factory(6)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    nodes.link_down("node3")
+    nodes.link_down("node5")
+    done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-m", "quick", "-k", "iperf3 or attribution")
+    assert done.returncode == 1, done.stdout[-3000:]
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    results = results_of(run_dir)
+    failed = {pair for pair, c in checks(results, "iperf3").items() if c["outcome"] == "failed"}
+    assert failed == {"node2-node3", "node3-node4", "node4-node5", "node5-node6"}
+    summary = checks(results, "network_attribution")["test_network_attribution"]
+    message = summary["message"]
+    assert summary["outcome"] == "failed" and "node node3: all 3 of its pairs" in message, message
+    assert "node node5: all 3 of its pairs" in message and "node node4" not in message
+    assert "failed again with node1 in the second pass" in message
+    assert "cleared node4: failed with node3, node5, passed with node1 in the second pass" in message
+    second = run_dir / "raw" / "iperf3_second_pass_node1-node4"
+    assert (second / "node4.stdout").is_file() and (second / "node1.stdout").is_file()
+    assert not (run_dir / "raw" / "iperf3_second_pass_node1-node2").exists()  # measured in the first pass

@@ -5,8 +5,8 @@ import itertools
 
 import pytest
 
-from runners.pairs import (attribute, circle_rounds, greedy_rounds, low_pairs, pair_id, ports_for, ring_pairs,
-                           ring_rounds, run_rounds, schedule, second_pass_pairs)
+from runners.pairs import (PairOutcome, PairVerdicts, attribute, circle_rounds, greedy_rounds, low_pairs, pair_id,
+                           ports_for, ring_pairs, ring_rounds, run_rounds, schedule, second_pass_pairs)
 
 
 def names(count: int) -> list[str]:
@@ -138,3 +138,66 @@ def test_a_node_whose_pairs_are_all_low_is_the_suspect():
     result = attribute({pair: pair not in low for pair in pairs})
     assert list(result.suspect_nodes) == ["n02"] and not result.suspect_links
     assert "failed or were low" in result.suspect_nodes["n02"]
+
+
+def ring_with_dead(count: int, dead: set, figure: float = 10.0) -> dict:
+    """A ring's first pass where every pair touching a dead node failed without a figure."""
+    return {pair: PairOutcome(False) if set(pair) & dead else PairOutcome(True, figure)
+            for pair in ring_pairs(names(count))}
+
+
+def test_two_dead_nodes_on_a_ring_would_blame_their_common_neighbour_without_a_second_pass():
+    """n03 and n05 dead: n04's two ring pairs both fail, so the first pass alone blames n04 too."""
+    verdicts = PairVerdicts(ring_with_dead(6, {"n03", "n05"}))
+    assert list(verdicts.attribution().suspect_nodes) == ["n03", "n04", "n05"]
+
+
+def test_the_second_pass_re_pairs_failing_nodes_with_good_ones_in_disjoint_rounds_on_distinct_ports():
+    nodes = names(6)
+    verdicts = PairVerdicts(ring_with_dead(6, {"n03", "n05"}))
+    again = verdicts.second_pass_pairs(nodes)
+    assert again == [("n01", "n03"), ("n01", "n04"), ("n01", "n05")]  # n01: the only node all of whose pairs passed
+    rounds = schedule(nodes, again)
+    assert_disjoint(rounds) and len(rounds) == 3
+    for round_pairs in rounds:
+        assert len(set(ports_for(round_pairs, 5401).values())) == len(round_pairs)
+
+
+def test_the_second_pass_clears_the_partner_and_confirms_the_bad_nodes():
+    verdicts = PairVerdicts(ring_with_dead(6, {"n03", "n05"}))
+    verdicts.second = {("n01", "n03"): PairOutcome(False), ("n01", "n04"): PairOutcome(True, 9.8),
+                       ("n01", "n05"): PairOutcome(False)}
+    blame = verdicts.attribution()
+    assert list(blame.suspect_nodes) == ["n03", "n05"] and not blame.suspect_links
+    assert blame.suspect_nodes["n03"] == ("all 3 of its pairs failed or were low (with n02, n04, n01); "
+                                          "n02, n04, n01 passed with other nodes; failed again with n01 in the second pass")
+    # n02 and n06 passed with n01 in the first pass already: only n04 needed the second pass
+    assert blame.cleared_nodes == {"n04": "failed with n03, n05, passed with n01 in the second pass"}
+    assert "cleared n04: failed with n03, n05, passed with n01 in the second pass" in blame.summary()
+
+
+def test_a_second_pass_figure_is_judged_against_the_first_passs_median():
+    """A second-pass pair within its band but far below what the fabric reached still fails."""
+    first = {pair: PairOutcome(True, 390.0) for pair in itertools.combinations(names(4), 2)}
+    first[("n01", "n02")] = PairOutcome(False)
+    verdicts = PairVerdicts(first)
+    verdicts.second = {("n01", "n05"): PairOutcome(True, 150.0), ("n02", "n05"): PairOutcome(True, 389.0)}
+    assert verdicts.low == {("n01", "n05"): "150 is 62% below the median 390"}
+    blame = verdicts.attribution()
+    assert list(blame.suspect_nodes) == [] and set(blame.suspect_links) == {("n01", "n02"), ("n01", "n05")}
+
+
+def test_latency_is_bad_far_above_the_median():
+    figures = {("a", "b"): 1.0, ("a", "c"): 1.02, ("b", "c"): 0.98, ("c", "d"): 2.5, ("b", "d"): 1.01}
+    assert low_pairs(figures, 0.25, higher_is_better=False) == {("c", "d"): "2.5 is 148% above the median 1.01"}
+    assert low_pairs(figures, 0.25) == {}
+    verdicts = PairVerdicts({pair: PairOutcome(True, value) for pair, value in figures.items()},
+                            higher_is_better=False)
+    assert verdicts.second_pass_pairs(["a", "b", "c", "d"]) == [("a", "d")]  # c has met a and b already
+
+
+def test_no_second_pass_when_every_pair_passed_or_no_node_is_good():
+    assert PairVerdicts(ring_with_dead(4, set())).second_pass_pairs(names(4)) == []
+    assert PairVerdicts({("a", "b"): PairOutcome(False)}).second_pass_pairs(["a", "b"]) == []
+    clean = PairVerdicts(ring_with_dead(4, set()))
+    assert clean.attribution().clean and not clean.attribution().cleared_nodes
