@@ -291,6 +291,7 @@ class PairSection:
     heatmaps: list[Heatmap]
     skipped: list[str]  # pair checks that only skipped, with the reason
     attribution: Optional[dict]  # the attribution check's outcome and message
+    low_percent: str = ""  # how far from the median a figure is amber, e.g. "25%"
 
 
 @dataclass
@@ -357,7 +358,7 @@ def build_view(results: dict) -> View:
         provenance=_provenance(run),
         tools=_tools(run.get("tools") or []),
         signer=_signer(results.get("signer")),
-        pairs=_pair_section(checks, layout),
+        pairs=_pair_section(checks, layout, _number(run.get("pair_low_fraction"))),
         schema=text(results.get("schema")),
         curves=build_curves(checks, lambda check: text(_where(check)), format_number),
     )
@@ -807,13 +808,20 @@ def _label_step(names: list[str], slot: float) -> int:
 # ---------------------------------------------------------------------------------------------
 # Pairs: an N x N heatmap per pair check (and per rail)
 
-LOW_VS_MEDIAN = 0.25  # as runners.pairs.LOW_FRACTION: a figure this far on the bad side is low
+LOW_VS_MEDIAN = 0.25  # as runners.pairs.LOW_FRACTION: without the run's pair_low_fraction, this far on the bad side is low
+MEDIAN_MIN_PAIRS = 3  # as runners.pairs.MIN_PAIRS_FOR_MEDIAN: fewer figures make no median to be low against
 COMPACT_NODES = 16  # above this many nodes the cells are bare squares (figures in tooltips)
 ATTRIBUTION_CHECK = "network_attribution"
 
 
-def _pair_section(checks: list[dict], layout: Layout) -> Optional[PairSection]:
-    """Heatmaps of every pair check's main figure, node against node, from the checks' `pair`."""
+def _pair_section(checks: list[dict], layout: Layout,
+                  low_fraction: Optional[float] = None) -> Optional[PairSection]:
+    """Heatmaps of every pair check's main figure, node against node, from the checks' `pair`.
+
+    A figure is amber (low) this far from the median on the bad side: the profile's
+    pair_low_fraction from the run (the attribution's threshold), else LOW_VS_MEDIAN.
+    """
+    low_fraction = LOW_VS_MEDIAN if low_fraction is None or low_fraction <= 0 else low_fraction
     groups: dict[tuple[str, Optional[str]], list[int]] = {}
     for index, check in enumerate(checks):
         if _pair(check):
@@ -833,11 +841,12 @@ def _pair_section(checks: list[dict], layout: Layout) -> Optional[PairSection]:
                            + (f" (and {len(kinds) - 1} other reason(s))" if len(kinds) > 1 else ""))
             continue
         heatmaps.append(_heatmap(f"pairs-{number}", name, rail, [(i, checks[i]) for i in members],
-                                 layout))
+                                 layout, low_fraction))
     attribution = next(({"outcome": _outcome(c), "message": text(c.get("message")).strip(),
                          "anchor": _anchor(i, _outcome(c))}
                         for i, c in enumerate(checks) if c.get("check") == ATTRIBUTION_CHECK), None)
-    return PairSection(heatmaps=heatmaps, skipped=skipped, attribution=attribution)
+    return PairSection(heatmaps=heatmaps, skipped=skipped, attribution=attribution,
+                       low_percent=f"{low_fraction * 100:g}%")
 
 
 def _without_nodes(reason: str, pair: tuple[str, str]) -> str:
@@ -858,7 +867,7 @@ def _main_metric(members: list[tuple[int, dict]]) -> Optional[dict]:
 
 
 def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, dict]],
-             layout: Layout) -> Heatmap:
+             layout: Layout, low_fraction: float = LOW_VS_MEDIAN) -> Heatmap:
     main = _main_metric(members)
     metric_name = text(main.get("name")) if main else ""
     unit = text(main.get("unit")) if main else ""
@@ -888,8 +897,9 @@ def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, 
             state = "broken" if outcome in FAILED_OUTCOMES else "none"
         elif metric is not None and _ok(metric.get("ok")) is False:
             state = "fail"
-        elif median and ((low_bad and value < median * (1 - LOW_VS_MEDIAN))
-                         or (high_bad and value > median * (1 + LOW_VS_MEDIAN))):
+        elif median and len(values) >= MEDIAN_MIN_PAIRS and (
+                (low_bad and value < median * (1 - low_fraction))
+                or (high_bad and value > median * (1 + low_fraction))):
             state = "low"
         elif outcome in FAILED_OUTCOMES:
             state = "fail"

@@ -2,7 +2,8 @@
 
 Keys (a public interface; add, never rename):
     schema, run{run_id, cluster, profile, profile_description, inventory{path, sha256},
-    harness{version, commit}, started, finished, interrupted, argv, nodes, tools[]},
+    harness{version, commit}, started, finished, interrupted, argv, nodes, tools[],
+    pair_low_fraction? (the profile's: a pair this far from the median of its peers is low)},
     signer{fingerprint, public_key}?, verdict{status, reasons}, nodes[{name, status, reasons}],
     checks[{test_id, check, area, node, outcome, kind, message, log_excerpt, duration_s,
             finished, raw[], metrics[{name, value, unit, reference, criterion, margin, ok}],
@@ -48,6 +49,9 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
         "nodes": verdict.nodes,
         "checks": [{k: v for k, v in entry.items() if k != "type"} for entry in record.checks],
     }
+    low_fraction = (profile.get("expect") or {}).get("pair_low_fraction")
+    if low_fraction is not None:  # the report's heatmaps mark low pairs as the attribution does
+        results["run"]["pair_low_fraction"] = low_fraction
     if signer:
         results["signer"] = signer
     return results, verdict

@@ -513,3 +513,29 @@ def test_sixty_four_node_heatmap_renders_fast_and_compact():
     suspects = [th.text() for th in table.find("tbody").find_all("th", "suspect")]
     assert suspects == ["gpu017"]
     assert len(output.encode()) < 5_000_000
+
+
+@pytest.mark.parametrize("fraction, amber", [(None, {("n1", "n3")}), (0.25, {("n1", "n3")}), (0.75, set())])
+def test_heatmap_amber_uses_the_runs_pair_low_fraction(fraction, amber):
+    """The profile's pair_low_fraction (carried in results.json's run) is the heatmap's threshold,
+    as it is the attribution's: 3.0 against a median of 9.0 is 67% below it, amber at 25% only."""
+    from reports.html import LOW_VS_MEDIAN, MEDIAN_MIN_PAIRS
+    from runners.pairs import LOW_FRACTION, MIN_PAIRS_FOR_MEDIAN
+
+    assert (LOW_VS_MEDIAN, MEDIAN_MIN_PAIRS) == (LOW_FRACTION, MIN_PAIRS_FOR_MEDIAN)
+    nodes = ["n1", "n2", "n3"]
+    checks = [pair_check("n1", "n2", 9.0), pair_check("n1", "n3", 3.0), pair_check("n2", "n3", 9.5)]
+    run = {} if fraction is None else {"pair_low_fraction": fraction}
+    document = render_html(results(nodes, checks, **run))
+    cells = heat_cells(parse(document).by_id("pairs").parent.find("section", "heatmap"))
+    assert {key for key, cell in cells.items() if "hc-low" in cell.classes() and key[0] < key[1]} == amber
+    percent = f"{(fraction or 0.25) * 100:g}%"
+    assert f"low vs median (over {percent} off)" in document and f"more than {percent} from the median" in document
+
+
+def test_heatmap_has_no_amber_without_enough_pairs_for_a_median():
+    """Two pairs make no median to be low against (as in the attribution): figures only."""
+    checks = [pair_check("n1", "n2", 9.0), pair_check("n1", "n3", 1.5)]
+    root = parse(render_html(results(["n1", "n2", "n3"], checks)))
+    cells = heat_cells(root.by_id("pairs").parent.find("section", "heatmap"))
+    assert not any("hc-low" in cell.classes() for cell in cells.values())

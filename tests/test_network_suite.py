@@ -60,6 +60,9 @@ def test_quick_runs_the_ring_and_passes_on_four_nodes(ns_cluster, sign_key, tmp_
             assert check["outcome"] == "skipped" and check["rail"] == 0, check
             assert "Unable to find the Infiniband/RoCE device" in check["message"]
     assert (run_dir / "raw" / "ib_write_bw_node1-node2-rail0" / "node2.stderr").is_file()
+    # cpu-only's pair_low_fraction reaches the report: heatmap and attribution share the threshold
+    assert results["run"]["pair_low_fraction"] == 0.75
+    assert "low vs median (over 75% off)" in (run_dir / "report.html").read_text()
 
 
 def test_full_with_a_dead_link_names_the_node_and_spares_its_partners(ns_cluster_factory, sign_key, tmp_path):
