@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from runners import payloads
+from runners.launchers import LaunchError, Launcher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 
@@ -238,6 +240,38 @@ def run(transport: Transport, collective: str, gpus: int, *, timeout: float = 60
     NCCL_DEBUG=VERSION makes the library print its version next to the table.
     """
     return transport.run(["sh", "-c", _WITH_NCCL_ENV, "nccl-tests", *argv(collective, gpus)],
+                         timeout=timeout, env={"NCCL_DEBUG": "VERSION"})
+
+
+MPIRUN = "mpirun"
+DETECT_TIMEOUT_S = 30
+
+
+def detect_launch(transport: Transport) -> Result:
+    """Whether the node has all_reduce_perf and mpirun on its PATH, and runs as root: JSON for
+    runners.hpl.parse_detect (the HPL payload's detect action, shutil.which on the node)."""
+    spec = {"action": "detect", "programs": [BINARIES["all_reduce"], MPIRUN]}
+    return transport.run_script(payloads.load("hpl_scratch"), [json.dumps(spec)],
+                                timeout=DETECT_TIMEOUT_S)
+
+
+def across_argv(launcher: Launcher, hosts: list[str], gpus_per_node: int,
+                collective: str = "all_reduce") -> list[str]:
+    """One rank per GPU on every host, each driving one GPU (-g 1), started by a launcher that
+    starts every rank from the first host (mpirun)."""
+    if launcher.starts_on != "first":
+        raise LaunchError(f"nccl-tests across nodes needs a launcher that starts every rank from "
+                          f"the first host; {launcher.name} starts on {launcher.starts_on}")
+    return launcher.argv(hosts, gpus_per_node, argv(collective, 1))
+
+
+def run_across(transport: Transport, launcher: Launcher, hosts: list[str], gpus_per_node: int,
+               collective: str = "all_reduce", *, timeout: float = 600) -> Result:
+    """nccl-tests across `hosts`, launched from `transport`'s node (the first host) and bounded
+    by its timeout (mpirun takes its daemons and ranks down when signalled). The launching
+    node's NCCL_* environment goes to stderr, as for one node."""
+    return transport.run(["sh", "-c", _WITH_NCCL_ENV, "nccl-tests",
+                          *across_argv(launcher, hosts, gpus_per_node, collective)],
                          timeout=timeout, env={"NCCL_DEBUG": "VERSION"})
 
 

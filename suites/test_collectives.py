@@ -2,20 +2,23 @@
 `full`) within each node, and all-reduce across all nodes.
 
 Within a node: nccl-tests' `all_reduce_perf` over all GPUs where it is installed, else the torch
-payload under torchrun (nccl on GPUs, gloo with two CPU ranks). Across nodes: the torch payload,
-torchrun on every node with a c10d rendezvous on the first. busbw is judged at the largest size,
-never nccl-tests' "Avg bus bandwidth"; the NCCL version and NCCL_* environment go beside every
-figure. Without torch (and nccl-tests) on a node the checks skip on cpu-only and fail where the
+payload under torchrun (nccl on GPUs, gloo with two CPU ranks). Across nodes: `all_reduce_perf`
+under mpirun from the first node (one rank per GPU) where every node has nccl-tests and mpirun,
+else the torch payload, torchrun on every node with a c10d rendezvous on the first. busbw is
+judged at the largest size, never nccl-tests' "Avg bus bandwidth"; the NCCL version and NCCL_*
+environment go beside every figure, and busbw against message size goes into the report as a
+curve (every row of the run). Without torch (and nccl-tests) on a node the checks skip on cpu-only and fail where the
 profile expects GPUs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import pytest
 
-from runners import collectives, nccl_tests
+from runners import collectives, hpl, nccl_tests
+from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 from suites.checks import (CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure,
@@ -26,6 +29,7 @@ pytestmark = [pytest.mark.training]
 PROBE_STEP = "collectives_probe"
 NODE_STEP = "allreduce_node"
 CLUSTER_STEP = "allreduce_cluster"
+LAUNCH_DETECT_STEP = "nccl_tests_mpirun_detect"
 NODE_TIMEOUT_S = 600
 SLOWEST_NAMED = 3
 
@@ -48,6 +52,7 @@ class Figure:
     env: dict
     tool: str
     note: str = ""
+    lines: dict = field(default_factory=dict)  # legend -> [(size B, busbw GB/s)], every row of the run
 
     def describe(self) -> str:
         env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()) if k.startswith(("NCCL_", "GLOO_")))
@@ -152,7 +157,8 @@ def figure_of(plan: Plan, result: Result, collective: str = "all_reduce") -> Fig
         busbw = max(v for v in (largest.busbw, largest.busbw_inplace) if v is not None)
         return Figure(busbw, largest.size, plan.ranks, report.nccl_version,
                       nccl_tests.nccl_env(result), "nccl-tests",
-                      "one rank: busbw is 0 by definition" if plan.ranks == 1 else "")
+                      "one rank: busbw is 0 by definition" if plan.ranks == 1 else "",
+                      nccl_lines(report.rows))
     report = parsed(collectives.parse_collectives, require(result))
     return torch_figure(result.node, report, plan.ranks, collective)
 
@@ -170,8 +176,23 @@ def torch_figure(where: str, report: collectives.CollectivesReport, ranks: int,
     if largest is None:
         raise SanityFailure(f"{where}: the payload measured no {collective}")
     env = {**report.env}
-    return Figure(largest.busbw, largest.size, report.ranks, report.nccl_version, env,
-                  f"torch {report.torch} {report.backend}", report.note)
+    tool = f"torch {report.torch} {report.backend}"
+    return Figure(largest.busbw, largest.size, report.ranks, report.nccl_version, env, tool,
+                  report.note, {tool: [(row.size, row.busbw) for row in report.collectives[collective]]})
+
+
+def nccl_lines(rows: list[nccl_tests.NcclRow]) -> dict:
+    """nccl-tests' two placements as two lines (in-place only where the run printed it)."""
+    lines = {"nccl-tests out-of-place": [(row.size, row.busbw) for row in rows if row.busbw is not None],
+             "nccl-tests in-place": [(row.size, row.busbw_inplace) for row in rows
+                                     if row.busbw_inplace is not None]}
+    return {legend: points for legend, points in lines.items() if points}
+
+
+def record_curve(record, collective: str, figure: Figure) -> None:
+    """busbw against message size, every row of the run, as a curve in the report."""
+    record.series(f"{collective.replace('_', '')} busbw", x=("message size", "B"),
+                  y=("busbw", "GB/s"), lines=figure.lines, x_scale="log2")
 
 
 @pytest.mark.quick
@@ -186,6 +207,7 @@ def test_allreduce(on_node, profile, measure_node, metrics, record, recorder, no
     figure = figure_of(plan, on_node(NODE_STEP, measure_node))
     if figure.nccl_version:
         recorder.record_tool(node, "nccl", figure.nccl_version)
+    record_curve(record, "all_reduce", figure)
     record.note(figure.describe())
     metrics.judge(allreduce_busbw=(round(figure.busbw, 3), "GB/s"))
 
@@ -197,6 +219,7 @@ def measure_other_collective(collective, on_node, profile, measure_other, record
     if plan is None:
         unavailable(why, profile)
     figure = figure_of(plan, on_node(f"{collective}_node", measure_other(collective)), collective)
+    record_curve(record, collective, figure)
     record.note(f"{collective}: " + figure.describe())
     return figure
 
@@ -239,23 +262,35 @@ def test_allreduce_spread(cluster_run, profile, measure_node, record):
                 + ", ".join(f"{node} {busbw:.3f} GB/s" for node, busbw in slowest))
 
 
-@pytest.mark.quick
-@pytest.mark.cluster
-def test_allreduce_cluster(cluster_run, profile, recorder, metrics, record):
-    """All-reduce busbw across every selected node: torchrun on each, rendezvous on the first."""
-    nodes = [node.name for node in cluster_run.nodes]
-    if len(nodes) < 2:
-        pytest.skip("needs at least two nodes")
-    probes = cluster_run.gather(PROBE_STEP, collectives.probe)
-    plans = {}
+def mpirun_everywhere(cluster_run, nodes: list[str]) -> Optional[dict[str, hpl.Detected]]:
+    """Each node's programs and user when every node has all_reduce_perf and mpirun; else None."""
+    found = cluster_run.gather(LAUNCH_DETECT_STEP, nccl_tests.detect_launch)
+    detected = {}
     for node in nodes:
-        probe = probe_of(probes[node])
-        plan, why = plan_for(probe, profile)
-        if plan is None:
-            unavailable(why, profile)
-        if not probe.torch:
-            unavailable(f"{node}: torch is missing (nccl-tests across nodes needs mpirun)", profile)
-        plans[node] = plan
+        try:
+            detected[node] = hpl.parse_detect(require(found[node]).stdout)
+        except (ParseError, AssertionError):
+            return None
+    wanted = (nccl_tests.BINARIES["all_reduce"], nccl_tests.MPIRUN)
+    if all(d.has(program) for d in detected.values() for program in wanted):
+        return detected
+    return None
+
+
+def nccl_tests_across(cluster_run, nodes: list[str], gpus: int, root: bool, recorder,
+                      record) -> Figure:
+    """all_reduce_perf under mpirun from the first node, one rank per GPU; sanity, then busbw."""
+    first = cluster_run.cluster.node(nodes[0])
+    launcher = MpirunLauncher(ssh=first.ssh, as_root=root, export_env=("NCCL_DEBUG",))
+    hosts = [cluster_run.cluster.node(node).address for node in nodes]
+    result = nccl_tests.run_across(cluster_run.transport(first.name), launcher, hosts, gpus,
+                                   timeout=NODE_TIMEOUT_S)
+    record.raw(recorder.ledger.save_raw(CLUSTER_STEP, first.name, result.stdout, result.stderr))
+    return figure_of(Plan("nccl-tests", gpus * len(nodes), True), result)
+
+
+def torch_across(cluster_run, nodes: list[str], plans: dict[str, Plan], recorder, record) -> Figure:
+    """The torch payload under torchrun on every node, rendezvous on the first."""
     ranks = plans[nodes[0]].ranks if plans[nodes[0]].gpu else 1
     transports = {node: cluster_run.transport(node) for node in nodes}
     addresses = {node: cluster_run.cluster.node(node).address for node in nodes}
@@ -280,6 +315,42 @@ def test_allreduce_cluster(cluster_run, profile, recorder, metrics, record):
     if report is None:
         raise SanityFailure("no rank printed a measurement", excerpt(
             "\n".join(r.stdout for r in launch.results.values())))
-    figure = torch_figure(result.node, report, ranks * len(nodes))
+    return torch_figure(result.node, report, ranks * len(nodes))
+
+
+@pytest.mark.quick
+@pytest.mark.cluster
+def test_allreduce_cluster(cluster_run, profile, recorder, metrics, record):
+    """All-reduce busbw across every selected node: nccl-tests under mpirun where every node has
+    both, else torchrun on each node with the rendezvous on the first."""
+    nodes = [node.name for node in cluster_run.nodes]
+    if len(nodes) < 2:
+        pytest.skip("needs at least two nodes")
+    probes = cluster_run.gather(PROBE_STEP, collectives.probe)
+    plans, missing_torch = {}, []
+    for node in nodes:
+        probe = probe_of(probes[node])
+        plan, why = plan_for(probe, profile)
+        if plan is None:
+            unavailable(why, profile)
+        plans[node] = plan
+        if not probe.torch:
+            missing_torch.append(node)
+    detected = None
+    if all(plan.tool == "nccl-tests" for plan in plans.values()):
+        detected = mpirun_everywhere(cluster_run, nodes)
+    if detected is not None:
+        gpus = {plan.ranks for plan in plans.values()}
+        if len(gpus) > 1:
+            raise ExpectationFailure("nodes have different GPU counts: " + ", ".join(
+                f"{node} {plan.ranks}" for node, plan in plans.items()))
+        figure = nccl_tests_across(cluster_run, nodes, gpus.pop(), detected[nodes[0]].root,
+                                   recorder, record)
+    elif missing_torch:
+        unavailable(f"{missing_torch[0]}: torch is missing, and nccl-tests across nodes needs "
+                    "all_reduce_perf and mpirun on every node", profile)
+    else:
+        figure = torch_across(cluster_run, nodes, plans, recorder, record)
+    record_curve(record, "all_reduce", figure)
     record.note(f"{len(nodes)} node(s): " + figure.describe())
     metrics.judge(allreduce_busbw_cluster=(round(figure.busbw, 3), "GB/s"))

@@ -113,7 +113,7 @@ def checks_of(results: dict) -> dict:
 
 def test_training_suite_on_two_namespace_nodes(ns_cluster, sign_key, tmp_path):  # noqa: F811
     inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml", nodes=["node1", "node2"])
-    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "training")
+    done = run_suites(inventory, tmp_path / "out", sign_key, "suites/test_collectives.py", "-m", "training")
     assert done.returncode == 0, done.stdout[-3000:]
     checks = checks_of(results_of(run_dir_of(tmp_path / "out", "nscluster")))
     for node in ("node1", "node2"):
@@ -121,15 +121,23 @@ def test_training_suite_on_two_namespace_nodes(ns_cluster, sign_key, tmp_path): 
         assert check["outcome"] == "passed" and "gloo" in check["message"]
         metric = check["metrics"][0]
         assert metric["name"] == "allreduce_busbw" and metric["unit"] == "GB/s" and metric["ok"]
+        [curve] = check["series"]  # busbw against size: every row of the run, one line per tool
+        assert (curve["name"], curve["x_unit"], curve["y_unit"], curve["x_scale"]) == \
+            ("allreduce busbw", "B", "GB/s", "log2")
+        [line] = curve["lines"]
+        assert line["label"].startswith("torch ") and line["label"].endswith(" gloo")
+        assert [x for x, _ in line["points"]] == list(collectives.CPU_SIZES)
     cluster = checks[("allreduce_cluster", None)]
     assert cluster["outcome"] == "passed", cluster["message"]
     assert "GLOO_SOCKET_IFNAME=eth0" in cluster["message"] and cluster["metrics"][0]["value"] > 0
+    assert [x for x, _ in cluster["series"][0]["lines"][0]["points"]] == list(collectives.CPU_SIZES)
     assert "slowest: node" in checks[("allreduce_spread", None)]["message"]
     for check, collective in [("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
                               ("alltoall", "all_to_all")]:
         assert checks[(check, "node2")]["outcome"] == "passed"
         assert checks[(check, "node2")]["message"].startswith(f"{collective}: ")
         assert checks[(check, "node2")]["metrics"][0]["name"] == f"{check}_busbw"
+        assert checks[(check, "node2")]["series"][0]["name"] == f"{check} busbw"
 
 
 @pytest.mark.parametrize("profile, outcome", [("cpu-only", "skipped"), ("h200-sxm-8gpu", "failed")])
@@ -137,7 +145,7 @@ def test_without_torch_cpu_only_skips_and_a_gpu_profile_fails(profile, outcome, 
                                                               tmp_path):  # noqa: F811
     inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml", nodes=["node3", "node4"],
                                            profile=profile, extra={"python": NO_TORCH_PYTHON})
-    run_suites(inventory, tmp_path / "out", sign_key, "-m", "training")
+    run_suites(inventory, tmp_path / "out", sign_key, "suites/test_collectives.py", "-m", "training")
     checks = checks_of(results_of(run_dir_of(tmp_path / "out", "nscluster")))
     for key in [("allreduce", "node3"), ("allreduce", "node4"), ("allreduce_cluster", None)]:
         assert checks[key]["outcome"] == outcome, checks[key]

@@ -1,5 +1,7 @@
 """nccl-tests parser on real outputs (tests/data/nccl-tests, tests/data/h200-1gpu) and on copies
-derived from them in these tests (each says what it changes); exit 7 and `handover parse`."""
+derived from them in these tests (each says what it changes); exit 7 and `handover parse`; the
+across-node launch: mpirun's argv (pure), the suite's judgement of the real 2 x 8 H200 output,
+and a real mpirun across two namespace nodes (where nccl-tests is not installed)."""
 from __future__ import annotations
 
 import json
@@ -9,10 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from inventory.model import Node
-from runners import nccl_tests
+from inventory.model import Node, SshSettings
+from nodes import ns_inventory, wait_for_no_leftovers
+from runners import hpl, nccl_tests
+from runners.launchers import LaunchError, MpirunLauncher
 from runners.parsing import ParseError
+from runners.ssh import SshTransport
 from runners.transport import LocalTransport, Result
+from suites.checks import SanityFailure, series_entry
+from suites.test_collectives import Plan, figure_of, nccl_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -169,3 +176,74 @@ def test_handover_parse_nccl_tests_prints_the_issue_keys():
 
 def _result(exit_code: int) -> Result:
     return Result("gpu001", "all_reduce_perf -b 1G -e 8G", exit_code, "", "", 1.0)
+
+
+# ---------------------------------------------------------------- across nodes (mpirun)
+
+SSH = SshSettings(user="root", port=2222, identity_file="/keys/id_ed25519", connect_timeout=5)
+
+
+def test_across_nodes_mpirun_starts_one_rank_per_gpu_each_driving_one_gpu():
+    launcher = MpirunLauncher(ssh=SSH, as_root=True, export_env=("NCCL_DEBUG",))
+    argv = nccl_tests.across_argv(launcher, ["10.0.0.1", "10.0.0.2"], 8)
+    assert argv[:7] == ["mpirun", "-np", "16", "--host", "10.0.0.1:8,10.0.0.2:8", "--map-by", "ppr:8:node"]
+    assert "--allow-run-as-root" in argv and argv[argv.index("-x") + 1] == "NCCL_DEBUG"
+    assert argv[argv.index("plm_rsh_args") + 1].startswith("-l root -p 2222 -i /keys/id_ed25519")
+    assert argv[-11:] == ["all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "1", "-c", "1"]
+
+
+def test_across_nodes_needs_a_launcher_that_starts_from_the_first_host():
+    from runners.torchrun import TorchrunLauncher
+
+    with pytest.raises(LaunchError, match="torchrun starts on every"):
+        nccl_tests.across_argv(TorchrunLauncher(), ["a", "b"], 8)
+
+
+def test_the_two_node_run_is_judged_on_all_sixteen_ranks_with_every_row_as_a_curve():
+    """The real 2 x 8 H200 output, as the first node's Result of an mpirun launch."""
+    output = text_of(NCCL / "oci_2node_16xH200_all_reduce_perf_1G-16G.txt")
+    result = Result("gpu001", "mpirun ... all_reduce_perf", 0, output, "NCCL_IB_HCA=mlx5\n", 60.0)
+    figure = figure_of(Plan("nccl-tests", 16, True), result)
+    assert figure.busbw == 486.49 and figure.size == 17179869184 and figure.ranks == 16
+    assert figure.env == {"NCCL_IB_HCA": "mlx5"}
+    rows = parse(NCCL / "oci_2node_16xH200_all_reduce_perf_1G-16G.txt").rows
+    assert figure.lines["nccl-tests out-of-place"] == [(row.size, row.busbw) for row in rows]
+    assert figure.lines["nccl-tests in-place"][-1] == (17179869184, 486.40)
+    curve = series_entry("allreduce busbw", x=("message size", "B"), y=("busbw", "GB/s"),
+                         lines=figure.lines, x_scale="log2")
+    assert [line["label"] for line in curve["lines"]] == ["nccl-tests out-of-place", "nccl-tests in-place"]
+    with pytest.raises(SanityFailure, match="16 rank\\(s\\) reported, expected 8"):
+        figure_of(Plan("nccl-tests", 8, True), result)
+
+
+def test_old_format_without_in_place_busbw_gives_one_line():
+    """superbench's old table (A100, 8 ranks, validation off): both placements print busbw."""
+    lines = nccl_lines(parse(NCCL / "superbench_nccl_allreduce.log").rows)
+    assert set(lines) == {"nccl-tests out-of-place", "nccl-tests in-place"}
+    assert nccl_lines([nccl_tests.NcclRow(1024, 1.0, 2.0, None, 0)]) == {
+        "nccl-tests out-of-place": [(1024, 2.0)]}
+
+
+def test_detect_launch_finds_mpirun_but_no_nccl_tests_here():
+    detected = hpl.parse_detect(nccl_tests.detect_launch(LocalTransport(
+        Node(name="localhost", address="localhost", transport="local"))).stdout)
+    assert detected.has("mpirun") and not detected.has("all_reduce_perf") and detected.root
+
+
+def test_across_two_namespace_nodes_a_missing_all_reduce_perf_fails_and_leaves_nothing(ns_cluster, tmp_path):
+    """Real mpirun from node1 to node1 and node2: nccl-tests is not installed here, so mpirun
+    says so and exits non-zero; the check fails as a sanity failure, no daemon is left."""
+    cluster = ns_inventory(ns_cluster, tmp_path / "cluster.yaml", nodes=["node1", "node2"])
+    first = cluster.node("node1")
+    transport = SshTransport(first)
+    try:
+        result = nccl_tests.run_across(transport, MpirunLauncher(ssh=first.ssh, as_root=True,
+                                                                 export_env=("NCCL_DEBUG",)),
+                                       [node.address for node in cluster.nodes], 1, timeout=60)
+    finally:
+        transport.close()
+    assert not result.timed_out and result.exit_code not in (0, None)
+    assert "NCCL_DEBUG=VERSION" in result.stderr and "all_reduce_perf" in result.stdout + result.stderr
+    with pytest.raises(SanityFailure):
+        figure_of(Plan("nccl-tests", 2, True), result)
+    assert wait_for_no_leftovers("orted") == []
