@@ -171,6 +171,8 @@ def parse_kernel_log(text: str) -> KernelLog:
         named = _NVRM_GPU.search(line)
         if named:
             last_gpu = named["device"]
+        elif "NVRM:" not in line:  # the driver's multi-line message ended
+            last_gpu = ""
         last_uptime = _uptime(line) if _uptime(line) is not None else last_uptime
         event = classify(line)
         if event is None:

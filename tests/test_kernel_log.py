@@ -191,3 +191,12 @@ def test_unprivileged_user_falls_back_and_is_told_why():
     assert read.attempts[1]["command"].startswith("journalctl -k -b")
     if not read.readable:
         assert "No journal files were found" in read.unreadable_reason()
+
+
+def test_a_gpu_named_before_an_unrelated_line_is_not_blamed():
+    """DERIVED: the NVSentinel#155 lines with a real line of this VM's dmesg put between the
+    line naming the GPU and the words "fallen off the bus": no device can be attributed."""
+    first, *rest = (DATA / "nvsentinel-issue155_dmesg_fallen_off_bus_without_xid.txt").read_text().splitlines()
+    unrelated = (DATA / "local_dmesg_boot_excerpt.txt").read_text().splitlines()[0]
+    [event] = kernel_log.parse_kernel_log("\n".join([first, unrelated, *rest])).events
+    assert (event.code, event.device) == (79, "")
