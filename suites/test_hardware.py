@@ -5,6 +5,7 @@ A node without NVML skips the GPU checks on a profile that expects no GPUs (no `
 and fails them on a GPU profile: a GPU node whose driver cannot be reached is not deliverable.
 Every check is `quick` except the long burn (`full`). Burn lengths in seconds come from the
 environment: HANDOVER_GPU_BURN_S (quick, default 60) and HANDOVER_GPU_BURN_FULL_S (default 600).
+The kernel log is read last, so Xids the burn and bandwidth runs caused fall in this run's window.
 """
 from __future__ import annotations
 
