@@ -234,12 +234,15 @@ def measured(on_node, profile, node: str) -> gemm_fft.GemmFftReport:
     return report
 
 
-def per_device(report, slowest, figure, form: str) -> str:
-    """'slowest GPU 3 (...): 771.2 TFLOP/s; all: GPU 0 ... 778.1, ...', or the one device's figure."""
+def per_device(report, slowest, figure: Callable, unit: str, digits: int) -> str:
+    """'slowest GPU 3 (...): 771.2 TFLOP/s; all: GPU 0 (...) 778.1, ...', or the one device's."""
+    def shown(device) -> str:
+        return f"{figure(device):.{digits}g}"
+
     if len(report.devices) == 1:
-        return f"{slowest.label}: " + form.format(figure(slowest))
-    return (f"slowest {slowest.label}: " + form.format(figure(slowest)) + "; all: "
-            + ", ".join(f"{d.label} " + form.split()[0].format(figure(d)) for d in report.devices))
+        return f"{slowest.label}: {shown(slowest)} {unit}"
+    return (f"slowest {slowest.label}: {shown(slowest)} {unit}; all: "
+            + ", ".join(f"{device.label} {shown(device)}" for device in report.devices))
 
 
 def gemm_check(dtype: str, on_node, profile, node, metrics, record) -> None:
@@ -254,7 +257,7 @@ def gemm_check(dtype: str, on_node, profile, node, metrics, record) -> None:
         pytest.skip(f"{node}: {dtype} GEMM {', '.join(reasons) or 'not measured'}")
     n = report.gemm_size
     record.note(f"{dtype} GEMM {n}x{n}x{n}: " + per_device(
-        report, slowest, lambda d: d.gemm_tflops[dtype], "{:.4g} TFLOP/s"))
+        report, slowest, lambda device: device.gemm_tflops[dtype], "TFLOP/s", 4))
     metrics.judge(**{f"gemm_{dtype}_tflops": (round(slowest.gemm_tflops[dtype], 4), "TFLOP/s")})
 
 
@@ -300,5 +303,5 @@ def test_fft(on_node, profile, recorder, node, metrics, record):
     slowest = report.slowest_fft()
     batch, nx, ny = report.fft_shape
     record.note(f"{batch} x {nx}x{ny} complex64 FFT: " + per_device(
-        report, slowest, lambda d: d.fft_c64_gflops, "{:.5g} GFLOP/s"))
+        report, slowest, lambda device: device.fft_c64_gflops, "GFLOP/s", 5))
     metrics.judge(fft_c64_gflops=(round(slowest.fft_c64_gflops, 3), "GFLOP/s"))

@@ -15,6 +15,7 @@ from inventory.model import Node
 from runners import gemm_fft
 from runners.parsing import ParseError
 from runners.transport import LocalTransport
+from suites.test_hpc import per_device
 from test_e2e import ROOT, results_of, run_dir_of, run_suites, sign_key  # noqa: F401 (fixture)
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
@@ -166,8 +167,6 @@ def test_suite_without_torch_or_cuda(profile, python, outcome, why, tmp_path, si
 def test_the_slowest_device_is_judged_and_every_device_named(cpu_run):
     """Derived from the real CPU run: its device entry twice, as indices 0 and 1, the second's
     fp32 figure halved (the shape of a two-GPU report; no GPU output is made up here)."""
-    from suites.test_hpc import per_device
-
     data = json.loads(cpu_run.stdout.strip().splitlines()[-1])
     first, second = dict(data["devices"][0], index=0), json.loads(json.dumps(data["devices"][0]))
     second.update(index=1, gemm_tflops={**second["gemm_tflops"], "fp32": first["gemm_tflops"]["fp32"] / 2})
@@ -175,5 +174,5 @@ def test_the_slowest_device_is_judged_and_every_device_named(cpu_run):
     report = gemm_fft.parse_gemm_fft(json.dumps(data))
     slowest = report.slowest("fp32")
     assert slowest.index == 1 and slowest.label == "GPU 1 (cpu)"
-    note = per_device(report, slowest, lambda d: d.gemm_tflops["fp32"], "{:.4g} TFLOP/s")
+    note = per_device(report, slowest, lambda device: device.gemm_tflops["fp32"], "TFLOP/s", 4)
     assert note.startswith("slowest GPU 1 (cpu): ") and "; all: GPU 0 (cpu) " in note
