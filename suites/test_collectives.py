@@ -7,8 +7,8 @@ under mpirun from the first node (one rank per GPU) where every node has nccl-te
 else the torch payload, torchrun on every node with a c10d rendezvous on the first. busbw is
 judged at the largest size, never nccl-tests' "Avg bus bandwidth"; the NCCL version and NCCL_*
 environment go beside every figure, and busbw against message size goes into the report as a
-curve (every row of the run). Without torch (and nccl-tests) on a node the checks skip on cpu-only and fail where the
-profile expects GPUs.
+curve (every row of the run). Without torch (and nccl-tests) on a node the checks skip on
+cpu-only and fail where the profile expects GPUs.
 """
 from __future__ import annotations
 
@@ -267,9 +267,11 @@ def mpirun_everywhere(cluster_run, nodes: list[str]) -> Optional[dict[str, hpl.D
     found = cluster_run.gather(LAUNCH_DETECT_STEP, nccl_tests.detect_launch)
     detected = {}
     for node in nodes:
+        if not found[node].ok:
+            return None
         try:
-            detected[node] = hpl.parse_detect(require(found[node]).stdout)
-        except (ParseError, AssertionError):
+            detected[node] = hpl.parse_detect(found[node].stdout)
+        except ParseError:
             return None
     wanted = (nccl_tests.BINARIES["all_reduce"], nccl_tests.MPIRUN)
     if all(d.has(program) for d in detected.values() for program in wanted):

@@ -14,12 +14,13 @@ import pytest
 from inventory.model import Node, SshSettings
 from nodes import ns_inventory, wait_for_no_leftovers
 from runners import hpl, nccl_tests
+from runners.cluster import ClusterRun
 from runners.launchers import LaunchError, MpirunLauncher
 from runners.parsing import ParseError
 from runners.ssh import SshTransport
 from runners.transport import LocalTransport, Result
 from suites.checks import SanityFailure, series_entry
-from suites.test_collectives import Plan, figure_of, nccl_lines
+from suites.test_collectives import LAUNCH_DETECT_STEP, Plan, figure_of, mpirun_everywhere, nccl_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -247,3 +248,17 @@ def test_across_two_namespace_nodes_a_missing_all_reduce_perf_fails_and_leaves_n
     with pytest.raises(SanityFailure):
         figure_of(Plan("nccl-tests", 2, True), result)
     assert wait_for_no_leftovers("orted") == []
+
+
+def test_without_nccl_tests_on_every_node_the_cluster_check_does_not_choose_mpirun(ns_cluster, tmp_path):
+    """Real detection on two namespace nodes: mpirun is there, all_reduce_perf is not."""
+    cluster = ns_inventory(ns_cluster, tmp_path / "cluster.yaml", nodes=["node1", "node2"])
+    run = ClusterRun(cluster, list(cluster.nodes), save_raw=lambda step, result: [])
+    try:
+        assert mpirun_everywhere(run, ["node1", "node2"]) is None
+        detections = run.gather(LAUNCH_DETECT_STEP, nccl_tests.detect_launch)
+    finally:
+        run.close()
+    for result in detections.values():
+        detected = hpl.parse_detect(result.stdout)
+        assert detected.has("mpirun") and not detected.has("all_reduce_perf")
