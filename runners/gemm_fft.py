@@ -24,7 +24,7 @@ DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp64")
 # far below garbage (a wrong kernel or corrupted data gives errors near 1).
 GEMM_ERROR_LIMITS = {"bf16": 2e-2, "fp16": 1e-2, "tf32": 1e-2, "fp32": 1e-4, "fp64": 1e-10}
 FFT_ERROR_LIMIT = 1e-3  # complex64 fft2 then ifft2 against the input
-GPU_TIMEOUT_S = 900  # eight GPUs, five 8192^3 GEMMs and one FFT each: about half a minute
+GPU_TIMEOUT_S = 900  # eight GPUs in turn, five 8192^3 GEMMs and one FFT each: under a minute at H200 rates
 CPU_TIMEOUT_S = 300
 
 
@@ -49,7 +49,9 @@ class DeviceFigures:
         rightly not measured)."""
         rate, error = self.gemm_tflops[dtype], self.gemm_error.get(dtype)
         if rate is None:
-            return "" if dtype in self.not_measured else f"{self.label}: {dtype} GEMM has no figure and no reason"
+            if dtype in self.not_measured:
+                return ""
+            return f"{self.label}: {dtype} GEMM has no figure and no reason"
         if error is None or not error <= GEMM_ERROR_LIMITS[dtype]:
             return (f"{self.label}: {dtype} GEMM relative error {error} against float64, "
                     f"expected <= {GEMM_ERROR_LIMITS[dtype]:g}")

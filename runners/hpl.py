@@ -36,13 +36,9 @@ DOUBLE_BYTES = 8
 DETECT_TIMEOUT_S = 30
 
 
-# Caps on the timeout estimated from N. The estimate uses a deliberately pessimistic rate per
-# rank (it must never cut a healthy run short), so where N fills half of a large memory it grows
-# to hours or days (2 TiB and 224 CPU ranks: about 84 h). A hung or crawling job must not hold an acceptance run
-# that long: past the cap the check fails as a timeout that names the cap, and the operator
-# chooses a smaller N (or a longer cap) knowingly. Quick runs a fixed small N: minutes at most.
-QUICK_TIMEOUT_CAP_S = 15 * 60
-FULL_TIMEOUT_CAP_S = 4 * 60 * 60
+# The longest an HPL job may run, per depth, whatever N suggests (see timeout_for).
+QUICK_TIMEOUT_CAP_S = 15 * 60  # a fixed small N: minutes at most
+FULL_TIMEOUT_CAP_S = 4 * 60 * 60  # half of memory: a healthy run on 2 TiB at 3-5 Tflop/s is 2-3 h
 
 
 @dataclass(frozen=True)
@@ -103,7 +99,14 @@ def estimated_timeout(depth: Depth, hpl_input: HplInput) -> float:
 
 
 def timeout_for(depth: Depth, hpl_input: HplInput) -> float:
-    """The node-side timeout: the estimate, at most the depth's cap (QUICK/FULL_TIMEOUT_CAP_S)."""
+    """The node-side timeout: the estimate, at most the depth's cap (QUICK/FULL_TIMEOUT_CAP_S).
+
+    The estimate uses a deliberately pessimistic rate per rank, so that it never cuts a healthy
+    run short; where N fills half of a large memory it grows to hours or days (2 TiB and 224 CPU
+    ranks: about 84 h). A hung or crawling job must not hold an acceptance run that long: past
+    the cap the check fails as a timeout whose message names the cap (timeout_cap_note), and the
+    operator chooses a smaller N or a longer cap knowingly.
+    """
     return min(estimated_timeout(depth, hpl_input), depth.timeout_cap_s)
 
 

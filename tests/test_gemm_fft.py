@@ -117,7 +117,7 @@ def gemm_fft_checks(tmp_path, profile: str, python: str, sign_key) -> dict:  # n
     return {c["check"]: c for c in results_of(run_dir_of(tmp_path / "out", "local"))["checks"]}
 
 
-def test_suite_on_a_cpu_node_judges_fp32_fp64_fft_and_skips_the_gpu_precisions(tmp_path, sign_key):  # noqa: F811
+def test_suite_on_a_cpu_node_judges_fp32_fp64_fft_skips_gpu_precisions(tmp_path, sign_key):  # noqa: F811
     checks = gemm_fft_checks(tmp_path, "cpu-only", sys.executable, sign_key)
     assert set(checks) == {"gemm_bf16", "gemm_fp16", "gemm_tf32", "gemm_fp32", "gemm_fp64", "fft"}
     for dtype in CPU_ONLY:
