@@ -25,6 +25,7 @@ DEFAULT_PORT = 29431  # torchrun's rendezvous port when the rendezvous node cann
 MARKER_PREFIX = "handover-run-"
 LEFTOVER_CHECK_TIMEOUT_S = 15
 LEFTOVER_GRACE_S = 10  # how long ranks may take to exit once their torchrun is gone
+PEER_FAILURE_GRACE_S = 5  # after one node's launch fails, how long the others may end by themselves
 _ROUTE_DEV = re.compile(r"\bdev\s+(\S+)")
 # One node: sockets between its ranks over loopback (NCCL itself uses NVLink/PCIe for the data).
 LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
@@ -91,6 +92,10 @@ def launch_every(transports: Mapping[str, Transport], argv: Sequence[str], *, ti
                  marker: str, env: Optional[Mapping[str, Mapping[str, str]]] = None) -> Launch:
     """Run the same argv on every node at once; one failure kills the launches everywhere.
 
+    After the first failure the other launches get PEER_FAILURE_GRACE_S to end by themselves:
+    the node whose rank died is often not the first to report, and its torchrun's summary is
+    what names the rank. Whatever still runs after that is killed.
+
     `marker` must appear in argv (the rendezvous id does): it finds the run's processes on each
     node afterwards. `env` gives per-node environment variables.
     """
@@ -119,6 +124,10 @@ def launch_every(transports: Mapping[str, Transport], argv: Sequence[str], *, ti
     while any(t.is_alive() for t in threads.values()) and not failed.is_set() and waited < deadline:
         failed.wait(0.2)
         waited += 0.2
+    if failed.is_set():  # the peers' torchruns usually notice within seconds and say which rank died
+        stop_waiting = time.monotonic() + PEER_FAILURE_GRACE_S
+        while any(t.is_alive() for t in threads.values()) and time.monotonic() < stop_waiting:
+            time.sleep(0.2)
     killed = []
     if failed.is_set() or any(t.is_alive() for t in threads.values()):
         for node, transport in transports.items():

@@ -8,6 +8,7 @@ pure functions of the payload's JSON, so they are tested on real outputs.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from dataclasses import asdict, dataclass, field, replace
@@ -44,7 +45,7 @@ class ModelConfig:
 GPU_MODEL = ModelConfig(vocab=32000, width=1024, layers=8, heads=16, seq=1024, batch=16, steps=50,
                         lr=3e-4)
 # Half a million parameters: a few seconds on two CPU ranks sharing two cores.
-CPU_MODEL = ModelConfig(vocab=512, width=128, layers=2, heads=4, seq=128, batch=8, steps=40, lr=3e-3)
+CPU_MODEL = ModelConfig(vocab=512, width=128, layers=2, heads=4, seq=128, batch=8, steps=30, lr=3e-3)
 FULL_STEPS = {"gpu": 600, "cpu": 200}  # `full` depth: minutes of training instead of seconds
 
 
@@ -205,10 +206,9 @@ def stragglers(per_rank: Sequence[RankStats], fraction: float) -> list[Straggler
 
 
 def percentile(values: Sequence[float], share: float) -> float:
-    """Nearest-rank percentile (p99 of 40 steps is the slowest step but none)."""
+    """Nearest-rank percentile: the smallest value with `share` of all values at or below it."""
     ordered = sorted(values)
-    index = max(0, min(len(ordered) - 1, int(round(share * len(ordered) + 0.5)) - 1))
-    return ordered[index]
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1))]
 
 
 def scaling_efficiency(cluster_tokens_per_s: float, single_node: Mapping[str, float]) -> float:
@@ -256,6 +256,20 @@ def failed_ranks(text: str) -> list[FailedRank]:
                                     host.group(1) if host else "?",
                                     int(code.group(1)) if code else None, root_cause))
     return sorted(found, key=lambda failed: not failed.root_cause)
+
+
+def root_cause(stderr_by_node: Mapping[str, str]) -> Optional[tuple[str, FailedRank]]:
+    """The node and rank that failed first in a run across nodes, from every torchrun's summary.
+
+    Each node's torchrun names its own first failure; a rank whose peer died fails too (a lost
+    connection, exit code 1), and torchrun stops its other ranks with SIGTERM. A rank that died
+    by another signal (SIGKILL, SIGSEGV, the OOM killer) is the cause the others followed.
+    """
+    causes = [(node, failed) for node, text in stderr_by_node.items()
+              for failed in failed_ranks(text) if failed.root_cause]
+    died = [(node, failed) for node, failed in causes
+            if failed.exit_code is not None and failed.exit_code < 0 and failed.exit_code != -15]
+    return (died or causes or [None])[0]
 
 
 # ---------------------------------------------------------------------------------------------

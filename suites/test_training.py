@@ -221,18 +221,21 @@ class ClusterRun:
 
 
 def launch_failure(launch: Launch, ranks: int) -> None:
-    """Raise the failure of a launch across nodes: the node and rank that failed first."""
+    """Raise the failure of a launch across nodes, naming the rank the others followed."""
     failed = launch.results.get(launch.first_failure)
     killed = f"; killed the launch on {', '.join(launch.killed)}" if launch.killed else ""
     if failed is None:
         raise NodeUnreachable(f"{launch.first_failure}: no result{killed}")
-    try:
-        explain_failed_run(failed, ranks)
-    except SanityFailure as failure:
-        raise SanityFailure(str(failure) + killed, failure.log) from None
-    except (NodeUnreachable, CommandTimedOut) as failure:
-        raise type(failure)(str(failure) + killed, failure.log) from None
-    raise SanityFailure(f"{failed.node}: the launch failed{killed}", excerpt(failed.stderr))
+    if failed.failure in ("unreachable", "auth", "host-key"):
+        raise NodeUnreachable(failed.explain() + killed)
+    cause = training.root_cause({node: result.stderr for node, result in launch.results.items()})
+    if cause is not None:
+        node, rank = cause
+        raise SanityFailure(f"{rank.describe()} failed first (torchrun on {node}); {ranks} rank(s) "
+                            f"launched{killed}", excerpt(launch.results[node].stderr))
+    if failed.timed_out:
+        raise CommandTimedOut(failed.explain() + killed, excerpt(failed.stderr))
+    raise SanityFailure(failed.explain() + killed, excerpt(failed.stderr or failed.stdout))
 
 
 _cluster_runs: dict[str, ClusterRun] = {}  # depth and nodes -> the one launch every check reads
