@@ -151,10 +151,6 @@ def parse_training(text: str) -> TrainingReport:
     return replace(report, ok=complete)
 
 
-def training_json(report: TrainingReport) -> dict:
-    return asdict(report)
-
-
 PARSERS = {"training": parse_training}
 
 
