@@ -50,8 +50,9 @@ NULLABLE_SETTINGS = ("user", "port", "identity_file", "known_hosts", "jump")
 
 TOP_LEVEL_KEYS = (
     "cluster", "profile", "transport", "python", "sudo", "ssh", "nodes", "groups", "scratch",
-    "references",
+    "references", "launch",
 )
+LAUNCH_KEYS = ("interface",)
 NODE_KEYS = ("name", "address", "data_address") + NODE_SETTING_KEYS
 GROUP_KEYS = ("nodes",) + NODE_SETTING_KEYS
 SCRATCH_KEYS = ("path", "kind", "destructive")
@@ -790,6 +791,17 @@ def _require_file(setting: _Setting, why: str) -> None:
         raise setting.at.error(f"not a regular file {str(path)!r}{why}")
 
 
+def _launch_interface(at: _At) -> Optional[str]:
+    """launch.interface: one network interface name, as ip(8) and the MPI/NCCL variables take it."""
+    fields = _fields(at, LAUNCH_KEYS)
+    if "interface" not in fields:
+        return None
+    name = _string(fields["interface"])
+    if not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", name):
+        raise fields["interface"].error(f"{name!r} is not a network interface name (e.g. eth0, ib0)")
+    return name
+
+
 def _scratch(at: _At) -> tuple[ScratchPath, ...]:
     paths: list[ScratchPath] = []
     first_line: dict[str, int] = {}
@@ -875,6 +887,7 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
         nodes=tuple(nodes),
         groups={group.name: tuple(group.members) for group in groups},
         scratch=_scratch(fields["scratch"]) if "scratch" in fields else (),
+        launch_interface=_launch_interface(fields["launch"]) if "launch" in fields else None,
         source_path=os.path.abspath(path),
         digest=hashlib.sha256(data).hexdigest(),
     )

@@ -120,6 +120,9 @@ class Cluster:
     scratch: tuple[ScratchPath, ...]
     source_path: str  # the inventory file, absolute
     digest: str  # sha256 of the inventory file's bytes
+    # The interface multi-node jobs' sockets use (Gloo/NCCL bootstrap, mpirun's TCP); None: each
+    # node's route toward its peers decides.
+    launch_interface: Optional[str] = None
 
     def node(self, name: str) -> Node:
         for node in self.nodes:

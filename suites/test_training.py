@@ -272,7 +272,8 @@ def launch_on_all_nodes(cluster_run, cluster, profile, recorder, depth: str, nod
     transports = {node: cluster_run.transport(node) for node in nodes}
     addresses = {node: cluster.node(node).address for node in nodes}
     launch = training.run_across(transports, addresses, plan.ranks, plan.model,
-                                 timeout=TIMEOUT_S[depth], checkpoint_dir=checkpoint_dir)
+                                 timeout=TIMEOUT_S[depth], checkpoint_dir=checkpoint_dir,
+                                 socket_ifname=cluster.launch_interface)
     raw = []
     for node, result in launch.results.items():
         raw += recorder.ledger.save_raw(f"training_cluster_{depth}", node, result.stdout, result.stderr)

@@ -663,3 +663,19 @@ def test_invalid_node_names(tmp_path, key):
 def test_identity_file_that_is_a_directory(tmp_path):
     path = write(tmp_path, f"cluster: demo\nprofile: cpu-only\nssh: {{identity_file: {tmp_path}}}\nnodes: [a]\n")
     assert_error(path, 3, "ssh.identity_file", f"not a regular file '{tmp_path}'")
+
+
+# ---------------------------------------------------------------- launch settings
+
+
+def test_launch_interface_is_read_and_defaults_to_none(tmp_path, key):
+    assert load_inventory(write(tmp_path, minimal(key))).launch_interface is None
+    cluster = load_inventory(write(tmp_path, minimal(key, "launch: {interface: ib0}\n")))
+    assert cluster.launch_interface == "ib0"
+
+
+def test_launch_interface_must_be_an_interface_name(tmp_path, key):
+    path = write(tmp_path, minimal(key, "launch:\n  interface: 'eth0; reboot'\n"))
+    assert_error(path, 6, "launch.interface", "'eth0; reboot' is not a network interface name (e.g. eth0, ib0)")
+    write(tmp_path, minimal(key, "launch: {ifname: eth0}\n"))
+    assert_error(path, 5, "launch.ifname", "unknown key; allowed: interface")
