@@ -52,10 +52,11 @@ def fail(message: str) -> int:
 
 def cmd_report(args) -> int:
     from reports import signing
-    from reports.ledger import LedgerError
+    from reports.ledger import LedgerError, read_ledger
     from reports.render import render_run
 
     try:
+        read_ledger(args.run_dir)  # not a run directory: say so before a signing key is created
         key = (signing.load_signing_key(args.sign_key) if args.sign_key
                else signing.ensure_default_key()[0])
         rendered = render_run(args.run_dir, key)

@@ -50,8 +50,12 @@ def test_every_registered_parser_rejects_text_that_is_not_its_tools(tmp_path):
 
 
 def test_report_and_verify_of_a_directory_that_is_not_a_run(tmp_path):
-    report = handover("report", tmp_path)
+    home = tmp_path / "home"
+    report = subprocess.run([sys.executable, "-m", "reports.cli", "report", str(tmp_path / "run")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "HANDOVER_HOME": str(home)})
     assert report.returncode == 2 and "no ledger here" in report.stderr
+    assert not home.exists()  # no signing key made for a run that is not there
     verify = handover("verify", tmp_path / "missing")
     assert verify.returncode == 2 and "no such run directory" in verify.stderr
 
