@@ -145,6 +145,8 @@ def pcie_under_load(count):
         import torch
     except ImportError as exc:
         return {"seconds": 0, "error": f"torch is not installed for {sys.executable}: {exc}"}, {}
+    except Exception as exc:  # a broken CUDA install can fail the import itself
+        return {"seconds": 0, "error": f"torch cannot be imported: {type(exc).__name__}: {exc}"}, {}
     if not torch.cuda.is_available() or torch.cuda.device_count() != count:
         return {"seconds": 0, "error": f"torch {torch.__version__} sees {torch.cuda.device_count()} "
                                        f"CUDA device(s), NVML {count}"}, {}
@@ -188,7 +190,8 @@ def pcie_under_load(count):
     stop.set()
     for thread in threads:
         thread.join(timeout=30)
-    return {"seconds": LOAD_SECONDS, "error": None}, readings
+    failed = "; ".join(f"GPU {index}: {error}" for index, error in sorted(errors.items()))
+    return {"seconds": LOAD_SECONDS, "error": failed or None}, readings
 
 
 try:
@@ -206,7 +209,10 @@ try:
         "count": count,
         "gpus": [gpu(index) for index in range(count)],
     }
-    facts["pcie_load"], readings = pcie_under_load(count)
+    try:
+        facts["pcie_load"], readings = pcie_under_load(count)
+    except Exception as exc:  # the facts above matter more than the under-load reading
+        facts["pcie_load"], readings = {"seconds": 0, "error": f"{type(exc).__name__}: {exc}"}, {}
     for index, reading in readings.items():
         facts["gpus"][index].update(reading)
 finally:
