@@ -180,7 +180,7 @@ def pcie_under_load(count):
     for index in range(count):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         if index in errors or not started[index].is_set():
-            error = errors.get(index, f"not busy within {LOAD_START_TIMEOUT_S:g} s")
+            error = errors.setdefault(index, f"not busy within {LOAD_START_TIMEOUT_S:g} s")
             readings[index] = {"pcie_gen_load": {"error": "load", "msg": error},
                                "pcie_width_load": {"error": "load", "msg": error}}
             continue
