@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 WIDTH, HEIGHT = 640, 220
-LEFT, RIGHT, TOP, BOTTOM = 58, 630, 10, 170
+LEFT, RIGHT, TOP, BOTTOM = 58, 604, 10, 170  # room right of the plot for the last x label
 PALETTE = ("#0969da", "#bf3989", "#1a7f37", "#9a6700", "#8250df", "#cf222e", "#1b7c83", "#57606a")
-LEGEND_ENTRIES = 8  # more lines than this: the legend names the first ones and counts the rest
+LEGEND_ENTRIES = 8
+DOTS_UP_TO = 12  # lines with this few points also mark each point (a bend shows where data is)  # more lines than this: the legend names the first ones and counts the rest
 BYTE_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
 
 
@@ -24,6 +25,7 @@ class Line:
     color: str
     points: str  # SVG polyline "x,y x,y ..."
     tooltip: str
+    dots: list[tuple[float, float]]  # marked points, empty on dense lines
 
 
 @dataclass
@@ -103,7 +105,8 @@ def _chart(key: str, check: str, name: str, members: list[tuple[str, dict]],
 
     if log2:
         step = max(1, math.ceil((x_high - x_low) / 8))
-        exponents = range(math.ceil(x_low), math.floor(x_high) + 1, step)
+        # Sizes a rank count divides (64 MiB - 4 B on 4 ranks) still get their power-of-two tick.
+        exponents = range(math.ceil(x_low - 0.01), math.floor(x_high + 0.01) + 1, step)
         x_ticks = [(px(2.0 ** e), _x_label(2.0 ** e, x_unit, format_number)) for e in exponents]
     else:
         x_ticks = [(px(t), _x_label(t, x_unit, format_number)) for t in nice_ticks(x_low, x_high)
@@ -114,6 +117,7 @@ def _chart(key: str, check: str, name: str, members: list[tuple[str, dict]],
         last_x, last_y = points[-1]
         lines.append(Line(label=label, color=color,
                           points=" ".join(f"{px(x)},{py(y)}" for x, y in points),
+                          dots=[(px(x), py(y)) for x, y in points] if len(points) <= DOTS_UP_TO else [],
                           tooltip=f"{label}: {format_number(last_y)} {y_unit} at "
                                   f"{_x_label(last_x, x_unit, format_number)}".strip()))
     return CurveChart(

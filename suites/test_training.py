@@ -335,7 +335,7 @@ def test_training_scaling(request, cluster_run, cluster, profile, metrics, recor
         except AssertionError as failure:
             raise SanityFailure(f"{node}'s own run, the baseline, failed: {failure}") from None
     efficiency = training.scaling_efficiency(run.report.tokens_per_s, single)
-    record.series("training tokens/s against nodes", x=("nodes", ""), y=("tokens/s", "tokens/s"),
+    record.series("training tokens/s against nodes", x=("nodes", ""), y=("throughput", "tokens/s"),
                   lines={"measured": [(1, statistics.median(single.values())), (len(nodes), run.report.tokens_per_s)],
                          "linear": [(1, statistics.median(single.values())),
                                     (len(nodes), len(nodes) * statistics.median(single.values()))]})
