@@ -175,8 +175,8 @@ class PairwiseIperf3:
         self._reference = profile.references.get("iperf3_bandwidth")
         self._lock = threading.Lock()
         self.runs: dict[Pair, iperf3.PairRun] = {}
-        self.second_runs: dict[Pair, iperf3.PairRun] = {}
         self.raw: dict[Pair, list[str]] = {}
+        self.second_raw: list[str] = []  # the second pass's raw outputs, evidence of the attribution
 
     def run(self, pair: Pair) -> iperf3.PairRun:
         with self._lock:
@@ -213,6 +213,8 @@ class PairwiseIperf3:
                                                             result.stdout, result.stderr)
             if step == "iperf3":
                 self.raw[pair] = saved
+            else:
+                self.second_raw += saved
         return done
 
     def outcome(self, run: iperf3.PairRun) -> pairs.PairOutcome:
@@ -227,7 +229,6 @@ class PairwiseIperf3:
         """The second pass's pairs (one kind: key None) in rounds on their own ports; outcomes."""
         with self._lock:
             done = self._run_all(wanted[None], SECOND_PASS_BASE_PORT, "iperf3_second_pass")
-        self.second_runs.update(done)
         return {None: {pair: self.outcome(run) for pair, run in done.items()}}
 
 
@@ -293,8 +294,8 @@ class PairwisePerftest:
             use_cuda=bool(profile.expect.get("ib_gpudirect")))
         self._lock = threading.Lock()
         self.runs: dict[tuple[Pair, int], RailRun] = {}
-        self.second_runs: dict[tuple[Pair, int], RailRun] = {}
         self.raw: dict[tuple[Pair, int], list[str]] = {}
+        self.second_raw: list[str] = []  # the second pass's raw outputs, evidence of the attribution
 
     def run(self, pair: Pair, rail: int) -> RailRun:
         with self._lock:
@@ -371,6 +372,8 @@ class PairwisePerftest:
                                 result.stdout, result.stderr)
                 if step == self.tool:
                     self.raw[(pair, rail)] = saved
+                else:
+                    self.second_raw += saved
         return runs
 
     def metrics_of(self, report: perftest.PerftestReport) -> dict[str, Optional[float]]:
@@ -414,7 +417,6 @@ class PairwisePerftest:
         with self._lock:
             done = self._run_all(by_pair, PERFTEST_SECOND_PASS_BASE_PORTS[self.tool],
                                  f"{self.tool}_second_pass")
-        self.second_runs.update(done)
         outcomes: dict[int, dict[Pair, pairs.PairOutcome]] = {}
         for (pair, rail), run in done.items():
             outcome = self.outcome(run)
@@ -554,6 +556,8 @@ def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, pairwise_ib_
         counts += [f"{pairwise.tool} rail {rail}: {len(first)} pair(s)" for rail, first in sorted(by_rail.items())]
     if not counts:
         pytest.skip(f"no pair measured ({NEEDS_TWO}, no RDMA device, or none selected)")
+    record.raw([path for pairwise in (pairwise_iperf3, pairwise_ib_write_bw, pairwise_ib_write_lat)
+                for path in pairwise.second_raw])
     record.note("; ".join(counts) + (f"; far from the median: {'; '.join(lows)}" if lows else ""))
     if suspects:
         raise ExpectationFailure("suspects: " + "; ".join(suspects)

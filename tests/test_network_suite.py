@@ -147,3 +147,4 @@ def test_quick_second_pass_clears_the_node_between_two_dead_ones(ns_cluster_fact
     second = run_dir / "raw" / "iperf3_second_pass_node1-node4"
     assert (second / "node4.stdout").is_file() and (second / "node1.stdout").is_file()
     assert not (run_dir / "raw" / "iperf3_second_pass_node1-node2").exists()  # measured in the first pass
+    assert "raw/iperf3_second_pass_node1-node4/node4.stdout" in summary["raw"]
