@@ -177,21 +177,21 @@ def depth_of(request) -> str:
     return "full" if request.node.get_closest_marker("full") else "quick"
 
 
-def run_on_every_node(request, cluster_run, cluster, profile, node) -> training.TrainingReport:
+def run_on_every_node(request, cluster_run, cluster, profile, node, record) -> training.TrainingReport:
     """This node's own run (shared by the checks of one depth), sanity checked."""
     depth = depth_of(request)
     plan = node_plan(cluster_run, profile, node, depth)
     nodes = [n.name for n in cluster_run.nodes]
     checkpoint_dir = checkpoint_path(cluster, nodes)[0] if len(nodes) == 1 else None
     result = cluster_run.gather(f"training_node_{depth}", node_step(cluster_run, profile, depth, checkpoint_dir))[node]
-    request.getfixturevalue("record").raw(cluster_run.raw_paths(f"training_node_{depth}", node))
+    record.raw(cluster_run.raw_paths(f"training_node_{depth}", node))
     return sane_report(result, plan.ranks)
 
 
 @pytest.mark.quick
 def test_training(request, cluster_run, cluster, profile, node, metrics, record, recorder):
     """A short DDP run on this node alone: sane, loss falling, tokens/s within the band."""
-    report = run_on_every_node(request, cluster_run, cluster, profile, node)
+    report = run_on_every_node(request, cluster_run, cluster, profile, node, record)
     recorder.record_tool(node, "torch", report.torch)
     judge_run(report, where=node, profile=profile, metrics=metrics, record=record,
               recorder=recorder, check="training")
@@ -200,7 +200,7 @@ def test_training(request, cluster_run, cluster, profile, node, metrics, record,
 @pytest.mark.full
 def test_training_sustained(request, cluster_run, cluster, profile, node, metrics, record, recorder):
     """Minutes of training on this node alone: throughput that holds, no straggler."""
-    report = run_on_every_node(request, cluster_run, cluster, profile, node)
+    report = run_on_every_node(request, cluster_run, cluster, profile, node, record)
     judge_run(report, where=node, profile=profile, metrics=metrics, record=record,
               recorder=recorder, check="training_sustained")
 
