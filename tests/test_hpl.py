@@ -3,6 +3,7 @@ generation against Debian's own hpccinf.txt, and real hpcc runs in a scratch dir
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -209,8 +210,9 @@ def test_an_undeclared_or_missing_scratch_path_is_refused(local, tmp_path):
 
 
 def test_a_missing_program_is_named_and_leftovers_are_swept(local, tmp_path):
-    (tmp_path / "handover-hpl-localhost-old").mkdir()
-    (tmp_path / "handover-hpl-otherhost-old").mkdir()
+    running = f"handover-hpl-localhost-{os.getpid()}-abc"  # a run still going: this test
+    for name in ("handover-hpl-localhost-old", "handover-hpl-otherhost-old", running):
+        (tmp_path / name).mkdir()
     result = quick_hpcc(local, tmp_path, argv=["/nonexistent/xhpl"])
     assert missing_tool(result) == "/nonexistent/xhpl is not installed"
-    assert [p.name for p in tmp_path.iterdir()] == ["handover-hpl-otherhost-old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["handover-hpl-otherhost-old", running])

@@ -143,12 +143,15 @@ def test_the_file_is_removed_when_the_run_timeout_kills_fio(local, scratch_dir):
 
 def test_leftovers_of_this_node_are_swept_and_nothing_else(local, scratch_dir):
     """A SIGKILLed run leaves its file; the next run removes it by the node's prefix only."""
-    for name in ("handover-fio-localhost-0badc0ffee00", "handover-fio-node9-0badc0ffee00", "notes.txt"):
+    running = f"handover-fio-localhost-{os.getpid()}-0badc0ffee00"  # a run still going: this test
+    for name in ("handover-fio-localhost-0badc0ffee00", "handover-fio-node9-0badc0ffee00", "notes.txt",
+                 running):
         (scratch_dir / name).write_text("x")
     result = run(local, scratch_dir, (ScratchPath(str(scratch_dir)),))
     assert result.ok, result.stderr
     assert "handover-fio-localhost-0badc0ffee00, left by an interrupted earlier run" in result.stderr
-    assert sorted(p.name for p in scratch_dir.iterdir()) == ["handover-fio-node9-0badc0ffee00", "notes.txt"]
+    assert sorted(p.name for p in scratch_dir.iterdir()) == sorted(
+        ["handover-fio-node9-0badc0ffee00", "notes.txt", running])
 
 
 # ---------------------------------------------------------------- end to end on namespace nodes

@@ -4,7 +4,7 @@
 
 "run" refuses (exit 3, a `handover-refused:` line on stderr) a path that is missing, a raw block
 device not marked destructive, anything but a directory or block device, and a directory whose
-free space is short of the job's need. Otherwise it creates handover-fio-<node>-<random>, runs
+free space is short of the job's need. Otherwise it creates handover-fio-<node>-<pid>-<random>, runs
 fio on it with fio's own stdout and stderr passed through, and removes the file in a finally,
 also when the run timeout or the harness's kill sends SIGTERM. Files left by a SIGKILLed earlier
 run (same node, same prefix) are swept away first.
@@ -43,11 +43,30 @@ def device_size(path):
 
 
 def sweep(directory, prefix):
-    """Remove our own leftovers: regular files with this node's prefix, never anything else."""
+    """Remove our own leftovers: regular files with this node's prefix whose run has ended."""
     for entry in os.scandir(directory):
-        if entry.name.startswith(prefix) and entry.is_file(follow_symlinks=False):
+        if (entry.name.startswith(prefix) and entry.is_file(follow_symlinks=False)
+                and not owner_alive(entry.name, prefix)):
             os.unlink(entry.path)
             say(f"removed {entry.path}, left by an interrupted earlier run")
+
+
+def owner_alive(name, prefix):
+    """Whether the run that made this entry still runs: its name carries that run's PID.
+
+    Two harness runs on one node (two operators, a run and its rerun) must not delete each
+    other's files; an entry whose PID is gone (or that carries none) is a leftover.
+    """
+    pid = name[len(prefix):].split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return True
 
 
 def run_fio(argv, filename):
@@ -104,7 +123,7 @@ def run(spec):
     free = fs.f_bavail * fs.f_frsize
     if free < needed:
         refuse(f"{path} has {free / 2**20:.0f} MiB free, the job needs {needed / 2**20:.0f} MiB")
-    filename = os.path.join(path, prefix + secrets.token_hex(6))
+    filename = os.path.join(path, f"{prefix}{os.getpid()}-{secrets.token_hex(6)}")
     os.close(os.open(filename, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     try:
         return run_fio(spec["fio"], filename)

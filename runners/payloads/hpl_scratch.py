@@ -5,7 +5,7 @@
 "detect" prints one JSON object: {"programs": {name: path or null}, "root": bool}.
 
 "run" refuses (exit 3, a `handover-refused:` line on stderr) a scratch path that is missing or
-not a directory. Otherwise it creates handover-hpl-<node>-<random>/ in it, writes the input
+not a directory. Otherwise it creates handover-hpl-<node>-<pid>-<random>/ in it, writes the input
 files there, runs the argv with that directory as its working directory, and prints the output
 file (hpcc's hpccoutf.txt) on stdout, or the program's own stdout when there is none. The
 directory is removed in a finally, also when the run timeout or the harness's kill sends
@@ -46,11 +46,30 @@ def detect(spec):
 
 
 def sweep(directory, prefix):
-    """Remove our own leftovers: directories with this node's prefix, never anything else."""
+    """Remove our own leftovers: directories with this node's prefix whose run has ended."""
     for entry in os.scandir(directory):
-        if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False):
+        if (entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False)
+                and not owner_alive(entry.name, prefix)):
             shutil.rmtree(entry.path, ignore_errors=True)
             say(f"removed {entry.path}, left by an interrupted earlier run")
+
+
+def owner_alive(name, prefix):
+    """Whether the run that made this entry still runs: its name carries that run's PID.
+
+    Two harness runs on one node (two operators, a run and its rerun) must not delete each
+    other's files; an entry whose PID is gone (or that carries none) is a leftover.
+    """
+    pid = name[len(prefix):].split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return True
 
 
 def stop(proc):
@@ -96,7 +115,7 @@ def run(spec):
         refuse(f"{path} does not exist on this node or is not a directory")
     prefix = f"{PREFIX}{spec['node']}-"
     sweep(path, prefix)
-    workdir = tempfile.mkdtemp(prefix=prefix, dir=path)
+    workdir = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=path)
     try:
         for name, text in spec["files"].items():
             with open(os.path.join(workdir, os.path.basename(name)), "w") as handle:
