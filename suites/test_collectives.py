@@ -283,7 +283,10 @@ def nccl_tests_across(cluster_run, nodes: list[str], gpus: int, root: bool, reco
                       record) -> Figure:
     """all_reduce_perf under mpirun from the first node, one rank per GPU; sanity, then busbw."""
     first = cluster_run.cluster.node(nodes[0])
-    launcher = MpirunLauncher(ssh=first.ssh, as_root=root, export_env=("NCCL_DEBUG",))
+    interface = cluster_run.cluster.launch_interface
+    launcher = MpirunLauncher(ssh=first.ssh, as_root=root, interfaces=(interface,) if interface else (),
+                              export_env=("NCCL_DEBUG",) + ((f"NCCL_SOCKET_IFNAME={interface}",)
+                                                            if interface else ()))
     hosts = [cluster_run.cluster.node(node).address for node in nodes]
     result = nccl_tests.run_across(cluster_run.transport(first.name), launcher, hosts, gpus,
                                    timeout=NODE_TIMEOUT_S)
@@ -297,7 +300,8 @@ def torch_across(cluster_run, nodes: list[str], plans: dict[str, Plan], recorder
     transports = {node: cluster_run.transport(node) for node in nodes}
     addresses = {node: cluster_run.cluster.node(node).address for node in nodes}
     sizes = collectives.GPU_SIZES if plans[nodes[0]].gpu else collectives.CPU_SIZES
-    launch = collectives.run_across(transports, addresses, ranks, sizes=sizes, timeout=NODE_TIMEOUT_S)
+    launch = collectives.run_across(transports, addresses, ranks, sizes=sizes, timeout=NODE_TIMEOUT_S,
+                                    socket_ifname=cluster_run.cluster.launch_interface)
     saved = []
     for node, result in launch.results.items():
         saved += recorder.ledger.save_raw(CLUSTER_STEP, node, result.stdout, result.stderr)

@@ -86,7 +86,8 @@ def make_plan(cluster, profile, depth: hpl.Depth, flavour: str, detected: hpl.De
     hpl_input = hpl.plan_input(depth, memory_bytes, ranks * len(hosts), nb)
     first = cluster.node(hosts[0]) if len(hosts) > 1 else None
     launcher = MpirunLauncher(ssh=first.ssh if first else cluster.nodes[0].ssh,
-                              as_root=detected.root, oversubscribe=ranks > logical_cpus)
+                              as_root=detected.root, oversubscribe=ranks > logical_cpus,
+                              interfaces=(cluster.launch_interface,) if cluster.launch_interface else ())
     addresses = [cluster.node(name).address for name in hosts] if first else ["localhost"]
     return Plan(flavour, hpl_input, hpl.command(flavour, launcher, addresses, ranks),
                 hpl.timeout_for(depth, hpl_input), scratch, hpl.timeout_cap_note(depth, hpl_input))
