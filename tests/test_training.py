@@ -156,38 +156,42 @@ def test_two_nodes_train_together_over_ssh_and_share_the_checkpoint(ns_cluster, 
     assert wait_for_no_leftovers(launch.marker) == []
 
 
-def rank_pid(marker: str, rank: int) -> int | None:
-    """The payload process of one rank (the nodes share this PID namespace)."""
+def rank_in(namespace: str) -> tuple[int, int] | None:
+    """(pid, rank) of a training payload process inside one node's network namespace (the nodes
+    share this PID namespace with every other test's, so the network namespace tells ours)."""
+    inode = os.stat(f"/run/netns/{namespace}").st_ino
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
             variables = environ.read_bytes().split(b"\0")
             cmdline = (environ.parent / "cmdline").read_bytes()
+            inside = os.stat(environ.parent / "ns" / "net").st_ino == inode
         except OSError:
             continue
-        if f"RANK={rank}".encode() in variables and marker.encode() in cmdline and b"--vocab" in cmdline:
-            return int(environ.parent.name)
+        ranks = [v[5:] for v in variables if v.startswith(b"RANK=")]
+        if inside and ranks and b"--vocab" in cmdline and b"--marker" in cmdline:
+            return int(environ.parent.name), int(ranks[0])
     return None
 
 
 def test_a_rank_killed_mid_run_fails_the_run_naming_it_and_nothing_is_left(ns_cluster_factory, tmp_path):
+    """The rank on node2 (one rank per node) is sent SIGKILL mid-run."""
     nodes = ns_cluster_factory(2)
     cluster = ns_inventory(nodes, tmp_path / "cluster.yaml")
     transports = transports_of(cluster)
     killed = []
 
-    def kill_rank_1():
+    def kill_the_rank_on_node2():
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not killed:
-            for marker in {line.split("--marker")[-1].split()[0] for line in _payload_lines()}:
-                pid = rank_pid(marker, 1)
-                if pid:
-                    time.sleep(2)  # let it train a little
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                    return
+        while time.monotonic() < deadline:
+            found = rank_in(nodes.node("node2").namespace)
+            if found:
+                time.sleep(2)  # let it train a little
+                os.kill(found[0], signal.SIGKILL)
+                killed.append(found[1])
+                return
             time.sleep(0.2)
 
-    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer = threading.Thread(target=kill_the_rank_on_node2, daemon=True)
     killer.start()
     try:
         launch = training.run_across(transports, {n.name: n.address for n in cluster.nodes}, 1,
@@ -196,25 +200,13 @@ def test_a_rank_killed_mid_run_fails_the_run_naming_it_and_nothing_is_left(ns_cl
         for transport in transports.values():
             transport.close()
     killer.join(1)
-    assert killed, "rank 1 never started"
+    assert killed, "no rank started on node2"
     assert launch.first_failure is not None and not launch.ok
-    with pytest.raises(SanityFailure, match=r"rank 1 \(local rank 0\) on node\d \(killed by signal 9\) "
-                                            r"failed first \(torchrun on node\d\)"):
+    with pytest.raises(SanityFailure, match=rf"rank {killed[0]} \(local rank 0\) on node2 \(killed by signal 9\) "
+                                            r"failed first \(torchrun on node2\)"):
         launch_failure(launch, 2)
     assert launch.leftovers == {}
     assert wait_for_no_leftovers(launch.marker) == []
-
-
-def _payload_lines() -> list[str]:
-    lines = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"--vocab" in argv and b"--marker" in argv:
-            lines.append(" ".join(a.decode(errors="replace") for a in argv if a and b"\n" not in a))
-    return lines
 
 
 def test_a_node_unreachable_at_launch_fails_fast_and_leaves_nothing(ns_cluster_factory, tmp_path):
