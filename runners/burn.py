@@ -5,14 +5,13 @@ The parser also reads the trace recorded on an H200 (tests/data/h200-1gpu/burn.j
 """
 from __future__ import annotations
 
-import json
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
 from runners import payloads
-from runners.parsing import ParseError
+from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
 QUICK_SECONDS = 60
@@ -105,12 +104,7 @@ def _gpu(position: int, raw: dict) -> GpuBurn:
 
 
 def parse_burn(text: str) -> BurnRun:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"GPU burn output is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ParseError("GPU burn output is not a JSON object")
+    data = json_object(text, "GPU burn output")
     if data.get("available") is False:
         return BurnRun(False, str(data.get("reason", "")), "", None, [], None, ok=False)
     if "gemm_tflops_windows" in data and "gpus" not in data:  # the trace recorded on one H200
@@ -153,12 +147,7 @@ def bandwidth(transport: Transport, *, extra: tuple[str, ...] = ()) -> Result:
 
 
 def parse_bandwidth(text: str) -> BandwidthRun:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"GPU bandwidth output is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ParseError("GPU bandwidth output is not a JSON object")
+    data = json_object(text, "GPU bandwidth output")
     if data.get("available") is False:
         return BandwidthRun(False, str(data.get("reason", "")), [], ok=False)
     if not isinstance(data.get("gpus"), list) or not data["gpus"]:

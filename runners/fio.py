@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from inventory.model import ScratchPath
 from runners import payloads
-from runners.parsing import ParseError
+from runners.parsing import ParseError, json_object
 from runners.scratch import declared
 from runners.transport import Result, Transport
 
@@ -227,10 +227,7 @@ class MountFacts:
 
 def parse_mount(text: str) -> MountFacts:
     """The `mount` action's JSON: where a path lies and on which filesystem type."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"mount facts are not JSON: {exc}") from None
+    data = json_object(text, "mount facts")
     if not isinstance(data, dict) or not isinstance(data.get("exists"), bool) or "path" not in data:
         raise ParseError("mount facts lack 'path' and a boolean 'exists'")
     if data["exists"] and not all(isinstance(data.get(k), str) for k in ("mount_point", "fstype")):

@@ -7,14 +7,13 @@ the node). A setting the profile asks for that cannot be read is a problem, not 
 """
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
 from runners import payloads
-from runners.parsing import ParseError
+from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
 PROBE_TIMEOUT_S = 120  # nvidia-smi -q on 8 GPUs without persistence mode can take a while
@@ -142,10 +141,7 @@ def _int_or_none(value) -> Optional[int]:
 
 
 def parse_config_facts(text: str) -> ConfigFacts:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"GPU configuration facts are not JSON: {exc}") from None
+    data = json_object(text, "GPU configuration facts")
     if not isinstance(data, dict) or "kernel_cmdline" not in data or "gpus" not in data:
         raise ParseError("GPU configuration facts lack kernel_cmdline and gpus")
     lspci = data.get("lspci_vvv")

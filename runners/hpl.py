@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 from inventory.model import ScratchPath
 from runners import payloads
 from runners.launchers import Launcher
-from runners.parsing import ParseError
+from runners.parsing import ParseError, json_object
 from runners.scratch import declared
 from runners.transport import Result, Transport
 
@@ -210,10 +210,7 @@ class Detected:
 
 
 def parse_detect(text: str) -> Detected:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"HPL detection output is not JSON: {exc}") from None
+    data = json_object(text, "HPL detection output")
     if not isinstance(data, dict) or not isinstance(data.get("programs"), dict) \
             or not isinstance(data.get("root"), bool):
         raise ParseError("HPL detection output lacks 'programs' and a boolean 'root'")

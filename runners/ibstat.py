@@ -7,13 +7,12 @@ which the suite decides on; the parser rejects it as not ibstat output.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
 from runners import payloads
-from runners.parsing import ParseError
+from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
 PROBE_TIMEOUT_S = 30
@@ -187,10 +186,7 @@ def probe_counters(transport: Transport, root: str = SYSFS_ROOT) -> Result:
 
 def parse_ib_counters(text: str) -> IbCounters:
     """The ib_counters payload's JSON: every port's counters."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"IB counters are not JSON: {exc}") from None
+    data = json_object(text, "IB counters")
     if not isinstance(data, dict) or not isinstance(data.get("ports"), list):
         raise ParseError("IB counters: no 'ports' list")
     ports = []

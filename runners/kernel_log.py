@@ -6,14 +6,13 @@ handover (often an application's fault, or a correctable event); `info` is recor
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Optional
 
 from runners import payloads
-from runners.parsing import ParseError
+from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
 READ_TIMEOUT_S = 60  # dmesg, then journalctl -k, each bounded to 20 s on the node
@@ -218,10 +217,7 @@ class KernelRead:
 
 def parse_kernel_read(text: str) -> KernelRead:
     """The kernel_log payload's JSON."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"kernel log payload output is not JSON: {exc}") from None
+    data = json_object(text, "kernel log payload output")
     if not isinstance(data, dict) or "attempts" not in data or "uptime_s" not in data:
         raise ParseError("kernel log payload output lacks `attempts` and `uptime_s`")
     source = data.get("source")

@@ -17,7 +17,7 @@ from typing import Optional
 
 from runners import payloads
 from runners.launchers import LaunchError, Launcher
-from runners.parsing import ParseError
+from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
 # nccl-tests' exit status 7 (testNumResults): #wrong / out-of-bounds > 0, or avg busbw below
@@ -161,10 +161,7 @@ def _version_from_code(code: int) -> str:
 
 
 def _parse_json(text: str) -> NcclTestsReport:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"nccl-tests -J output is not JSON: {exc}") from None
+    data = json_object(text, "nccl-tests -J output")
     if not isinstance(data, dict) or not isinstance(data.get("results"), list) \
             or not isinstance(data.get("config"), dict):
         raise ParseError("not an nccl-tests -J document: no 'results' list and 'config' object")

@@ -6,13 +6,12 @@ An expectation the profile does not state is not checked.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from runners import payloads
-from runners.parsing import ParseError
+from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
 # NVML start-up on 8 GPUs without persistence mode can take many seconds; then torch's import and
@@ -173,12 +172,7 @@ def _gpu(index: int, raw: dict) -> Gpu:
 
 
 def parse_gpu_facts(text: str) -> GpuFacts:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"GPU facts are not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ParseError("GPU facts are not a JSON object")
+    data = json_object(text, "GPU facts")
     if data.get("available") is False:
         return GpuFacts(available=False, reason=f"NVML unavailable ({data.get('error')}): "
                                                 f"{data.get('reason', '')}")

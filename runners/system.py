@@ -1,12 +1,11 @@
 """System facts of a node: probe (runs the payload) and parse (pure: text in, SystemFacts out)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Optional
 
 from runners import payloads
-from runners.parsing import ParseError
+from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
 PROBE_TIMEOUT_S = 30
@@ -36,12 +35,7 @@ def probe(transport: Transport) -> Result:
 
 
 def parse_system_facts(text: str) -> SystemFacts:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"system facts are not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ParseError("system facts are not a JSON object")
+    data = json_object(text, "system facts")
     missing = [name for name in SystemFacts.__dataclass_fields__ if name not in data]
     if missing:
         raise ParseError(f"system facts lack {', '.join(missing)}")

@@ -11,7 +11,7 @@ import json
 import math
 import re
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Mapping, Optional, Sequence
 
 from runners import payloads, torchrun

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from nodes import ns_inventory
-
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -2,8 +2,6 @@
 the h200 profile, where the missing NVML must fail the GPU checks instead of skipping them."""
 from __future__ import annotations
 
-import pytest
-
 from nodes import local_inventory_without_scratch
 from test_e2e import results_of, run_dir_of, run_suites, sign_key  # noqa: F401 (fixture)
 
