@@ -342,7 +342,9 @@ def test_training_scaling(request, cluster_run, cluster, profile, metrics, recor
     record.note(f"{len(nodes)} nodes: {run.report.tokens_per_s:,.0f} tokens/s; one node (median of "
                 f"{len(single)}): {statistics.median(single.values()):,.0f} tokens/s; "
                 f"efficiency {efficiency:.1f}%")
-    metrics.judge(scaling_efficiency=(round(efficiency, 1), "%"))
+    metrics.judge(scaling_efficiency=(round(efficiency, 1), "%"),  # the scaling table's three rows
+                  tokens_per_s_one_node=(round(statistics.median(single.values()), 1), "tokens/s"),
+                  tokens_per_s_all_nodes=(round(run.report.tokens_per_s, 1), "tokens/s"))
 
 
 @pytest.mark.quick

@@ -37,13 +37,18 @@ def test_every_training_check_passes_on_two_nodes(training_run):
     assert list(shared.iterdir()) == []  # the checkpoint was removed after its round trip
 
 
+def metrics_of(checks: dict, check: str, node=None) -> dict:
+    return {m["name"]: m["value"] for m in checks[(check, node)]["metrics"]}
+
+
 def test_figures_are_recorded_with_units(training_run):
     checks = checks_by_name(results_of(training_run[1]))
     metrics = {m["name"]: m for m in checks[("training", "node1")]["metrics"]}
     assert metrics["training_tokens_per_s"]["unit"] == "tokens/s" and metrics["training_tokens_per_s"]["value"] > 0
     assert {"tokens_per_s_per_rank", "step_time_median", "step_time_p99", "time_to_first_step"} <= metrics.keys()
-    scaling = checks[("training_scaling", None)]["metrics"][0]
-    assert scaling["name"] == "scaling_efficiency" and scaling["unit"] == "%" and scaling["value"] > 0
+    scaling = {m["name"]: m for m in checks[("training_scaling", None)]["metrics"]}
+    assert scaling["scaling_efficiency"]["unit"] == "%" and scaling["scaling_efficiency"]["value"] > 0
+    assert scaling["tokens_per_s_all_nodes"]["value"] == metrics_of(checks, "training_cluster")["training_tokens_per_s"]
     checkpoint = {m["name"]: m["value"] for m in checks[("checkpoint", None)]["metrics"]}
     assert checkpoint["checkpoint_size"] > 1 and checkpoint["checkpoint_read_time"] >= 0
     assert "read back by 4 rank(s) on 2 node(s)" in checks[("checkpoint", None)]["message"]
