@@ -21,7 +21,7 @@ from reports.render import RenderedRun, render_run
 from runners.cluster import ClusterRun
 from runners.fanout import Progress
 from runners.transport import Result
-from suites.checks import CheckFailure, excerpt
+from handover.failures import CheckFailure, excerpt
 
 AREAS = ("system", "hardware", "network", "storage", "hpc", "training")
 DEPTHS = ("quick", "full")

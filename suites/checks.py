@@ -1,63 +1,23 @@
-"""The check vocabulary: how a suite says a check failed, and how it judges metrics.
+"""The check vocabulary the suites share: sanity of a tool's run, metrics against references.
 
 As in ReFrame, a check first asks whether the tool ran correctly (sanity), then whether each
-named, unit-bearing metric lies in its reference band (performance). The recorder writes the
-kind of failure into the results, so a report can tell an unreachable node from a slow one.
+named, unit-bearing metric lies in its reference band (performance). Failures are raised as the
+kinds in handover.failures, so a report can tell an unreachable node from a slow one.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import Counter
 from typing import Callable, Optional, TypeVar
 
+from handover.failures import (CommandTimedOut, ExpectationFailure, NodeUnreachable, PerformanceFailure,
+                               SanityFailure, excerpt)
 from inventory.model import Profile
 from runners.parsing import ParseError
 from runners.scratch import missing_tool, refusal
 from runners.transport import Result
 
 T = TypeVar("T")
-
-LOG_EXCERPT_LINES = 40
-
-
-class CheckFailure(AssertionError):
-    """A check failed for a reason the report should name; `log` is the evidence to show."""
-
-    kind = "error"
-
-    def __init__(self, message: str, log: str = ""):
-        super().__init__(message)
-        self.log = log
-
-
-class NodeUnreachable(CheckFailure):
-    kind = "unreachable"
-
-
-class CommandTimedOut(CheckFailure):
-    kind = "timeout"
-
-
-class SanityFailure(CheckFailure):
-    """The tool did not run correctly, whatever its exit code says."""
-
-    kind = "sanity"
-
-
-class PerformanceFailure(CheckFailure):
-    """Metrics outside their reference bands, or referenced metrics that were not measured."""
-
-    kind = "performance"
-
-
-class ExpectationFailure(CheckFailure):
-    """A fact of the node differs from what the profile expects."""
-
-    kind = "expectation"
-
-
-def excerpt(text: str, lines: int = LOG_EXCERPT_LINES) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def require(result: Result) -> Result:
@@ -91,13 +51,6 @@ def parsed(parser: Callable[[str], T], result: Result) -> T:
         return parser(result.stdout)
     except ParseError as exc:
         raise SanityFailure(f"{result.node}: {exc}", excerpt(result.stdout)) from None
-
-
-@dataclass(frozen=True)
-class Measurement:
-    name: str
-    value: Optional[float]
-    unit: str
 
 
 class Metrics:
@@ -162,3 +115,14 @@ def series_entry(name: str, *, x: tuple[str, str], y: tuple[str, str],
             "lines": [{"label": str(label), "points": [[float(px), float(py)] for px, py in points
                                                        if usable(float(px), float(py))]}
                       for label, points in lines.items()]}
+
+
+def odd_ones_out(label: str, values: dict[str, object]) -> str:
+    """'' when all agree; else which nodes differ from the most common value."""
+    counts = Counter(values.values())
+    if len(counts) < 2:
+        return ""
+    common, count = counts.most_common(1)[0]
+    odd = {node: value for node, value in values.items() if value != common}
+    listed = ", ".join(f"{node} has {value!r}" for node, value in sorted(odd.items()))
+    return f"{label}: {listed}, while {count} node(s) have {common!r}"

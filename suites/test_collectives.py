@@ -21,8 +21,8 @@ from runners import collectives, hpl, nccl_tests
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
-from suites.checks import (CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure,
-                           excerpt, parsed, require)
+from handover.failures import CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure, excerpt
+from suites.checks import parsed, require
 
 pytestmark = [pytest.mark.training]
 

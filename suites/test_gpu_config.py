@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from runners import gpu_config
-from suites.checks import ExpectationFailure, parsed
+from handover.failures import ExpectationFailure
+from suites.checks import parsed
 
 pytestmark = [pytest.mark.system, pytest.mark.quick]
 

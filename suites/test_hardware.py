@@ -17,9 +17,8 @@ import pytest
 from runners import burn, dcgmi, kernel_log, nvidia_smi, nvml, stress_ng
 from reports.ledger import read_ledger
 from runners.parsing import ParseError
-from suites.checks import (ExpectationFailure, Metrics, PerformanceFailure, SanityFailure, excerpt,
-                           parsed, require)
-from suites.test_system import odd_ones_out
+from handover.failures import ExpectationFailure, PerformanceFailure, SanityFailure, excerpt
+from suites.checks import odd_ones_out, Metrics, parsed, require
 
 pytestmark = [pytest.mark.hardware]
 quick = pytest.mark.quick

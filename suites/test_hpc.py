@@ -25,8 +25,8 @@ from runners import gemm_fft, hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
-from suites.checks import (CommandTimedOut, ExpectationFailure, SanityFailure, excerpt, parsed,
-                           require, require_scratch_run)
+from handover.failures import CommandTimedOut, ExpectationFailure, SanityFailure, excerpt
+from suites.checks import parsed, require, require_scratch_run
 
 pytestmark = [pytest.mark.hpc]
 

@@ -20,9 +20,8 @@ import pytest
 from runners import ibstat, iperf3, pairs, perftest
 from runners.parsing import ParseError
 from runners.pairs import Pair, PairRun, pair_id
-from suites.checks import (CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure,
-                           excerpt, parsed)
-from suites.test_system import odd_ones_out
+from handover.failures import CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure, excerpt
+from suites.checks import odd_ones_out, parsed
 
 pytestmark = [pytest.mark.network]
 

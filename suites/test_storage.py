@@ -16,15 +16,8 @@ import pytest
 from runners import fio, system
 from runners.parsing import ParseError
 from runners.transport import Result
-from suites.checks import (
-    ExpectationFailure,
-    PerformanceFailure,
-    SanityFailure,
-    excerpt,
-    parsed,
-    require,
-    require_scratch_run,
-)
+from handover.failures import ExpectationFailure, PerformanceFailure, SanityFailure, excerpt
+from suites.checks import parsed, require, require_scratch_run
 
 pytestmark = [pytest.mark.storage]
 

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
 
 import pytest
 
 from runners import system
 from runners.parsing import ParseError
-from suites.checks import ExpectationFailure, parsed
+from handover.failures import ExpectationFailure
+from suites.checks import odd_ones_out, parsed
 
 pytestmark = [pytest.mark.system, pytest.mark.quick]
 
@@ -89,17 +89,6 @@ def test_uniformity(cluster_run, record):
     record.note(f"{len(facts)} node(s) compared" + (f"; no facts from {', '.join(silent)}" if silent else ""))
     if differences:
         raise ExpectationFailure("; ".join(differences))
-
-
-def odd_ones_out(label: str, values: dict[str, object]) -> str:
-    """'' when all agree; else which nodes differ from the most common value."""
-    counts = Counter(values.values())
-    if len(counts) < 2:
-        return ""
-    common, count = counts.most_common(1)[0]
-    odd = {node: value for node, value in values.items() if value != common}
-    listed = ", ".join(f"{node} has {value!r}" for node, value in sorted(odd.items()))
-    return f"{label}: {listed}, while {count} node(s) have {common!r}"
 
 
 def version_tuple(text: str) -> tuple[int, ...]:

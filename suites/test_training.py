@@ -22,8 +22,8 @@ from runners import collectives, training
 from runners.parsing import ParseError
 from runners.torchrun import Launch
 from runners.transport import Result, Transport
-from suites.checks import (CheckFailure, CommandTimedOut, ExpectationFailure, NodeUnreachable, PerformanceFailure,
-                           SanityFailure, excerpt, parsed, require)
+from handover.failures import CheckFailure, CommandTimedOut, ExpectationFailure, NodeUnreachable, PerformanceFailure, SanityFailure, excerpt
+from suites.checks import parsed, require
 
 pytestmark = [pytest.mark.training]
 

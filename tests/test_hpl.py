@@ -16,7 +16,7 @@ from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.scratch import ScratchRefused, missing_tool, refusal
 from runners.transport import LocalTransport, Result
-from suites.checks import CommandTimedOut
+from handover.failures import CommandTimedOut
 from suites.test_hpc import sane
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,8 @@ from runners.launchers import LaunchError, MpirunLauncher
 from runners.parsing import ParseError
 from runners.ssh import SshTransport
 from runners.transport import LocalTransport, Result
-from suites.checks import SanityFailure, series_entry
+from handover.failures import SanityFailure
+from suites.checks import series_entry
 from suites.test_collectives import LAUNCH_DETECT_STEP, Plan, figure_of, mpirun_everywhere, nccl_lines
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -180,7 +180,7 @@ def test_payload_with_pynvml_but_no_driver_reports_library_not_found():
 
 def test_uniformity_names_the_odd_node_out():
     """DERIVED: three nodes with the real H200's facts, node3's VBIOS changed."""
-    from suites.test_system import odd_ones_out
+    from suites.checks import odd_ones_out
     sets = {"node1": nvml.firmware_set(facts()), "node2": nvml.firmware_set(facts()),
             "node3": nvml.firmware_set(derived(lambda gpu: gpu.update(vbios="96.00.99.00.01")))}
     assert odd_ones_out("VBIOS", {n: s["VBIOS"] for n, s in sets.items()}) == (

@@ -19,7 +19,7 @@ from runners import training
 from runners.parsing import ParseError
 from runners.ssh import SshTransport
 from runners.transport import LocalTransport
-from suites.checks import SanityFailure
+from handover.failures import SanityFailure
 from suites.test_training import launch_failure, sane_report
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
