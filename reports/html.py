@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import statistics
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -35,7 +34,6 @@ VERDICT_CLASSES = {"CERTIFIED": "certified", "NOT CERTIFIED": "not-certified",
 CLUSTER_ROW = "cluster"
 TOOLTIP_CHARS = 400
 BANNER_REASONS = 12
-OUTLIER_FRACTION = 0.10  # a node this far on the wrong side of the median is called out
 SIGNATURE_NAMESPACE = "handover"
 
 _SHELL_SAFE = re.compile(r"[A-Za-z0-9@._+/=:-]+")
@@ -330,6 +328,7 @@ def build_view(results: dict) -> View:
     node_entries = list(results.get("nodes") or [])
     layout = _layout(run, node_entries, checks)
     status_of = {text(n.get("name")): text(n.get("status")) for n in node_entries}
+    status_of[CLUSTER_ROW] = text(verdict.get("cluster_checks"))
 
     status = text(verdict.get("status")) or "INCOMPLETE"
     reasons = [text(r) for r in verdict.get("reasons") or []]
@@ -352,7 +351,7 @@ def build_view(results: dict) -> View:
         attention_nodes=[{"name": text(n.get("name")), "status": text(n.get("status")),
                           "reasons": [text(r) for r in n.get("reasons") or []]}
                          for n in node_entries if n.get("status") != "passed"],
-        metrics=_metrics(checks, layout),
+        metrics=_metrics(checks, layout, results.get("outliers") or []),
         failures=_failures(checks, layout),
         skips=_skips(checks, layout),
         provenance=_provenance(run),
@@ -491,7 +490,7 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str]) -> Ma
                                   f"{label} · {column.check}: no result"))
             else:
                 cells.append(Cell("blank"))
-        status = _cluster_status(frame, row) if is_cluster else status_of.get(label, "")
+        status = status_of.get(CLUSTER_ROW if is_cluster else label, "")
         matrix_rows.append(MatrixRow(label, is_cluster, status, cells))
 
     areas: list[tuple[str, int]] = []
@@ -508,13 +507,6 @@ def _cell_line(check: dict, label: str) -> str:
     message = _first_line(check.get("message"))
     line = f"{label} · {text(check.get('check'))}: {_outcome(check)}{kind}"
     return f"{line} — {message}" if message else line
-
-
-def _cluster_status(frame: pd.DataFrame, cluster_row: int) -> str:
-    outcomes = set(frame.loc[frame["row"] == cluster_row, "outcome"])
-    if outcomes & set(FAILED_OUTCOMES):
-        return "failed"
-    return "incomplete" if "skipped" in outcomes else "passed"
 
 
 def _node_counts(node_entries: list[dict]) -> list[Count]:
@@ -580,18 +572,12 @@ def _number(value) -> Optional[float]:
     return float(value) if math.isfinite(value) else None
 
 
-def reference_bounds(reference: Optional[dict]) -> tuple[Optional[float], Optional[float]]:
-    """The accepted band's absolute bounds: lower/upper are fractions of value, or absolute at 0."""
-    if not reference:
+def band_of(metric: dict) -> tuple[Optional[float], Optional[float]]:
+    """The accepted band's absolute bounds, as the check that judged the metric stored them."""
+    band = metric.get("band")
+    if not isinstance(band, (list, tuple)) or len(band) != 2:
         return None, None
-    value = _number(reference.get("value"))
-    if value is None:
-        return None, None
-    lower, upper = _number(reference.get("lower")), _number(reference.get("upper"))
-    low = None if lower is None else (lower if value == 0 else value * (1 + lower))
-    high = None if upper is None else (upper if value == 0 else value * (1 + upper))
-    return low, high
-
+    return _number(band[0]), _number(band[1])
 
 
 def _ok(value) -> Optional[bool]:
@@ -623,7 +609,7 @@ def _metrics_frame(checks: list[dict], layout: Layout) -> pd.DataFrame:
     for index, check in enumerate(checks):
         for position, metric in enumerate(check.get("metrics") or []):
             reference = metric.get("reference") or {}
-            low, high = reference_bounds(reference)
+            low, high = band_of(metric)
             records.append({
                 "check": text(check.get("check")) or "unnamed", "name": text(metric.get("name")),
                 "unit": text(metric.get("unit")), "reference_unit": text(reference.get("unit")),
@@ -638,14 +624,20 @@ def _metrics_frame(checks: list[dict], layout: Layout) -> pd.DataFrame:
     return pd.DataFrame.from_records(records, columns=columns)
 
 
-def _metrics(checks: list[dict], layout: Layout) -> list[MetricView]:
+def _metrics(checks: list[dict], layout: Layout, outliers: list[dict]) -> list[MetricView]:
     """One view per (check, metric), in matrix column order."""
     frame = _metrics_frame(checks, layout)
     if frame.empty:
         return []
     groups = sorted(frame.groupby(["check", "name"], sort=False),
                     key=lambda item: (layout.position.get(item[0][0], 0), item[1]["index"].min()))
-    return [_metric_view(f"metric-{number}", check_name, metric_name, group, checks, layout)
+    called_out: dict[tuple[str, str], list[str]] = {}
+    for outlier in outliers:
+        called_out.setdefault((text(outlier.get("check")), text(outlier.get("metric"))), []).append(
+            f"{text(outlier.get('node'))}: {_with_unit(_number(outlier.get('value')), text(outlier.get('unit')))}"
+            f" ({format_margin(_number(outlier.get('deviation')))} vs median)")
+    return [_metric_view(f"metric-{number}", check_name, metric_name, group, checks, layout,
+                         called_out.get((check_name, metric_name), []))
             for number, ((check_name, metric_name), group) in enumerate(groups)]
 
 
@@ -658,7 +650,7 @@ def _worst_first(entry: dict) -> tuple:
 
 
 def _metric_view(key: str, check_name: str, metric_name: str, group: pd.DataFrame,
-                 checks: list[dict], layout: Layout) -> MetricView:
+                 checks: list[dict], layout: Layout, outliers: list[str]) -> MetricView:
     """The table worst margin first, min/median/max, outliers and a bar chart for one metric."""
     table = []
     for entry in sorted(group.to_dict("records"), key=_worst_first):
@@ -683,43 +675,13 @@ def _metric_view(key: str, check_name: str, metric_name: str, group: pd.DataFram
         high=_with_unit(values.max() if len(values) else None, unit),
         criterion=criterion,
         sources=list(dict.fromkeys(r.source for r in table if r.source != "—")),
-        outliers=_outliers(group, layout, unit),
+        outliers=outliers,
         chart=_chart(group, layout, f"{check_name} · {metric_name}", unit) if len(values) else None,
     )
 
 
 def _with_unit(value: Optional[float], unit: str) -> str:
     return "—" if value is None else f"{format_number(float(value))} {unit}".strip()
-
-
-def _bad_sides(group: pd.DataFrame) -> tuple[bool, bool]:
-    """Which side of the median is the bad one: a floor means low is bad, a ceiling high is bad."""
-    has_low = group["low"].notna().any()
-    has_high = group["high"].notna().any()
-    if has_low and not has_high:
-        return True, False
-    if has_high and not has_low:
-        return False, True
-    return True, True
-
-
-def _outliers(group: pd.DataFrame, layout: Layout, unit: str) -> list[str]:
-    """Nodes more than OUTLIER_FRACTION from the median on the bad side, worst first."""
-    measured = group.dropna(subset=["value"])
-    if len(measured) < 3:
-        return []
-    median = statistics.median(measured["value"])
-    if median == 0:
-        return []
-    low_bad, high_bad = _bad_sides(group)
-    found = []
-    for entry in measured.to_dict("records"):
-        deviation = (entry["value"] - median) / abs(median)
-        if (low_bad and deviation < -OUTLIER_FRACTION) or (high_bad and deviation > OUTLIER_FRACTION):
-            found.append((-abs(deviation), entry["row"], entry["index"], entry["where"],
-                          entry["value"], deviation))
-    return [f"{where}: {_with_unit(value, unit)} ({format_margin(deviation)} vs median)"
-            for _, _, _, where, value, deviation in sorted(found)]
 
 
 CHART_WIDTH, CHART_HEIGHT = 640, 168
@@ -808,8 +770,7 @@ def _label_step(names: list[str], slot: float) -> int:
 # ---------------------------------------------------------------------------------------------
 # Pairs: an N x N heatmap per pair check (and per rail)
 
-LOW_VS_MEDIAN = 0.25  # as runners.pairs.LOW_FRACTION: without the run's pair_low_fraction, this far on the bad side is low
-MEDIAN_MIN_PAIRS = 3  # as runners.pairs.MIN_PAIRS_FOR_MEDIAN: fewer figures make no median to be low against
+PAIR_STATES = {"ok": "ok", "low": "low", "failed": "fail"}  # results' pair_state -> cell state
 COMPACT_NODES = 16  # above this many nodes the cells are bare squares (figures in tooltips)
 ATTRIBUTION_CHECK = "network_attribution"
 
@@ -818,10 +779,9 @@ def _pair_section(checks: list[dict], layout: Layout,
                   low_fraction: Optional[float] = None) -> Optional[PairSection]:
     """Heatmaps of every pair check's main figure, node against node, from the checks' `pair`.
 
-    A figure is amber (low) this far from the median on the bad side: the profile's
-    pair_low_fraction from the run (the attribution's threshold), else LOW_VS_MEDIAN.
+    Each cell is coloured by the pair's `pair_state`, judged by the network suite against the
+    median of its campaign; low_fraction, the profile's pair_low_fraction, only names the rule.
     """
-    low_fraction = LOW_VS_MEDIAN if low_fraction is None or low_fraction <= 0 else low_fraction
     groups: dict[tuple[str, Optional[str]], list[int]] = {}
     for index, check in enumerate(checks):
         if _pair(check):
@@ -841,12 +801,12 @@ def _pair_section(checks: list[dict], layout: Layout,
                            + (f" (and {len(kinds) - 1} other reason(s))" if len(kinds) > 1 else ""))
             continue
         heatmaps.append(_heatmap(f"pairs-{number}", name, rail, [(i, checks[i]) for i in members],
-                                 layout, low_fraction))
+                                 layout))
     attribution = next(({"outcome": _outcome(c), "message": text(c.get("message")).strip(),
                          "anchor": _anchor(i, _outcome(c))}
                         for i, c in enumerate(checks) if c.get("check") == ATTRIBUTION_CHECK), None)
     return PairSection(heatmaps=heatmaps, skipped=skipped, attribution=attribution,
-                       low_percent=f"{low_fraction * 100:g}%")
+                       low_percent=f"{low_fraction * 100:g}%" if low_fraction else "")
 
 
 def _without_nodes(reason: str, pair: tuple[str, str]) -> str:
@@ -867,22 +827,16 @@ def _main_metric(members: list[tuple[int, dict]]) -> Optional[dict]:
 
 
 def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, dict]],
-             layout: Layout, low_fraction: float = LOW_VS_MEDIAN) -> Heatmap:
+             layout: Layout) -> Heatmap:
     main = _main_metric(members)
     metric_name = text(main.get("name")) if main else ""
     unit = text(main.get("unit")) if main else ""
-    low, high = reference_bounds(main.get("reference") if main else None)
-    low_bad, high_bad = (True, False) if (low is not None and high is None) else \
-        (False, True) if (high is not None and low is None) else (True, True)
-    if main and low is None and high is None:
-        low_bad, high_bad = True, False  # unjudged throughput-like figures: low is bad
 
     def figure(check: dict) -> tuple[Optional[float], Optional[dict]]:
         metric = next((m for m in check.get("metrics") or [] if text(m.get("name")) == metric_name), None)
         return (_number(metric.get("value")) if metric else None), metric
 
-    values = [v for v in (figure(c)[0] for _, c in members) if v is not None]
-    median = statistics.median(values) if values else None
+    median = next((m for m in (_number(c.get("pair_median")) for _, c in members) if m), None)
     seen = {n for _, c in members for n in _pair(c)}
     nodes = [n for n in layout.nodes if n in seen] + sorted(seen - set(layout.nodes))
     cells: dict[tuple[str, str], HeatCell] = {}
@@ -895,16 +849,11 @@ def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, 
             state = "skipped"
         elif value is None:
             state = "broken" if outcome in FAILED_OUTCOMES else "none"
-        elif metric is not None and _ok(metric.get("ok")) is False:
-            state = "fail"
-        elif median and len(values) >= MEDIAN_MIN_PAIRS and (
-                (low_bad and value < median * (1 - low_fraction))
-                or (high_bad and value > median * (1 + low_fraction))):
-            state = "low"
-        elif outcome in FAILED_OUTCOMES:
-            state = "fail"
         else:
-            state = "ok"
+            state = PAIR_STATES.get(text(check.get("pair_state")), "")
+            if not state:  # a ledger from before pair states: the outcome alone
+                failed = outcome in FAILED_OUTCOMES or _ok(metric.get("ok") if metric else None) is False
+                state = "fail" if failed else "ok"
         counts[state] = counts.get(state, 0) + 1
         lines = [f"{a} ↔ {b}" + (f" rail {rail}" if rail is not None else "") + f": {outcome}"]
         if value is not None:
@@ -913,7 +862,7 @@ def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, 
                             f"{format_margin(_number(metric.get('margin')))})" if metric.get("criterion") else ""))
             if median:
                 lines.append(f"{format_margin((value - median) / median)} vs the median "
-                             f"{_with_unit(median, unit)} of {len(values)} pair(s)")
+                             f"{_with_unit(median, unit)} of its campaign")
         message = _first_line(check.get("message"))
         if message:
             lines.append(message)

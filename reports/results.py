@@ -1,19 +1,27 @@
 """results.json (schema handover.results/1): the ledger plus the verdict, in one versioned document.
 
+Everything a rendering colours is decided here or earlier (in the check, stored in the ledger):
+the verdict, each node's status, the outliers among per-node figures. The renderings draw it.
+
 Keys (a public interface; add, never rename):
     schema, run{run_id, cluster, profile, profile_description, inventory{path, sha256},
     harness{version, commit}, started, finished, interrupted, argv, nodes, tools[],
     pair_low_fraction? (the profile's: a pair this far from the median of its peers is low)},
-    signer{fingerprint, public_key}?, verdict{status, reasons}, nodes[{name, status, reasons}],
+    signer{fingerprint, public_key}?, verdict{status, reasons, cluster_checks?},
+    nodes[{name, status, reasons}],
     checks[{test_id, check, area, node, outcome, kind, message, log_excerpt, duration_s,
-            finished, raw[], metrics[{name, value, unit, reference, criterion, margin, ok}],
+            finished, raw[], metrics[{name, value, unit, reference, criterion, margin, ok, band?}],
             pair[a, b]? (tests between two nodes), rail? (perftest: HCA index),
+            pair_state?, pair_median? (the pair's heatmap state, judged against its campaign),
             series[{name, x_label, x_unit, y_label, y_unit, x_scale, lines[{label, points[[x, y]]}]}]?
-            (curves such as busbw against message size or loss against step)}]
+            (curves such as busbw against message size or loss against step)}],
+    outliers[{check, metric, node, value, unit, median, deviation, rule}]
 """
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +29,8 @@ from reports.ledger import RunRecord
 from reports.verdict import Verdict, judge
 
 RESULTS_SCHEMA = "handover.results/1"
+OUTLIER_FRACTION = 0.10  # a node this far on the bad side of its peers' median is an outlier
+OUTLIER_MIN_NODES = 3  # fewer figures make no median to stand out from
 RESULTS_FILE = "results.json"
 METRICS_CSV = "metrics.csv"
 
@@ -48,13 +58,63 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
         "verdict": {"status": verdict.status, "reasons": verdict.reasons},
         "nodes": verdict.nodes,
         "checks": [{k: v for k, v in entry.items() if k != "type"} for entry in record.checks],
+        "outliers": outliers(record.checks),
     }
+    if verdict.cluster_checks is not None:
+        results["verdict"]["cluster_checks"] = verdict.cluster_checks
     low_fraction = (profile.get("expect") or {}).get("pair_low_fraction")
     if low_fraction is not None:  # the report's heatmaps mark low pairs as the attribution does
         results["run"]["pair_low_fraction"] = low_fraction
     if signer:
         results["signer"] = signer
     return results, verdict
+
+
+def outliers(checks: list[dict]) -> list[dict]:
+    """Per-node figures more than OUTLIER_FRACTION from the median of their peers on the bad
+    side, worst first: a node inside its band can still be the slow one of its fleet.
+
+    The bad side is the side the band bounds (a floor: low is bad; a ceiling: high is bad);
+    a metric with both bounds or none is judged on both sides.
+    """
+    groups: dict[tuple[str, str], list[tuple[str, dict]]] = {}
+    for entry in checks:
+        if entry.get("node") is None:
+            continue
+        for metric in entry.get("metrics") or []:
+            if _finite(metric.get("value")):
+                groups.setdefault((entry["check"], metric["name"]), []).append((entry["node"], metric))
+    found = []
+    for (check, name), measured in groups.items():
+        if len(measured) < OUTLIER_MIN_NODES:
+            continue
+        median = statistics.median(metric["value"] for _, metric in measured)
+        if median == 0:
+            continue
+        low_bad, high_bad = _bad_sides([metric for _, metric in measured])
+        rule = (f"more than {OUTLIER_FRACTION:.0%} "
+                f"{'below' if not high_bad else 'above' if not low_bad else 'from'} "
+                f"the median of {len(measured)} nodes")
+        for node, metric in measured:
+            deviation = (metric["value"] - median) / abs(median)
+            if (low_bad and deviation < -OUTLIER_FRACTION) or (high_bad and deviation > OUTLIER_FRACTION):
+                found.append({"check": check, "metric": name, "node": node, "value": metric["value"],
+                              "unit": metric.get("unit"), "median": median,
+                              "deviation": round(deviation, 4), "rule": rule})
+    return sorted(found, key=lambda o: -abs(o["deviation"]))
+
+
+def _bad_sides(metrics: list[dict]) -> tuple[bool, bool]:
+    bands = [metric.get("band") or [None, None] for metric in metrics]
+    floor = any(band[0] is not None for band in bands)
+    ceiling = any(band[1] is not None for band in bands)
+    if floor != ceiling:
+        return floor, ceiling
+    return True, True
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def write_results(results: dict, run_dir: Path) -> Path:

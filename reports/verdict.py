@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Optional
 
 CERTIFIED = "CERTIFIED"
 NOT_CERTIFIED = "NOT CERTIFIED"
@@ -22,6 +23,7 @@ class Verdict:
     reasons: list[str]
     nodes: list[dict]  # [{"name", "status": passed|failed|incomplete|untested, "reasons"}]
     untested_nodes: list[str] = field(default_factory=list)
+    cluster_checks: Optional[str] = None  # passed|failed|incomplete; None: no cluster-wide check
 
     @property
     def gate_failed(self) -> bool:
@@ -96,21 +98,32 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
         else:
             node_rows.append({"name": name, "status": "passed", "reasons": []})
 
+    cluster_checks = cluster_status([e for e in checks if e.get("node") is None])
     if untested:
         incomplete.insert(0, f"{len(untested)} node(s) without any result: {', '.join(untested)}")
     if interrupted:
         incomplete.insert(0, "the run was interrupted before it finished")
     if failures:
-        return Verdict(NOT_CERTIFIED, failures + incomplete, node_rows, untested)
+        return Verdict(NOT_CERTIFIED, failures + incomplete, node_rows, untested, cluster_checks)
     passed = sum(1 for entry in checks if entry["outcome"] == "passed")
     if not passed:
         incomplete.append("no check passed")
     if incomplete:
-        return Verdict(INCOMPLETE, incomplete, node_rows, untested)
+        return Verdict(INCOMPLETE, incomplete, node_rows, untested, cluster_checks)
     skipped = len(checks) - passed
     summary = (f"all {passed} checks passed on {len(nodes)} node(s)" if not skipped else
                f"{passed} checks passed on {len(nodes)} node(s), {skipped} optional ones skipped")
-    return Verdict(CERTIFIED, [summary], node_rows, untested)
+    return Verdict(CERTIFIED, [summary], node_rows, untested, cluster_checks)
+
+
+def cluster_status(entries: list[dict]) -> Optional[str]:
+    """The cluster-wide checks (and tests between pairs) as one row's status, like a node's."""
+    if not entries:
+        return None
+    outcomes = {entry["outcome"] for entry in entries}
+    if outcomes & set(FAILED_OUTCOMES):
+        return "failed"
+    return "incomplete" if "skipped" in outcomes else "passed"
 
 
 def _first_line(entry: dict) -> str:

@@ -68,11 +68,14 @@ class Metrics:
         for name in sorted(expected - measured.keys()):
             measured[name] = (None, self.profile.references[name].unit)
         for name, (value, unit) in measured.items():
+            if value is not None and not math.isfinite(value):
+                value = None  # NaN or infinity is no measurement (and no JSON)
             reference = self.profile.references.get(name)
             row = {"name": name, "value": value, "unit": unit, "reference": None,
                    "criterion": None, "margin": None, "ok": None}
             if reference is not None:
-                row.update(reference=_reference_dict(reference), criterion=reference.criterion())
+                row.update(reference=_reference_dict(reference), criterion=reference.criterion(),
+                           band=[reference.low_bound, reference.high_bound])
                 if value is None:
                     row["ok"] = False
                     misses.append(f"{name}: no measurement, but the profile has a reference "

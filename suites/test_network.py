@@ -20,6 +20,7 @@ import pytest
 from runners import ibstat, iperf3, pairs, perftest
 from runners.parsing import ParseError
 from runners.pairs import Pair, PairRun, pair_id
+from handover.plugin import acceptance_session
 from handover.failures import CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure, excerpt
 from suites.checks import odd_ones_out, parsed
 
@@ -140,9 +141,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """One test per pair, id 'a-b': ring pairs are quick and full, the other pairs full only."""
     if "pair" not in metafunc.fixturenames:
         return
-    recorder = metafunc.config.pluginmanager.get_plugin("handover-recorder")
-    if recorder is None:
-        raise pytest.UsageError("the acceptance suites need --inventory FILE")
+    recorder = acceptance_session(metafunc.config)
     nodes = [node.name for node in recorder.cluster_run.nodes]
     if len(nodes) < 2:
         names, single = ("pair, rail", (None, 0)) if "rail" in metafunc.fixturenames else ("pair", (None,))

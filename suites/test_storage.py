@@ -16,6 +16,7 @@ import pytest
 from runners import fio, system
 from runners.parsing import ParseError
 from runners.transport import Result
+from handover.plugin import acceptance_session
 from handover.failures import ExpectationFailure, PerformanceFailure, SanityFailure, excerpt
 from suites.checks import parsed, require, require_scratch_run
 
@@ -60,10 +61,7 @@ def skip_unless_declared(path: Optional[str], on_node, cluster, kind: str) -> No
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    recorder = metafunc.config.pluginmanager.get_plugin("handover-recorder")
-    if recorder is None:
-        raise pytest.UsageError("the acceptance suites need --inventory FILE "
-                                "(e.g. pytest --inventory inventory/local.yaml)")
+    recorder = acceptance_session(metafunc.config)
     scratch = recorder.cluster.scratch
     per_node = "node" in metafunc.fixturenames
     if "local_path" in metafunc.fixturenames:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -46,3 +47,12 @@ def ns_cluster_factory(tmp_path):
             errors.append(str(error))
     if errors:
         pytest.fail("; ".join(errors))
+
+
+@pytest.fixture(scope="session")
+def sign_key(tmp_path_factory):
+    """An operator's Ed25519 signing key (ops@example.com), as `--sign-key` takes it."""
+    key = tmp_path_factory.mktemp("key") / "operator"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops@example.com",
+                    "-f", str(key)], check=True)
+    return key

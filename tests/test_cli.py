@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def handover(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reports.cli", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "handover.cli", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -30,7 +30,7 @@ def test_parse_an_unknown_tool_names_the_known_ones(tmp_path):
 
 
 def test_parse_a_missing_file_is_one_line(tmp_path):
-    from reports.cli import tool_parsers
+    from handover.cli import tool_parsers
 
     for tool in sorted(tool_parsers())[:1]:
         done = handover("parse", tool, tmp_path / "missing.txt")
@@ -38,7 +38,7 @@ def test_parse_a_missing_file_is_one_line(tmp_path):
 
 
 def test_every_registered_parser_rejects_text_that_is_not_its_tools(tmp_path):
-    from reports.cli import tool_parsers
+    from handover.cli import tool_parsers
 
     garbage = tmp_path / "garbage.txt"
     garbage.write_text("this is not the output of any tool\n")
@@ -51,7 +51,7 @@ def test_every_registered_parser_rejects_text_that_is_not_its_tools(tmp_path):
 
 def test_report_and_verify_of_a_directory_that_is_not_a_run(tmp_path):
     home = tmp_path / "home"
-    report = subprocess.run([sys.executable, "-m", "reports.cli", "report", str(tmp_path / "run")],
+    report = subprocess.run([sys.executable, "-m", "handover.cli", "report", str(tmp_path / "run")],
                             cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={"PATH": "/usr/bin:/bin", "HANDOVER_HOME": str(home)})
     assert report.returncode == 2 and "no ledger here" in report.stderr

@@ -14,7 +14,7 @@ from runners import collectives
 from runners.parsing import ParseError
 from runners.transport import LocalTransport
 from suites.test_collectives import plan_for
-from test_e2e import results_of, run_dir_of, run_suites, sign_key  # noqa: F401  (fixture)
+from test_e2e import results_of, run_dir_of, run_suites
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
 

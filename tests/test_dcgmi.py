@@ -65,7 +65,7 @@ def test_run_step_here_reports_dcgmi_missing():
 
 
 def test_cli():
-    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "dcgmi",
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "dcgmi",
                            str(DATA / "dcgm-repo_nvvs-json_DCGM-3.1.0_8GPU_PASS_with-leading-warning-line.txt")],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and '"status": "PASS"' in done.stdout and '"ok": true' in done.stdout

@@ -18,24 +18,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def handover(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reports.cli", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "handover.cli", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env=env)
 
 
-def run_suites(inventory, out, key, *extra, timeout=300) -> subprocess.CompletedProcess:
-    """Paths outside the checkout go with '=': pytest takes a bare path for a test location."""
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", f"--inventory={inventory}", f"--out={out}",
-         f"--sign-key={key}", "-p", "no:cacheprovider", *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def sign_key(tmp_path_factory):
-    key = tmp_path_factory.mktemp("key") / "operator"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops@example.com",
-                    "-f", str(key)], check=True)
-    return key
+def run_suites(inventory, out, key, *extra, timeout=300, form="space") -> subprocess.CompletedProcess:
+    """pytest --inventory FILE --out DIR --sign-key KEY ..., as the README says; form 'equals'
+    writes --inventory=FILE instead (both work with paths anywhere)."""
+    values = {"--inventory": inventory, "--out": out, "--sign-key": key}
+    words = [word for option, value in values.items()
+             for word in ([option, str(value)] if form == "space" else [f"{option}={value}"])]
+    return subprocess.run([sys.executable, "-m", "pytest", *words, "-p", "no:cacheprovider", *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def run_dir_of(out: Path, cluster: str) -> Path:
@@ -208,10 +202,11 @@ def test_resume_refuses_a_different_inventory(ns_cluster, sign_key, tmp_path):
     ("cluster: x\nprofile: h100\nnodes: [a]\n", "profile: unknown profile 'h100'"),
     ("cluster: x\nprofile: cpu-only\nnodes: [gpu[01-]\n", "YAML syntax error"),
 ])
-def test_bad_inventory_is_one_message_and_a_nonzero_exit(inventory_text, message, sign_key, tmp_path):
+@pytest.mark.parametrize("form", ["space", "equals"])
+def test_bad_inventory_is_one_message_and_a_nonzero_exit(inventory_text, message, sign_key, tmp_path, form):
     inventory = tmp_path / "bad.yaml"
     inventory.write_text(inventory_text)
-    done = run_suites(inventory, tmp_path / "out", sign_key)
+    done = run_suites(inventory, tmp_path / "out", sign_key, form=form)
     assert done.returncode != 0
     assert message in done.stderr and "bad.yaml" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr

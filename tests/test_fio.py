@@ -83,7 +83,7 @@ def test_text_that_is_not_fio_output_is_a_parse_error(text, message):
 
 
 def handover_parse(path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reports.cli", "parse", "fio", str(path)],
+    return subprocess.run([sys.executable, "-m", "handover.cli", "parse", "fio", str(path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 

@@ -16,7 +16,7 @@ from runners import gemm_fft
 from runners.parsing import ParseError
 from runners.transport import LocalTransport
 from suites.test_hpc import per_device
-from test_e2e import ROOT, results_of, run_dir_of, run_suites, sign_key  # noqa: F401 (fixture)
+from test_e2e import ROOT, results_of, run_dir_of, run_suites
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
 
@@ -97,12 +97,12 @@ def test_text_that_is_not_the_payloads_output_is_refused(text):
 def test_handover_parse_gemm_fft(cpu_run, tmp_path):
     saved = tmp_path / "gemm_fft.stdout"
     saved.write_text(cpu_run.stdout)
-    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "gemm-fft", str(saved)],
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "gemm-fft", str(saved)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["ok"] is True and data["devices"][0]["gemm_tflops"]["fp64"] > 0
-    bad = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "gemm-fft",
+    bad = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "gemm-fft",
                           str(ROOT / "tests" / "data" / "hpl" / "PROVENANCE.md")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2

@@ -3,7 +3,7 @@ the h200 profile, where the missing NVML must fail the GPU checks instead of ski
 from __future__ import annotations
 
 from nodes import local_inventory_without_scratch
-from test_e2e import results_of, run_dir_of, run_suites, sign_key  # noqa: F401 (fixture)
+from test_e2e import results_of, run_dir_of, run_suites
 
 
 def checks(run_dir, name):

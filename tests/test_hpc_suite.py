@@ -14,7 +14,7 @@ from nodes import local_inventory_without_scratch, ns_inventory
 from runners import hpl
 from runners.launchers import MpirunLauncher
 from runners.ssh import SshTransport
-from test_e2e import ROOT, results_of, run_dir_of, run_suites, sign_key  # noqa: F401 (fixture)
+from test_e2e import ROOT, results_of, run_dir_of, run_suites
 
 
 def hpl_checks(out, cluster: str) -> list[dict]:

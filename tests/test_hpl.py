@@ -103,14 +103,14 @@ def test_text_that_is_not_hpl_output_is_refused(name):
 
 
 def test_handover_parse_hpl_prints_the_issue_keys():
-    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "hpl",
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "hpl",
                            str(DATA / "local_hpcc150_hpccoutf_FAILED_threshold1e-6.txt")],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     parsed = json.loads(done.stdout)
     assert parsed["ok"] is False
     assert set(parsed["results"][0]) >= {"tv", "n", "nb", "p", "q", "time", "gflops", "residual", "passed"}
-    refused = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "hpl",
+    refused = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "hpl",
                               str(DATA / "anuhpc_hpl-nvidia-25.4_ERROR_nccl_bootstrap.err")],
                              cwd=ROOT, capture_output=True, text=True)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1

@@ -10,6 +10,8 @@ from typing import Optional
 import pytest
 
 from reports.html import format_margin, format_number, render_html, write_html
+from reports.results import outliers
+from reports.verdict import cluster_status
 
 SCRIPT = "<script>alert(1)</script>"
 ATTRIBUTE_BREAK = '"><img src=x onerror=alert(2)>'
@@ -23,14 +25,16 @@ VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link",
 
 def metric(name: str, value: Optional[float], floor: Optional[float] = None, unit: str = "GiB",
            source: str = "smoke floor") -> dict:
-    """A metric judged against a floor (reference value with a zero lower tolerance), or unjudged."""
+    """A metric judged against a floor (reference value with a zero lower tolerance), or unjudged;
+    `band` holds the absolute bounds, as the check that judged it stores them."""
     if floor is None:
         return {"name": name, "value": value, "unit": unit, "reference": None, "criterion": None,
                 "margin": None, "ok": None}
     margin = (value - floor) / floor
     return {"name": name, "value": value, "unit": unit,
             "reference": {"value": floor, "lower": 0.0, "upper": None, "unit": unit, "source": source},
-            "criterion": f">= {floor:g} {unit}", "margin": margin, "ok": margin >= 0}
+            "criterion": f">= {floor:g} {unit}", "margin": margin, "ok": margin >= 0,
+            "band": [floor, None]}
 
 
 def check(node: Optional[str], name: str, outcome: str = "passed", *, area: str = "system",
@@ -46,7 +50,8 @@ def check(node: Optional[str], name: str, outcome: str = "passed", *, area: str 
 def results(nodes: list[str], checks: list[dict], *, status: str = "CERTIFIED",
             reasons: Optional[list[str]] = None, node_status: Optional[dict] = None,
             signer: bool = True, **run: object) -> dict:
-    """A complete results dict; node statuses default to what the checks imply."""
+    """A complete results dict; node statuses, the cluster row's status and the outliers are
+    what the checks imply, computed as results.json's builder computes them."""
     statuses = []
     for name in nodes:
         outcomes = {c["outcome"] for c in checks if c["node"] == name}
@@ -68,7 +73,11 @@ def results(nodes: list[str], checks: list[dict], *, status: str = "CERTIFIED",
         "verdict": {"status": status, "reasons": reasons if reasons is not None else ["all good"]},
         "nodes": statuses,
         "checks": checks,
+        "outliers": outliers(checks),
     }
+    cluster_checks = cluster_status([c for c in checks if c["node"] is None])
+    if cluster_checks:
+        document["verdict"]["cluster_checks"] = cluster_checks
     if signer:
         document["signer"] = {"fingerprint": "SHA256:abcdefghijklmnop",
                               "public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample handover@vm"}
@@ -421,8 +430,9 @@ def test_terminal_colour_codes_are_stripped_from_logs():
 
 def pair_check(a: str, b: str, value: Optional[float], outcome: str = "passed", *,
                name: str = "iperf3", floor: float = 1.0, rail: Optional[int] = None,
-               message: str = "") -> dict:
-    """A pair test's entry as the recorder writes it: node None, `pair` [a, b], maybe `rail`."""
+               message: str = "", state: Optional[str] = None, median: Optional[float] = None) -> dict:
+    """A pair test's entry as the recorder writes it: node None, `pair` [a, b], maybe `rail`,
+    and the state the network suite judged (ok, low, failed) against its campaign's median."""
     entry = check(None, name, outcome, area="network", message=message,
                   metrics=(metric(f"{name}_bandwidth", value, floor=floor, unit="Gb/s"),)
                   if value is not None else ())
@@ -430,6 +440,9 @@ def pair_check(a: str, b: str, value: Optional[float], outcome: str = "passed", 
     entry["pair"] = [a, b]
     if rail is not None:
         entry["rail"] = rail
+    if value is not None:
+        entry["pair_state"] = state or ("failed" if outcome == "failed" else "ok")
+        entry["pair_median"] = median
     return entry
 
 
@@ -445,12 +458,14 @@ def heat_cells(section: Element) -> dict[tuple[str, str], Element]:
     return cells
 
 
-def test_pair_heatmap_colours_each_pair_against_its_band_and_the_median():
+def test_pair_heatmap_draws_each_pairs_judged_state():
     nodes = ["n1", "n2", "n3", "n4"]
-    checks = [pair_check("n1", "n2", 9.0), pair_check("n1", "n3", 2.0),  # in band, far below median
-              pair_check("n1", "n4", 0.5, "failed"),  # below the 1 Gb/s floor
+    median = 8.5
+    checks = [pair_check("n1", "n2", 9.0, median=median),
+              pair_check("n1", "n3", 2.0, state="low", median=median),  # in band, far below median
+              pair_check("n1", "n4", 0.5, "failed", median=median),  # below the 1 Gb/s floor
               pair_check("n2", "n3", None, "failed", message="n3 unreachable"),
-              pair_check("n2", "n4", 9.5), pair_check("n3", "n4", 8.0)]
+              pair_check("n2", "n4", 9.5, median=median), pair_check("n3", "n4", 8.0, median=median)]
     checks.append(check(None, "network_attribution", "failed", area="network",
                         message="suspects: iperf3: link n1-n4: failed"))
     root = parse(render_html(results(nodes, checks, status="NOT CERTIFIED")))
@@ -500,8 +515,8 @@ def test_pair_heatmap_escapes_node_names_and_messages():
 
 def test_sixty_four_node_heatmap_renders_fast_and_compact():
     nodes = [f"gpu{i:03d}" for i in range(1, 65)]
-    checks = [pair_check(a, b, 2.0 if "gpu017" in (a, b) else 9.0)
-              for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+    checks = [pair_check(a, b, 2.0, state="low", median=9.0) if "gpu017" in (a, b) else
+              pair_check(a, b, 9.0, median=9.0) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
     document = results(nodes, checks)
     started = time.perf_counter()
     output = render_html(document)
@@ -515,27 +530,30 @@ def test_sixty_four_node_heatmap_renders_fast_and_compact():
     assert len(output.encode()) < 5_000_000
 
 
-@pytest.mark.parametrize("fraction, amber", [(None, {("n1", "n3")}), (0.25, {("n1", "n3")}), (0.75, set())])
-def test_heatmap_amber_uses_the_runs_pair_low_fraction(fraction, amber):
-    """The profile's pair_low_fraction (carried in results.json's run) is the heatmap's threshold,
-    as it is the attribution's: 3.0 against a median of 9.0 is 67% below it, amber at 25% only."""
-    from reports.html import LOW_VS_MEDIAN, MEDIAN_MIN_PAIRS
-    from runners.pairs import LOW_FRACTION, MIN_PAIRS_FOR_MEDIAN
-
-    assert (LOW_VS_MEDIAN, MEDIAN_MIN_PAIRS) == (LOW_FRACTION, MIN_PAIRS_FOR_MEDIAN)
+@pytest.mark.parametrize("fraction", [None, 0.25, 0.75])
+def test_heatmap_amber_is_the_suites_low_state_and_the_legend_names_the_runs_fraction(fraction):
+    """Amber where the suite judged a pair low (runners.pairs' rule, tested in test_pairs.py);
+    the legend names the profile's pair_low_fraction when results.json's run carries one."""
     nodes = ["n1", "n2", "n3"]
-    checks = [pair_check("n1", "n2", 9.0), pair_check("n1", "n3", 3.0), pair_check("n2", "n3", 9.5)]
+    checks = [pair_check("n1", "n2", 9.0, median=9.0), pair_check("n1", "n3", 3.0, state="low", median=9.0),
+              pair_check("n2", "n3", 9.5, median=9.0)]
     run = {} if fraction is None else {"pair_low_fraction": fraction}
     document = render_html(results(nodes, checks, **run))
     cells = heat_cells(parse(document).by_id("pairs").parent.find("section", "heatmap"))
-    assert {key for key, cell in cells.items() if "hc-low" in cell.classes() and key[0] < key[1]} == amber
-    percent = f"{(fraction or 0.25) * 100:g}%"
-    assert f"low vs median (over {percent} off)" in document and f"more than {percent} from the median" in document
+    assert {key for key, cell in cells.items() if "hc-low" in cell.classes() and key[0] < key[1]} == {("n1", "n3")}
+    if fraction is None:
+        assert "low vs median</span>" in document and "far from the median" in document
+    else:
+        percent = f"{fraction * 100:g}%"
+        assert f"low vs median (over {percent} off)" in document and f"more than {percent} from the median" in document
 
 
-def test_heatmap_has_no_amber_without_enough_pairs_for_a_median():
-    """Two pairs make no median to be low against (as in the attribution): figures only."""
-    checks = [pair_check("n1", "n2", 9.0), pair_check("n1", "n3", 1.5)]
+def test_heatmap_without_pair_states_colours_by_outcome_alone():
+    """A ledger written before pair states: failed pairs red, the rest green, nothing amber."""
+    checks = [pair_check("n1", "n2", 9.0), pair_check("n1", "n3", 1.5), pair_check("n2", "n3", 0.5, "failed")]
+    for entry in checks:
+        entry.pop("pair_state")
     root = parse(render_html(results(["n1", "n2", "n3"], checks)))
     cells = heat_cells(root.by_id("pairs").parent.find("section", "heatmap"))
-    assert not any("hc-low" in cell.classes() for cell in cells.values())
+    states = {key: next(c for c in cell.classes() if c.startswith("hc-")) for key, cell in cells.items()}
+    assert states[("n1", "n2")] == states[("n1", "n3")] == "hc-ok" and states[("n2", "n3")] == "hc-fail"

@@ -113,10 +113,10 @@ def test_a_missing_ibstat_is_told_apart_from_no_device():
     ("ibstat", XE9780, '"physical_state": "LinkUp"'),
 ])
 def test_handover_parse_cli(tool, name, expected):
-    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", tool, str(DATA / name)],
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", tool, str(DATA / name)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and expected in done.stdout and '"hcas"' in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "reports.cli", "parse", tool, str(DATA / "PROVENANCE.md")],
+    bad = subprocess.run([sys.executable, "-m", "handover.cli", "parse", tool, str(DATA / "PROVENANCE.md")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and f"not {tool} output" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1

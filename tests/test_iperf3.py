@@ -61,11 +61,11 @@ def test_not_iperf3_json(text):
 
 
 def test_handover_parse_iperf3_cli():
-    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "iperf3",
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "iperf3",
                            str(DATA / "local_iperf312_error_connection_refused.json")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and '"ok": false' in done.stdout and "Connection refused" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "iperf3", str(DATA / "PROVENANCE.md")],
+    bad = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "iperf3", str(DATA / "PROVENANCE.md")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not iperf3 output" in bad.stderr
 

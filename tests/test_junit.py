@@ -273,7 +273,8 @@ def test_results_document(tmp_path):
         "tools": [{"node": "n1", "tool": "python", "version": "3.11.2"},
                   {"node": "n2", "tool": "python", "version": "3.12.0"}]}
     assert results["signer"] == signer
-    assert results["verdict"] == {"status": verdict.status, "reasons": verdict.reasons}
+    assert results["verdict"] == {"status": verdict.status, "reasons": verdict.reasons,
+                                  "cluster_checks": verdict.cluster_checks}
     assert results["verdict"]["status"] == "NOT CERTIFIED"
     assert results["nodes"] == verdict.nodes
     assert [row["name"] for row in results["nodes"]] == ["n1", "n2"]

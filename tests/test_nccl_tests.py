@@ -163,14 +163,14 @@ def test_run_records_the_nccl_environment_and_says_when_the_tool_is_missing():
 
 
 def test_handover_parse_nccl_tests_prints_the_issue_keys():
-    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "nccl-tests",
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "nccl-tests",
                            str(H200 / "all_reduce_perf_h200_g1.json")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert {"collective", "ranks", "rows", "peak_busbw", "wrong", "ok"} <= data.keys()
     assert set(data["rows"][0]) == {"size", "algbw", "busbw", "busbw_inplace", "wrong"}
-    bad = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "nccl-tests",
+    bad = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "nccl-tests",
                           str(DATA / "nccl-tests" / "PROVENANCE.md")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not nccl-tests output" in bad.stderr

@@ -55,7 +55,7 @@ def test_not_nvidia_smi_xml(text):
 
 
 def test_cli():
-    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "nvidia-smi", str(H200_XML)],
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "nvidia-smi", str(H200_XML)],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and '"memory_total_mib": 143771' in done.stdout and '"ok": true' in done.stdout
 

@@ -84,11 +84,11 @@ def test_ib_write_bw_without_an_rdma_device_is_recognised_for_real():
 
 
 def test_handover_parse_perftest_cli():
-    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "perftest",
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "perftest",
                            str(DATA / "superbench_ib_loopback_8M_size.log")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and '"peak_bw_gbps": 201.8024' in done.stdout and '"ok": true' in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "perftest",
+    bad = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "perftest",
                           str(DATA / "PROVENANCE.md")], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "not perftest output" in bad.stderr

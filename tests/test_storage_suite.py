@@ -19,6 +19,7 @@ from inventory.model import Node, ScratchPath
 from runners import fio
 from runners.scratch import REFUSED_EXIT, ScratchRefused, refusal
 from runners.transport import LocalTransport
+from test_e2e import run_suites
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = fio.Plan("quick", size_bytes=32 * fio.MiB, runtime_s=1, ramp_s=0)
@@ -157,20 +158,6 @@ def test_leftovers_of_this_node_are_swept_and_nothing_else(local, scratch_dir):
 # ---------------------------------------------------------------- end to end on namespace nodes
 
 
-def run_suites(inventory, out, key, *extra) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", f"--inventory={inventory}", f"--out={out}",
-         f"--sign-key={key}", "-p", "no:cacheprovider", *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=240)
-
-
-@pytest.fixture(scope="module")
-def sign_key(tmp_path_factory):
-    key = tmp_path_factory.mktemp("key") / "operator"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    return key
-
-
 def checks_of(out: Path) -> list[dict]:
     return json.loads((out / "nscluster" / "latest" / "results.json").read_text())["checks"]
 
@@ -214,7 +201,7 @@ def test_quick_storage_on_four_nodes(ns_cluster, sign_key, tmp_path):
     assert names_the_slowest(spread, "4 node(s): sequential read: slowest node")
     assert list(local_dir.iterdir()) == [] and list(shared_dir.iterdir()) == []
     raw = tmp_path / "out" / "nscluster" / "latest" / "raw" / f"fio_local_quick_{str(local_dir).strip('/').replace('/', '_')}"
-    parsed = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "fio", str(raw / "node3.stdout")],
+    parsed = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "fio", str(raw / "node3.stdout")],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert parsed.returncode == 0 and json.loads(parsed.stdout)["ok"] is True
 

@@ -112,12 +112,12 @@ def test_real_run_on_namespace_nodes(ns_cluster, tmp_path):
 
 
 def test_cli_parses_a_saved_log_and_refuses_other_files():
-    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "stress-ng",
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "stress-ng",
                            str(DATA / "local_stressng01506_cpu_matrix_metrics_verify.yaml")],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and '"bogo_ops_per_s": 2830.312411' in done.stdout
     assert '"ok": true' in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "stress-ng",
+    bad = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "stress-ng",
                           str(DATA / "local_stressng01506_error_bad_option.stderr.txt")],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

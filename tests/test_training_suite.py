@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_e2e import results_of, run_dir_of, run_suites, sign_key  # noqa: F401  (fixture)
+from test_e2e import results_of, run_dir_of, run_suites
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
 

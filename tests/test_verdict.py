@@ -12,7 +12,7 @@ import pytest
 
 from inventory.loader import load_inventory
 from reports.ledger import Ledger, now_iso, read_ledger
-from reports.recorder import run_header
+from handover.session import run_header
 from reports.results import build_results
 from reports.verdict import CERTIFIED, INCOMPLETE, NOT_CERTIFIED, Verdict, judge
 

@@ -1,0 +1,171 @@
+"""The handover pytest plugin, installed with the package (a pytest11 entry point).
+
+    pytest --inventory CLUSTER.yaml [--out DIR] [--nodes PATTERN] [--resume RUN_DIR] [--sign-key KEY]
+
+Being installed rather than in a conftest.py, its options are known before pytest reads the
+command line, so `--inventory /etc/handover/prod.yaml` works from any directory and in either
+form (`--opt value`, `--opt=value`); without a test path it runs the installed suites. Without
+--inventory it only registers its markers: the harness's own tests run untouched.
+"""
+from __future__ import annotations
+
+import signal
+import time
+import pytest
+
+from handover.recorder import SUITES_DIR, Recorder, test_id
+from handover.session import AcceptanceSession, SessionError
+from runners.fanout import Progress
+
+DEFAULT_OUT = "out"
+PROGRESS_EVERY_S = 15  # without a terminal (CI logs), one progress line this often
+REASONS_SHOWN = 20
+
+MARKERS = {
+    "system": "system configuration (OS, kernel, CPU, memory, drivers)",
+    "hardware": "GPUs, HBM, CPUs, memory, NICs",
+    "network": "InfiniBand and Ethernet",
+    "storage": "local NVMe and shared filesystems",
+    "hpc": "HPL and HPC kernels",
+    "training": "collectives and distributed training",
+    "quick": "short checks, minutes for a cluster",
+    "full": "long checks, for the final acceptance run",
+    "cluster": "runs once for the whole cluster rather than per node",
+}
+
+SESSION = pytest.StashKey[AcceptanceSession]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("handover", "handover acceptance runs")
+    group.addoption("--inventory", metavar="FILE",
+                    help="cluster inventory YAML (e.g. inventory/local.yaml); required for the suites")
+    group.addoption("--out", metavar="DIR", default=DEFAULT_OUT,
+                    help="base directory for run directories (default: out/)")
+    group.addoption("--nodes", metavar="PATTERN",
+                    help="only these nodes: comma-separated hostlist expressions or globs "
+                         "(gpu[001-004],gpu01*)")
+    group.addoption("--resume", metavar="RUN_DIR",
+                    help="continue an interrupted run: run only the checks it has no result for, "
+                         "appending to its ledger (e.g. out/<cluster>/latest)")
+    group.addoption("--sign-key", metavar="KEY",
+                    help="Ed25519 OpenSSH private key that signs the report "
+                         "(default: a per-machine key, created on first use)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """An acceptance run keeps no pytest cache: the run directory is its record, and the
+    rootdir pytest picks for an inventory kept elsewhere may be the operator's config tree."""
+    if early_config.known_args_namespace.inventory:
+        early_config.pluginmanager.consider_pluginarg("no:cacheprovider")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, description in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {description}")
+    inventory = config.getoption("--inventory")
+    if not inventory:
+        return
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args = [str(SUITES_DIR)]
+    progress = ProgressDisplay(config)
+    try:
+        session = AcceptanceSession.open(
+            inventory=inventory, out=config.getoption("--out"), nodes=config.getoption("--nodes"),
+            resume=config.getoption("--resume"), sign_key=config.getoption("--sign-key"),
+            on_progress=progress.show)
+    except SessionError as error:
+        raise pytest.UsageError(str(error)) from None
+    config.stash[SESSION] = session
+    config.pluginmanager.register(Recorder(session.append), Recorder.name)
+    config.pluginmanager.register(SessionHooks(session), "handover-session")
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+
+
+def acceptance_session(config: pytest.Config) -> AcceptanceSession:
+    """The session this pytest run tests; a usage error when it was started without --inventory."""
+    if SESSION not in config.stash:
+        raise pytest.UsageError("the acceptance suites need --inventory FILE "
+                                "(e.g. pytest --inventory inventory/local.yaml)")
+    return config.stash[SESSION]
+
+
+def interrupt_on_sigterm(signum, frame):
+    """A CI job cancelled or a `timeout` that fired sends SIGTERM: treat it as Ctrl-C, so the
+    work on the nodes is killed and the run is written as interrupted, not silently dropped."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class SessionHooks:
+    """The session's part in pytest's run: what to collect, what was planned, the end."""
+
+    def __init__(self, session: AcceptanceSession):
+        self.session = session
+        self._skipped_as_done = 0  # checks a resumed run already has results for
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """When resuming, leave out what the run already has a result for."""
+        done = self.session.already_done()
+        deselected = [item for item in items if test_id(item) in done]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if test_id(item) not in done]
+        self._skipped_as_done = len(deselected)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Narrow the run to the nodes that -k/-m left tests for, and note what is planned."""
+        if session.config.option.collectonly:
+            return
+        params = [getattr(item, "callspec", None) for item in session.items]
+        self.session.plan(
+            [test_id(item) for item in session.items],
+            per_node={p.params["node"] for p in params if p and "node" in p.params},
+            cluster_wide=any(not (p and "node" in p.params) for p in params),
+            skipped_as_done=self._skipped_as_done)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        rendered = self.session.finish(exitstatus, exitstatus == pytest.ExitCode.INTERRUPTED)
+        if rendered and rendered.verdict.gate_failed and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        rendered = self.session.rendered
+        if rendered is None:
+            return
+        verdict = rendered.verdict
+        colour = {"CERTIFIED": {"green": True}, "NOT CERTIFIED": {"red": True}}.get(
+            verdict.status, {"yellow": True})
+        terminalreporter.section("handover", sep="=", bold=True)
+        terminalreporter.write_line(f"verdict: {verdict.status}", bold=True, **colour)
+        for reason in verdict.reasons[:REASONS_SHOWN]:
+            terminalreporter.write_line(f"  - {reason}")
+        if len(verdict.reasons) > REASONS_SHOWN:
+            terminalreporter.write_line(
+                f"  ... and {len(verdict.reasons) - REASONS_SHOWN} more (see the report)")
+        terminalreporter.write_line(f"report: {rendered.report}")
+        terminalreporter.write_line(f"signed by {self.session.key.fingerprint}; check with: "
+                                    f"handover verify {self.session.run_dir}")
+
+
+class ProgressDisplay:
+    """A fan-out's progress: a live line on a terminal; a line every PROGRESS_EVERY_S in CI logs."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self._printed_at: dict[str, float] = {}  # step -> seconds into it
+
+    def show(self, progress: Progress) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None or capture is None:
+            return
+        finished = len(progress.done) == progress.total
+        elapsed = time.monotonic() - progress.started
+        with capture.global_and_fixture_disabled():
+            if reporter.isatty():
+                reporter.write("\r\x1b[K" + ("" if finished else "[handover] " + progress.line()))
+            elif elapsed - self._printed_at.get(progress.step, 0.0) >= PROGRESS_EVERY_S:
+                self._printed_at[progress.step] = elapsed
+                reporter.write_line("[handover] " + progress.line())

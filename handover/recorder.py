@@ -1,0 +1,113 @@
+"""The adapter from pytest's reports to ledger entries: one line per check outcome, as it completes.
+
+Checks hand over their evidence through item.user_properties (metrics, notes, raw output paths,
+curves, a pair's state), as pytest's record_property does; the record fixture writes them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import suites
+from handover.failures import CheckFailure, excerpt
+from reports.ledger import now_iso
+
+AREAS = ("system", "hardware", "network", "storage", "hpc", "training")
+DEPTHS = ("quick", "full")
+PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_RAW = "handover_metrics", "handover_note", "handover_raw"
+PROPERTY_SERIES, PROPERTY_PAIR_STATE = "handover_series", "handover_pair_state"
+SUITES_DIR = Path(suites.__file__).resolve().parent
+
+
+class Recorder:
+    """Registered by the plugin for a session; appends each outcome to the session's ledger."""
+
+    name = "handover-recorder"
+
+    def __init__(self, append):
+        self._append = append
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        outcome = yield
+        report = outcome.get_result()
+        error = call.excinfo.value if call.excinfo else None
+        if isinstance(error, CheckFailure):
+            # An expected kind of failure: the reason and the evidence, not a traceback.
+            report.longrepr = f"[{error.kind}] {error}" + (f"\n{error.log}" if error.log else "")
+        if report.when == "call" or (report.when == "setup" and not report.passed) or \
+                (report.when == "teardown" and report.failed):
+            self._append(check_entry(item, call, report))
+
+
+def test_id(item: pytest.Item) -> str:
+    """The id a check has in the ledger: pytest's node id with the file named from the folder
+    that holds the suites package (suites/test_system.py::test_os[gpu017]), so the id is the
+    same whichever directory pytest ran from, and --resume finds it again."""
+    _, _, rest = item.nodeid.partition("::")
+    path = Path(item.path).resolve()
+    if path.is_relative_to(SUITES_DIR):
+        return f"{SUITES_DIR.name}/{path.relative_to(SUITES_DIR).as_posix()}::{rest}"
+    return item.nodeid
+
+
+def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> dict:
+    """One ledger line for one test outcome."""
+    props = dict(report.user_properties)
+    markers = {mark.name for mark in item.iter_markers()}
+    params = getattr(item, "callspec", None)
+    outcome, kind, message, log = report.outcome, None, "", ""
+    if report.skipped:
+        message = _skip_reason(report)
+    elif report.failed:
+        excinfo = call.excinfo
+        error = excinfo.value if excinfo else None
+        if isinstance(error, CheckFailure):
+            kind, message, log = error.kind, str(error), error.log
+        elif isinstance(error, AssertionError):
+            kind, message, log = "expectation", str(error).split("\nassert")[0], excerpt(report.longreprtext)
+        else:
+            kind, message = "error", f"{type(error).__name__}: {error}" if error else report.longreprtext
+            log = excerpt(report.longreprtext)
+        if report.when != "call" and not isinstance(error, CheckFailure):
+            outcome = "error"
+    entry = {
+        "type": "check",
+        "test_id": test_id(item),
+        "check": getattr(item, "originalname", item.name).removeprefix("test_"),
+        "area": next((area for area in AREAS if area in markers), None),
+        "depth": [depth for depth in DEPTHS if depth in markers],
+        "node": params.params.get("node") if params else None,
+        "outcome": outcome,
+        "kind": kind,
+        "message": message.strip() or props.get(PROPERTY_NOTE, ""),
+        "log_excerpt": log,
+        "duration_s": round(report.duration, 3),
+        "finished": now_iso(),
+        "raw": list(dict.fromkeys(_every(report, PROPERTY_RAW))),
+        "metrics": _every(report, PROPERTY_METRICS),
+    }
+    series = [curve for key, curve in report.user_properties if key == PROPERTY_SERIES]
+    if series:  # curves (busbw against size, loss against step) for the report's charts
+        entry["series"] = series
+    pair = params.params.get("pair") if params else None
+    if pair:  # a test between two nodes: the report places it without parsing test ids
+        entry["pair"] = list(pair)
+        if "rail" in params.params:
+            entry["rail"] = params.params["rail"]
+        if PROPERTY_PAIR_STATE in props:  # judged once by the suite, drawn by the heatmaps
+            entry["pair_state"] = props[PROPERTY_PAIR_STATE]["state"]
+            entry["pair_median"] = props[PROPERTY_PAIR_STATE]["median"]
+    return entry
+
+
+def _every(report: pytest.TestReport, key: str) -> list:
+    """The items of every list a check recorded under key (a check may read several steps)."""
+    return [item for name, items in report.user_properties if name == key for item in items]
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    if isinstance(report.longrepr, tuple):
+        return report.longrepr[2].removeprefix("Skipped: ")
+    return str(report.longrepr)

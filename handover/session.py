@@ -1,0 +1,204 @@
+"""One acceptance session: the inventory, the nodes under test, the cluster run and the ledger.
+
+The plugin opens it when pytest is given --inventory; the suites reach it through fixtures, the
+recorder writes check outcomes into its ledger, and at the end it renders and signs the run.
+The run directory is made once collection has found something to run, so --collect-only and a
+selection that matches nothing leave no run behind and `latest` where it was.
+Every option problem is a SessionError: one line naming the option, the file or the field.
+"""
+from __future__ import annotations
+
+import fnmatch
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Optional
+
+import hostlist
+
+from inventory.loader import InventoryError, load_inventory
+from inventory.model import Cluster, Node
+from reports import signing
+from reports.ledger import Ledger, LedgerError, RunRecord, now_iso, read_ledger
+from reports.render import RenderedRun, render_run
+from runners.cluster import ClusterRun
+from runners.fanout import Progress
+from runners.transport import Result
+
+
+class SessionError(Exception):
+    """An option or file the session cannot start with; str() is the one line to show."""
+
+
+class AcceptanceSession:
+    """What one `pytest --inventory FILE` run works on, from its start to its signed report."""
+
+    def __init__(self, cluster: Cluster, nodes: list[Node], key: signing.SigningKey, out: Path,
+                 resumed: Optional[tuple[Ledger, RunRecord]] = None,
+                 on_progress: Optional[Callable[[Progress], None]] = None):
+        self.cluster = cluster
+        self.key = key
+        self.out = out
+        self.ledger: Optional[Ledger] = resumed[0] if resumed else None
+        self.resumed = resumed[1] if resumed else None
+        self.header = run_header(cluster, nodes)
+        self.cluster_run = ClusterRun(cluster, nodes, self._save_raw, on_progress)
+        self.rendered: Optional[RenderedRun] = None
+
+    @classmethod
+    def open(cls, *, inventory: str, out: str, nodes: Optional[str], resume: Optional[str],
+             sign_key: Optional[str], on_progress: Optional[Callable[[Progress], None]] = None,
+             say: Callable[[str], None] = print) -> "AcceptanceSession":
+        """Load and check everything the options name, then start (or reopen) the run's ledger."""
+        try:
+            cluster = load_inventory(inventory)
+        except InventoryError as error:
+            raise SessionError(str(error)) from None
+        selected = select_nodes(cluster, nodes)
+        key = signing_key(sign_key, say)
+        resumed = resumed_ledger(Path(resume), cluster) if resume else None
+        return cls(cluster, selected, key, Path(out), resumed, on_progress)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.recording.run_dir
+
+    @property
+    def recording(self) -> Ledger:
+        """The run's ledger; checks only run once it exists."""
+        if self.ledger is None:
+            raise RuntimeError("the run directory is made when collection has found checks to run")
+        return self.ledger
+
+    def append(self, entry: dict) -> None:
+        self.recording.append(entry)
+
+    @property
+    def nodes(self) -> list[Node]:
+        """The nodes under test: the --nodes selection, narrowed to what -k/-m left tests for."""
+        return self.cluster_run.nodes
+
+    def record_tool(self, node: str, tool: str, version: str) -> None:
+        """Which version of a tool produced a node's figures, for the report's provenance."""
+        self.append({"type": "tool", "node": node, "tool": tool, "version": version})
+
+    def save_raw(self, step: str, node: str, stdout: str, stderr: str) -> list[str]:
+        """Keep a tool's raw output in the run directory; the paths, relative to it."""
+        return self.recording.save_raw(step, node, stdout, stderr)
+
+    def _save_raw(self, step: str, result: Result) -> list[str]:
+        return self.save_raw(step, result.node, result.stdout, result.stderr)
+
+    def already_done(self) -> set[str]:
+        """Test ids the resumed run has a result for (none for a fresh run)."""
+        return {entry["test_id"] for entry in self.resumed.checks} if self.resumed else set()
+
+    def plan(self, test_ids: list[str], per_node: set[str], cluster_wide: bool,
+             skipped_as_done: int) -> None:
+        """Start the run directory (or reopen the resumed one) and record what this run will do:
+        its tests and the nodes they concern. Nothing to run: no run directory.
+
+        Cluster-wide checks need every node, so any of them keeps the whole --nodes selection.
+        A resumed run's record keeps the nodes and tests of the run it continues.
+        """
+        if not test_ids:
+            return
+        if self.ledger is None:
+            self.ledger = Ledger.create(self.out, self.cluster.name, self.header)
+        if not cluster_wide:
+            self.cluster_run.nodes = [n for n in self.cluster_run.nodes if n.name in per_node]
+        nodes = [n.name for n in self.nodes]
+        if self.resumed is not None:
+            self.append({"type": "resume", "at": now_iso(), "already_done": skipped_as_done})
+            test_ids = list(dict.fromkeys(self.resumed.planned + test_ids))
+            nodes = list(dict.fromkeys(self.resumed.nodes + nodes))
+        self.append({"type": "selection", "nodes": nodes, "tests": test_ids})
+
+    def finish(self, exitstatus: int, interrupted: bool) -> Optional[RenderedRun]:
+        """Close the connections, end the ledger, and render and sign the run (if one started)."""
+        self.cluster_run.close()
+        if self.ledger is None:
+            return None
+        self.append({"type": "end", "finished": now_iso(), "exitstatus": int(exitstatus),
+                     "interrupted": interrupted})
+        self.rendered = render_run(self.run_dir, self.key)
+        return self.rendered
+
+
+def select_nodes(cluster: Cluster, pattern: Optional[str]) -> list[Node]:
+    """The inventory's nodes that --nodes names, in inventory order; an empty match is an error."""
+    if not pattern:
+        return list(cluster.nodes)
+    try:
+        wanted = list(hostlist.expand_hostlist(pattern))
+    except hostlist.BadHostlist as error:
+        raise SessionError(f"--nodes {pattern!r}: {error}") from None
+    chosen = [n for n in cluster.nodes if any(fnmatch.fnmatchcase(n.name, w) for w in wanted)]
+    unmatched = [w for w in wanted if not any(fnmatch.fnmatchcase(n.name, w) for n in cluster.nodes)]
+    if unmatched:
+        known = hostlist.collect_hostlist([n.name for n in cluster.nodes])
+        raise SessionError(f"--nodes: {', '.join(unmatched)} match no node of "
+                           f"{cluster.source_path} (it has {known})")
+    return chosen
+
+
+def signing_key(path: Optional[str], say: Callable[[str], None]) -> signing.SigningKey:
+    """--sign-key's key, or this machine's handover key (created, and said so, on first use)."""
+    try:
+        if path:
+            return signing.load_signing_key(Path(path).expanduser())
+        key, created = signing.ensure_default_key()
+    except signing.SigningError as error:
+        raise SessionError(f"--sign-key: {error}") from None
+    if created:
+        say(f"handover: created signing key {key.path} ({key.fingerprint}); "
+            "give customers its public key to verify reports")
+    return key
+
+
+def resumed_ledger(run_dir: Path, cluster: Cluster) -> tuple[Ledger, RunRecord]:
+    """The ledger of an earlier run of the same inventory, and what it holds."""
+    try:
+        record = read_ledger(run_dir)
+    except LedgerError as error:
+        raise SessionError(f"--resume: {error}") from None
+    if record.header.get("inventory", {}).get("sha256") != cluster.digest:
+        raise SessionError(
+            f"--resume: {run_dir} was run with a different inventory "
+            f"({record.header.get('inventory', {}).get('path')}); resume with the same file")
+    return Ledger(run_dir.resolve()), record
+
+
+def run_header(cluster: Cluster, nodes: list[Node]) -> dict:
+    """The ledger's first entry: what was tested, against which profile, by which harness."""
+    profile = cluster.profile
+    return {
+        "cluster": cluster.name,
+        "profile": {
+            "name": profile.name, "description": profile.description,
+            "mandatory": list(profile.mandatory), "expect": profile.expect,
+            "references": {name: {"check": r.check, "value": r.value, "lower": r.lower,
+                                  "upper": r.upper, "unit": r.unit, "source": r.source}
+                           for name, r in profile.references.items()},
+        },
+        "inventory": {"path": cluster.source_path, "sha256": cluster.digest},
+        "harness": harness_identity(),
+        "argv": sys.argv,
+        "nodes": [node.name for node in nodes],
+    }
+
+
+def harness_identity() -> dict:
+    """The installed version and, from a checkout, the git commit the harness ran from."""
+    try:
+        version = metadata.version("handover")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    source = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(source), "describe", "--always", "--dirty"],
+                                capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"version": version, "commit": commit}

@@ -1,0 +1,100 @@
+"""The fixtures checks use: the node under test, its step results, evidence and metrics.
+
+Tests parametrized by `node` get one test per selected node, with the node name as the id
+(test_kernel[gpu017]), so `-k gpu017` and JUnit line up with the inventory. The session behind
+them is opened by the handover plugin (handover/plugin.py) from --inventory.
+"""
+from __future__ import annotations
+
+import pytest
+
+from handover.plugin import acceptance_session
+from handover.recorder import (PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_PAIR_STATE, PROPERTY_RAW,
+                               PROPERTY_SERIES)
+from handover.session import AcceptanceSession
+from inventory.model import Cluster, Profile
+from runners.cluster import ClusterRun
+from suites.checks import Metrics, series_entry
+
+
+@pytest.hookimpl(trylast=True)  # after the plugin's, which opens the session
+def pytest_configure(config: pytest.Config) -> None:
+    """Collecting the suites without --inventory is a usage error, said once."""
+    acceptance_session(config)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "node" in metafunc.fixturenames:
+        names = [node.name for node in acceptance_session(metafunc.config).nodes]
+        metafunc.parametrize("node", names, ids=names)
+
+
+@pytest.fixture(scope="session")
+def recorder(pytestconfig) -> AcceptanceSession:
+    return acceptance_session(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def cluster(recorder) -> Cluster:
+    return recorder.cluster
+
+
+@pytest.fixture(scope="session")
+def profile(cluster) -> Profile:
+    return cluster.profile
+
+
+@pytest.fixture(scope="session")
+def cluster_run(recorder) -> ClusterRun:
+    return recorder.cluster_run
+
+
+class Evidence:
+    """What a check leaves in the results beside its outcome, written into its ledger entry."""
+
+    def __init__(self, item: pytest.Item):
+        self._properties = item.user_properties
+
+    def note(self, text: str) -> None:
+        self._properties.append((PROPERTY_NOTE, text))
+
+    def raw(self, paths: list[str]) -> None:
+        self._properties.append((PROPERTY_RAW, paths))
+
+    def metrics(self, rows: list[dict]) -> None:
+        self._properties.append((PROPERTY_METRICS, rows))
+
+    def series(self, name: str, *, x: tuple[str, str], y: tuple[str, str],
+               lines: dict[str, list[tuple[float, float]]], x_scale: str = "linear") -> None:
+        """A curve for the report: `x`/`y` are (label, unit); `lines` maps a legend to points."""
+        self._properties.append((PROPERTY_SERIES, series_entry(
+            name, x=x, y=y, lines=lines, x_scale=x_scale)))
+
+    def pair_state(self, state: str, median: float | None) -> None:
+        """A pair test's state for the heatmaps (ok, low, failed), judged once against the
+        median of its campaign."""
+        self._properties.append((PROPERTY_PAIR_STATE, {"state": state, "median": median}))
+
+
+@pytest.fixture
+def record(request) -> Evidence:
+    """Evidence a check leaves in the results: a note, raw output paths, metrics, curves."""
+    return Evidence(request.node)
+
+
+@pytest.fixture
+def on_node(cluster_run, node, record):
+    """on_node(step, run) -> this node's Result of a step run once on all selected nodes."""
+
+    def result_of(step, run):
+        result = cluster_run.gather(step, run)[node]
+        record.raw(cluster_run.raw_paths(step, node))
+        return result
+
+    return result_of
+
+
+@pytest.fixture
+def metrics(request, profile, record) -> Metrics:
+    """metrics.judge(name=(value, unit), ...) against the profile's references for this check."""
+    return Metrics(request.node.originalname.removeprefix("test_"), profile, record.metrics)

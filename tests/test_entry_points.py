@@ -1,0 +1,142 @@
+"""`pytest --inventory FILE` as operators type it: inventories and --out kept outside the checkout,
+either option form, from the checkout and from any other directory; the plugin inert without it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL_INVENTORY = ROOT / "inventory" / "local.yaml"
+FORMS = {"space": lambda option, value: [option, str(value)],
+         "equals": lambda option, value: [f"{option}={value}"]}
+
+
+def options(form: str, **values) -> list[str]:
+    """--inventory X --out Y ... in the form asked for."""
+    words = []
+    for name, value in values.items():
+        words += FORMS[form](f"--{name.replace('_', '-')}", value)
+    return words
+
+
+def pytest_in(cwd: Path, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def operator_tree(tmp_path) -> dict[str, Path]:
+    """Where an operator keeps things: /etc/handover-like config, an existing output folder."""
+    config = tmp_path / "etc" / "handover"
+    config.mkdir(parents=True)
+    inventory = config / "prod.yaml"
+    inventory.write_text(LOCAL_INVENTORY.read_text())
+    out = tmp_path / "srv" / "acceptance"
+    out.mkdir(parents=True)
+    elsewhere = tmp_path / "home" / "operator"
+    elsewhere.mkdir(parents=True)
+    return {"inventory": inventory, "out": out, "elsewhere": elsewhere, "top": tmp_path}
+
+
+def results_of(out: Path) -> dict:
+    return json.loads((out / "local" / "latest" / "results.json").read_text())
+
+
+@pytest.mark.parametrize("where", ["checkout", "elsewhere"])
+@pytest.mark.parametrize("form", FORMS)
+def test_the_readme_command_with_paths_outside_the_checkout(operator_tree, sign_key, form, where):
+    cwd = ROOT if where == "checkout" else operator_tree["elsewhere"]
+    done = pytest_in(cwd, *options(form, inventory=operator_tree["inventory"], out=operator_tree["out"],
+                                   sign_key=sign_key), "-m", "system", "-k", "memory or reachable")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: INCOMPLETE" in done.stdout  # the profile's other mandatory checks did not run
+    results = results_of(operator_tree["out"])
+    # The same ids whichever directory pytest ran from: --resume and JUnit depend on it.
+    assert sorted(c["test_id"] for c in results["checks"]) == [
+        "suites/test_system.py::test_memory[localhost]", "suites/test_system.py::test_reachable[localhost]"]
+    assert results["run"]["inventory"]["path"] == str(operator_tree["inventory"])
+    assert not list(operator_tree["top"].rglob(".pytest_cache")), "an acceptance run keeps no cache"
+    assert not (ROOT / "out").exists() or where == "checkout"
+
+
+def test_resume_from_another_directory_finds_the_same_checks(operator_tree, sign_key):
+    first = pytest_in(ROOT, *options("space", inventory=operator_tree["inventory"], out=operator_tree["out"],
+                                     sign_key=sign_key), "-k", "test_memory or test_os")
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_dir = (operator_tree["out"] / "local" / "latest").resolve()
+    again = pytest_in(operator_tree["elsewhere"], *options(
+        "space", inventory=operator_tree["inventory"], resume=run_dir, sign_key=sign_key),
+        "-k", "test_memory or test_os or (test_kernel and not log)")
+    assert again.returncode == 0, again.stdout + again.stderr
+    ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert [e["already_done"] for e in ledger if e["type"] == "resume"] == [2]
+    checks = results_of(operator_tree["out"])["checks"]
+    assert sorted(c["check"] for c in checks) == ["kernel", "memory", "os"]
+
+
+def test_without_a_test_path_it_runs_the_installed_suites(operator_tree, sign_key):
+    done = pytest_in(operator_tree["elsewhere"], *options(
+        "space", inventory=operator_tree["inventory"], out=operator_tree["out"], sign_key=sign_key),
+        "--collect-only", "-q")
+    assert done.returncode == 0, done.stdout + done.stderr
+    collected = [line for line in done.stdout.splitlines() if "::" in line]
+    areas = {line.split("::")[0] for line in collected}
+    assert {"test_system.py", "test_hardware.py", "test_network.py", "test_storage.py",
+            "test_hpc.py", "test_training.py"} <= areas
+    assert not any("tests/" in line for line in collected)
+
+
+def test_markers_mean_the_same_from_any_directory(operator_tree, sign_key):
+    strict = pytest_in(operator_tree["elsewhere"], *options(
+        "space", inventory=operator_tree["inventory"], out=operator_tree["out"], sign_key=sign_key),
+        "--strict-markers", "-m", "quick and system and not cluster", "--collect-only", "-q")
+    assert strict.returncode == 0, strict.stdout + strict.stderr
+    listed = [line for line in strict.stdout.splitlines() if "::" in line]
+    assert listed and all(line.startswith(("test_system.py", "test_gpu_config.py")) for line in listed)
+    described = pytest_in(operator_tree["elsewhere"], "--markers")
+    for marker in ("system", "hardware", "network", "storage", "hpc", "training", "quick", "full", "cluster"):
+        assert f"@pytest.mark.{marker}:" in described.stdout
+
+
+def test_without_an_inventory_the_plugin_is_inert(tmp_path):
+    """Another project's tests, with fixtures named like ours, run as if handover were absent;
+    our markers are known, so --strict-markers accepts them."""
+    (tmp_path / "test_other.py").write_text(
+        "import pytest\n\n"
+        "@pytest.fixture\n"
+        "def cluster():\n"
+        "    return 'theirs'\n\n"
+        "@pytest.mark.network\n"
+        "def test_their_cluster(cluster):\n"
+        "    assert cluster == 'theirs'\n")
+    done = pytest_in(tmp_path, "--strict-markers", "-q", "-p", "no:cacheprovider")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("option, value, message", [
+    ("nodes", "nosuch[1-2]", "--nodes: nosuch1, nosuch2 match no node of"),
+    ("nodes", "gpu[01-", "--nodes 'gpu[01-'"),
+    ("resume", "/nonexistent/run", "--resume: /nonexistent/run/ledger.jsonl: no ledger here"),
+])
+def test_bad_options_are_one_line_in_either_form(operator_tree, sign_key, form, option, value, message):
+    done = pytest_in(operator_tree["elsewhere"], *options(
+        form, inventory=operator_tree["inventory"], out=operator_tree["out"], sign_key=sign_key,
+        **{option: value}))
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert message in done.stderr and "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("selection", [["-m", "nosuchmarker"], ["--collect-only"]], ids=["nothing-selected", "collect-only"])
+def test_nothing_to_run_leaves_no_run_behind(operator_tree, sign_key, selection):
+    done = pytest_in(operator_tree["elsewhere"], *options(
+        "space", inventory=operator_tree["inventory"], out=operator_tree["out"], sign_key=sign_key), *selection)
+    assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: pytest's "no tests ran"
+    assert list(operator_tree["out"].iterdir()) == []
+    assert "verdict:" not in done.stdout
