@@ -77,7 +77,7 @@ def _wrong_type(error: ValidationError) -> bool:
 def _describe(error: ValidationError) -> str:
     """'checks[3].outcome: 'passd' is not one of [...]', all on one line."""
     path = list(error.absolute_path)
-    if error.validator == "required" and isinstance(error.instance, dict):
+    if error.validator == "required":
         missing = next(key for key in error.validator_value if key not in error.instance)
         return f"{_path(path + [missing])}: required, but missing"
     if error.validator == "const":
