@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from reports.ledger import RunRecord
+from reports.schema import validate_results
 from reports.verdict import Verdict, judge
 
 RESULTS_SCHEMA = "handover.results/1"
@@ -118,6 +119,8 @@ def _finite(value) -> bool:
 
 
 def write_results(results: dict, run_dir: Path) -> Path:
+    """Write results.json, checked against its schema first: a consumer may rely on the schema."""
+    validate_results(results)
     path = Path(run_dir) / RESULTS_FILE
     path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     return path

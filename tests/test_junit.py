@@ -11,6 +11,7 @@ import pytest
 
 from reports.junit import JUNIT_FILE, render_junit, write_junit
 from reports.ledger import Ledger, now_iso, read_ledger
+from reports.schema import SchemaError
 from reports.results import (METRICS_CSV, RESULTS_FILE, RESULTS_SCHEMA, build_results,
                              write_metrics_csv, write_results)
 
@@ -305,13 +306,22 @@ def test_results_of_an_interrupted_run(tmp_path):
 
 
 def test_write_results_round_trips(tmp_path):
-    run_dir = write_run(tmp_path, MIXED)
+    recorded = [{**entry, "duration_s": entry["duration_s"] or 0.0} for entry in MIXED]  # as recorded
+    run_dir = write_run(tmp_path, recorded)
     results = results_of(run_dir, {"fingerprint": "SHA256:x", "public_key": "ssh-ed25519 AAAA"})
     path = write_results(results, run_dir)
     assert path == run_dir / RESULTS_FILE
     text = path.read_text(encoding="utf-8")
     assert text.endswith("\n")
     assert json.loads(text) == results
+
+
+def test_a_results_document_off_its_schema_is_not_written(tmp_path):
+    """A harness bug (here a missing duration) fails loudly instead of reaching a customer."""
+    run_dir = write_run(tmp_path, MIXED)
+    with pytest.raises(SchemaError, match=r"results\.json: checks\[5\]\.duration_s: None is not of type"):
+        write_results(results_of(run_dir), run_dir)
+    assert not (run_dir / RESULTS_FILE).exists()
 
 
 # metrics.csv

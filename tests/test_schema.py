@@ -21,7 +21,8 @@ from jsonschema import Draft202012Validator
 from handover import failures
 from inventory.loader import load_inventory
 from reports.ledger import LEDGER_FILE, LEDGER_SCHEMA, Ledger, now_iso, read_ledger
-from reports.recorder import AREAS, DEPTHS, run_header
+from handover.recorder import AREAS, DEPTHS
+from handover.session import run_header
 from reports.results import RESULTS_SCHEMA, build_results
 from reports.schema import (LEDGER_ENTRY_SCHEMA_FILE, RESULTS_SCHEMA_FILE, SCHEMA_DIR, SchemaError,
                             validate_ledger_entry, validate_results)
