@@ -3,13 +3,13 @@
 Everything a rendering colours is decided here or earlier (in the check, stored in the ledger):
 the verdict, each node's status, the outliers among per-node figures. The renderings draw it.
 
-Keys (a public interface; add, never rename):
+Keys (a public interface; add, never rename; reports/schemas/results.schema.json describes each):
     schema, run{run_id, cluster, profile, profile_description, inventory{path, sha256},
     harness{version, commit}, started, finished, interrupted, argv, nodes, tools[],
     pair_low_fraction? (the profile's: a pair this far from the median of its peers is low)},
     signer{fingerprint, public_key}?, verdict{status, reasons, cluster_checks?},
     nodes[{name, status, reasons}],
-    checks[{test_id, check, area, node, outcome, kind, message, log_excerpt, duration_s,
+    checks[{test_id, check, area, depth[], node, outcome, kind, message, log_excerpt, duration_s,
             finished, raw[], metrics[{name, value, unit, reference, criterion, margin, ok, band?}],
             pair[a, b]? (tests between two nodes), rail? (perftest: HCA index),
             pair_state?, pair_median? (the pair's heatmap state, judged against its campaign),
