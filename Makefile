@@ -1,6 +1,6 @@
 # handover: two entry points on a fresh Debian 12 machine (as root; both set themselves up).
 #   make accept   run the acceptance suites on this machine (inventory/local.yaml), signed report
-#   make test     run the harness's own tests (real sshd nodes in network namespaces)
+#   make test     lint (ruff, mypy), then the harness's own tests (real sshd nodes in network namespaces)
 
 PYTHON  ?= python3
 VENV    := .venv
@@ -23,8 +23,11 @@ accept: setup
 	mkdir -p $(SCRATCH)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest --inventory $(INVENTORY) $(ACCEPT_ARGS) $(PYTEST_ARGS)
 
+# The gate: lint and types first (seconds), then the harness's own tests.
 test: setup
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(PY) -m pytest tests --strict-markers $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/fanout.py
