@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable
 from pathlib import Path
 
 EXIT_USAGE = 2
@@ -120,7 +121,7 @@ def tool_parsers() -> dict:
 
     import runners
 
-    found = {}
+    found: dict[str, Callable[[str], object]] = {}
     for module in pkgutil.iter_modules(runners.__path__):
         found.update(getattr(importlib.import_module(f"runners.{module.name}"), "PARSERS", {}))
     return found
@@ -143,7 +144,9 @@ def cmd_parse(args) -> int:
         parsed = parsers[args.tool](text)
     except ParseError as error:
         return fail(f"{args.file}: not {args.tool} output: {error}")
-    result = dataclasses.asdict(parsed) if dataclasses.is_dataclass(parsed) else parsed
+    result = parsed
+    if dataclasses.is_dataclass(parsed) and not isinstance(parsed, type):
+        result = dataclasses.asdict(parsed)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -6,6 +6,7 @@ curves, a pair's state), as pytest's record_property does; the record fixture wr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -54,10 +55,12 @@ def test_id(item: pytest.Item) -> str:
 
 def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> dict:
     """One ledger line for one test outcome."""
-    props = dict(report.user_properties)
+    props: dict = dict(report.user_properties)
     markers = {mark.name for mark in item.iter_markers()}
-    params = getattr(item, "callspec", None)
-    outcome, kind, message, log = report.outcome, None, "", ""
+    callspec = getattr(item, "callspec", None)
+    params: dict = callspec.params if callspec else {}
+    outcome: str = report.outcome
+    kind, message, log = None, "", ""
     if report.skipped:
         message = _skip_reason(report)
     elif report.failed:
@@ -78,7 +81,7 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
         "check": getattr(item, "originalname", item.name).removeprefix("test_"),
         "area": next((area for area in AREAS if area in markers), None),
         "depth": [depth for depth in DEPTHS if depth in markers],
-        "node": params.params.get("node") if params else None,
+        "node": params.get("node"),
         "outcome": outcome,
         "kind": kind,
         "message": message.strip() or props.get(PROPERTY_NOTE, ""),
@@ -91,11 +94,11 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
     series = [curve for key, curve in report.user_properties if key == PROPERTY_SERIES]
     if series:  # curves (busbw against size, loss against step) for the report's charts
         entry["series"] = series
-    pair = params.params.get("pair") if params else None
+    pair = params.get("pair")
     if pair:  # a test between two nodes: the report places it without parsing test ids
         entry["pair"] = list(pair)
-        if "rail" in params.params:
-            entry["rail"] = params.params["rail"]
+        if "rail" in params:
+            entry["rail"] = params["rail"]
         if PROPERTY_PAIR_STATE in props:  # judged once by the suite, drawn by the heatmaps
             entry["pair_state"] = props[PROPERTY_PAIR_STATE]["state"]
             entry["pair_median"] = props[PROPERTY_PAIR_STATE]["median"]
@@ -104,7 +107,7 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
 
 def _every(report: pytest.TestReport, key: str) -> list:
     """The items of every list a check recorded under key (a check may read several steps)."""
-    return [item for name, items in report.user_properties if name == key for item in items]
+    return [item for name, items in report.user_properties if name == key for item in cast(list, items)]
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

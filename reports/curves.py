@@ -58,8 +58,8 @@ def build_curves(checks: list[dict], where: Callable[[dict], str],
                 key = (str(check.get("check") or ""), str(curve.get("name") or ""))
                 groups.setdefault(key, []).append((where(check), curve))
     charts = []
-    for index, ((check, name), members) in enumerate(groups.items()):
-        chart = _chart(f"curve-{index}", check, name, members, format_number)
+    for index, ((check_name, name), members) in enumerate(groups.items()):
+        chart = _chart(f"curve-{index}", check_name, name, members, format_number)
         if chart is not None:
             charts.append(chart)
     return charts

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Optional, Union
@@ -315,9 +315,9 @@ class View:
     provenance: dict
     tools: list[dict]
     signer: Optional[dict]
-    pairs: PairSection = None
+    pairs: Optional[PairSection] = None
     schema: str = ""
-    curves: list[CurveChart] = None
+    curves: list[CurveChart] = field(default_factory=list)
 
 
 def build_view(results: dict) -> View:
@@ -419,8 +419,8 @@ def _column_order(frame: pd.DataFrame) -> list[Column]:
     known = {area: position for position, area in enumerate(AREA_ORDER)}
     area_first = firsts.groupby("area", sort=False)["index"].min()
     ordered = sorted(firsts.itertuples(),
-                     key=lambda c: (known.get(c.area, len(known)), area_first[c.area], c.index))
-    return [Column(check=c.Index, area=c.area) for c in ordered]
+                     key=lambda c: (known.get(str(c.area), len(known)), area_first[str(c.area)], c.index))
+    return [Column(check=str(c.Index), area=str(c.area)) for c in ordered]
 
 
 def _where(check: dict) -> str:
@@ -479,10 +479,10 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str]) -> Ma
         for column in columns:
             key = (row, column.check)
             if key in worst.index:
-                outcome = worst.at[key, "outcome"]
+                outcome = str(worst.at[key, "outcome"])
                 tooltip = _tooltip([_cell_line(checks[i], label) for i in members[key]])
                 cells.append(Cell(outcome, SYMBOLS[outcome], tooltip,
-                                  _anchor(int(worst.at[key, "index"]), outcome)))
+                                  _anchor(int(str(worst.at[key, "index"])), outcome)))
                 if outcome in FAILED_OUTCOMES:
                     column.failed += 1
             elif column.check in (cluster_checks if is_cluster else per_node_checks):
@@ -629,8 +629,9 @@ def _metrics(checks: list[dict], layout: Layout, outliers: list[dict]) -> list[M
     frame = _metrics_frame(checks, layout)
     if frame.empty:
         return []
-    groups = sorted(frame.groupby(["check", "name"], sort=False),
-                    key=lambda item: (layout.position.get(item[0][0], 0), item[1]["index"].min()))
+    groups = sorted(((str(check_name), str(metric_name), group) for (check_name, metric_name), group
+                     in frame.groupby(["check", "name"], sort=False)),
+                    key=lambda item: (layout.position.get(item[0], 0), item[2]["index"].min()))
     called_out: dict[tuple[str, str], list[str]] = {}
     for outlier in outliers:
         called_out.setdefault((text(outlier.get("check")), text(outlier.get("metric"))), []).append(
@@ -638,7 +639,7 @@ def _metrics(checks: list[dict], layout: Layout, outliers: list[dict]) -> list[M
             f" ({format_margin(_number(outlier.get('deviation')))} vs median)")
     return [_metric_view(f"metric-{number}", check_name, metric_name, group, checks, layout,
                          called_out.get((check_name, metric_name), []))
-            for number, ((check_name, metric_name), group) in enumerate(groups)]
+            for number, (check_name, metric_name, group) in enumerate(groups)]
 
 
 def _worst_first(entry: dict) -> tuple:
@@ -725,7 +726,8 @@ def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str) -> Chart:
     bars = []
     for position, (node, entry) in enumerate(zip(nodes, measured)):
         top = y_of(entry["value"])
-        state = {True: "ok", False: "fail"}.get(_ok(entry["ok"]), "none")
+        judged = _ok(entry["ok"])
+        state = "none" if judged is None else "ok" if judged else "fail"
         bars.append(Bar(x=round(PLOT_LEFT + position * slot + gap / 2, 2), y=min(top, zero),
                         width=round(max(slot - gap, 0.5), 2), height=round(abs(zero - top), 2),
                         state=state, tooltip=f"{node}: {_with_unit(entry['value'], unit)}"))
@@ -795,7 +797,7 @@ def _pair_section(checks: list[dict], layout: Layout,
         if all(_outcome(checks[i]) == "skipped" for i in members):
             reasons = [_first_line(checks[i].get("message")) for i in members]
             # "no RDMA device on node2" and "... on node4" are one reason: compare without nodes
-            kinds = {_without_nodes(reason, _pair(checks[i])) for reason, i in zip(reasons, members)}
+            kinds = {_without_nodes(reason, _pair(checks[i]) or ("", "")) for reason, i in zip(reasons, members)}
             where = f"{name}" + (f" rail {rail}" if rail is not None else "")
             skipped.append(f"{where}: all {len(members)} pair(s) skipped — {reasons[0]}"
                            + (f" (and {len(kinds) - 1} other reason(s))" if len(kinds) > 1 else ""))
@@ -837,12 +839,13 @@ def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, 
         return (_number(metric.get("value")) if metric else None), metric
 
     median = next((m for m in (_number(c.get("pair_median")) for _, c in members) if m), None)
-    seen = {n for _, c in members for n in _pair(c)}
+    pairs = {index: _pair(check) or ("", "") for index, check in members}  # members all have a pair
+    seen = {n for pair in pairs.values() for n in pair}
     nodes = [n for n in layout.nodes if n in seen] + sorted(seen - set(layout.nodes))
     cells: dict[tuple[str, str], HeatCell] = {}
     counts: dict[str, int] = {}
     for index, check in members:
-        a, b = _pair(check)
+        a, b = pairs[index]
         value, metric = figure(check)
         outcome = _outcome(check)
         if outcome == "skipped":
@@ -856,7 +859,7 @@ def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, 
                 state = "fail" if failed else "ok"
         counts[state] = counts.get(state, 0) + 1
         lines = [f"{a} ↔ {b}" + (f" rail {rail}" if rail is not None else "") + f": {outcome}"]
-        if value is not None:
+        if value is not None and metric is not None:
             lines.append(f"{metric_name} = {_with_unit(value, unit)}"
                          + (f" (criterion {text(metric.get('criterion'))}, margin "
                             f"{format_margin(_number(metric.get('margin')))})" if metric.get("criterion") else ""))
@@ -945,7 +948,7 @@ def _tools(tools: list[dict]) -> list[dict]:
     for (tool, version), group in frame.groupby(["tool", "version"], sort=False):
         nodes = list(dict.fromkeys(group["node"]))
         lines.append({"tool": tool, "version": version, "count": len(nodes),
-                      "nodes": _compress(nodes), "mixed": bool(versions_per_tool[tool] > 1)})
+                      "nodes": _compress(nodes), "mixed": bool(versions_per_tool[str(tool)] > 1)})
     return sorted(lines, key=lambda line: (line["tool"], -line["count"], line["version"]))
 
 

@@ -40,7 +40,7 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
     header = record.header
     profile = header.get("profile", {})
     verdict = judge(profile, record.nodes, record.checks, record.planned, record.interrupted)
-    results = {
+    results: dict = {
         "schema": RESULTS_SCHEMA,
         "run": {
             "run_id": header["run_id"],

@@ -6,6 +6,8 @@ schemas admit keys they do not list.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import json
 import reprlib
 from collections import defaultdict
@@ -59,7 +61,7 @@ def _discriminated(errors: list[ValidationError]) -> list[ValidationError]:
         if error.validator != "oneOf" or not error.context:
             chosen.append(error)
             continue
-        branches: dict[int, list[ValidationError]] = defaultdict(list)
+        branches: dict[str | int, list[ValidationError]] = defaultdict(list)
         for inner in error.context:
             branches[inner.relative_schema_path[0]].append(inner)
         matching = [inner for inner in branches.values() if not any(map(_wrong_type, inner))]
@@ -78,7 +80,8 @@ def _describe(error: ValidationError) -> str:
     """'checks[3].outcome: 'passd' is not one of [...]', all on one line."""
     path = list(error.absolute_path)
     if error.validator == "required":
-        missing = next(key for key in error.validator_value if key not in error.instance)
+        required, instance = cast(list, error.validator_value), cast(dict, error.instance)
+        missing = next(key for key in required if key not in instance)
         return f"{_path(path + [missing])}: required, but missing"
     if error.validator == "const":
         message = f"{_SHORT.repr(error.instance)}, expected {error.validator_value!r}"
