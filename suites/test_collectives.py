@@ -64,7 +64,7 @@ class Figure:
 
 def plan_for(probe: collectives.NodeProbe, profile) -> tuple[Optional[Plan], str]:
     """What to run on a node, or why nothing can run there."""
-    expected_gpus = profile.expect.get("gpu_count")
+    expected_gpus = profile.expect.gpu_count
     gpus = probe.cuda_devices or (expected_gpus if probe.nccl_tests and not probe.torch else 0)
     if probe.nccl_tests and gpus:
         return Plan("nccl-tests", gpus, True), ""
@@ -77,7 +77,7 @@ def plan_for(probe: collectives.NodeProbe, profile) -> tuple[Optional[Plan], str
 
 def unavailable(why: str, profile) -> None:
     """Skip on a profile without GPUs; fail where the profile expects them."""
-    if profile.expect.get("gpu_count"):
+    if profile.expect.gpu_count:
         raise ExpectationFailure(f"{why}; profile {profile.name} needs the collectives measured")
     pytest.skip(why)
 

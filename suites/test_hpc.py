@@ -57,14 +57,14 @@ def scratch_path(cluster, prefer: str) -> Optional[str]:
 
 def choose_flavour(profile, detected: hpl.Detected, node: str) -> str:
     """The profile's flavour (its absence a failure), else the first installed; none: skip."""
-    wanted = profile.expect.get("hpl_flavour")
+    wanted = profile.expect.hpl_flavour
     if wanted:
         for program in (hpl.PROGRAMS[wanted], hpl.MPIRUN):
             if not detected.has(program):
                 raise ExpectationFailure(f"{node}: profile {profile.name} runs HPL as {wanted}, "
                                          f"but {program} is not on the node's PATH")
         return wanted
-    candidates = [f for f in hpl.FLAVOURS if f != "hpl-nvidia" or profile.expect.get("gpu_count")]
+    candidates = [f for f in hpl.FLAVOURS if f != "hpl-nvidia" or profile.expect.gpu_count]
     found = [f for f in candidates if detected.has(hpl.PROGRAMS[f])]
     if not found:
         pytest.skip("no HPL program on the node (looked for "
@@ -76,13 +76,13 @@ def choose_flavour(profile, detected: hpl.Detected, node: str) -> str:
 
 def ranks_per_node(flavour: str, profile, depth: hpl.Depth, logical_cpus: int) -> int:
     if flavour == "hpl-nvidia":
-        return profile.expect.get("gpu_count") or 1
+        return profile.expect.gpu_count or 1
     return QUICK_RANKS if depth is hpl.QUICK else logical_cpus
 
 
 def make_plan(cluster, profile, depth: hpl.Depth, flavour: str, detected: hpl.Detected,
               hosts: list, ranks: int, memory_bytes: int, logical_cpus: int, scratch: str) -> Plan:
-    nb = profile.expect.get("hpl_nb") or hpl.DEFAULT_NB[flavour]
+    nb = profile.expect.hpl_nb or hpl.DEFAULT_NB[flavour]
     hpl_input = hpl.plan_input(depth, memory_bytes, ranks * len(hosts), nb)
     first = cluster.node(hosts[0]) if len(hosts) > 1 else None
     launcher = MpirunLauncher(ssh=first.ssh if first else cluster.nodes[0].ssh,
@@ -152,7 +152,7 @@ def judge(run: hpl.HplRun, profile, metrics, nodes: int, prefix: str) -> str:
     gflops = run.best_gflops
     measured = {f"{prefix}_gflops": (round(gflops, 3), "Gflop/s")}
     note = f"{gflops:,.2f} Gflop/s"
-    peak = profile.expect.get("fp64_peak_tflops")
+    peak = profile.expect.fp64_peak_tflops
     if peak:
         fraction = 100 * gflops / (peak * 1000 * nodes)
         measured[f"{prefix}_peak_fraction"] = (round(fraction, 2), "%")
@@ -212,14 +212,14 @@ GEMM_FFT_STEP = "gemm_fft"
 
 
 def gemm_fft_step(profile) -> Callable[[Transport], Result]:
-    timeout = gemm_fft.GPU_TIMEOUT_S if profile.expect.get("gpu_count") else gemm_fft.CPU_TIMEOUT_S
+    timeout = gemm_fft.GPU_TIMEOUT_S if profile.expect.gpu_count else gemm_fft.CPU_TIMEOUT_S
     return lambda transport: gemm_fft.run(transport, timeout=timeout)
 
 
 def measured(on_node, profile, node: str) -> gemm_fft.GemmFftReport:
     """The node's GEMM/FFT figures, once it is known they are the GPUs' the profile expects."""
     report = parsed(gemm_fft.parse_gemm_fft, on_node(GEMM_FFT_STEP, gemm_fft_step(profile)))
-    expected = profile.expect.get("gpu_count")
+    expected = profile.expect.gpu_count
     if report.torch is None:
         why = f"{node}: {report.torch_error or 'torch cannot be imported'} (the payload needs torch)"
         if expected:

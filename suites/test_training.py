@@ -42,7 +42,7 @@ class Plan:
 
 def plan_of(probe: collectives.NodeProbe, profile, depth: str) -> tuple[Optional[Plan], str]:
     """What this node trains with, or why it cannot train."""
-    expected_gpus = profile.expect.get("gpu_count")
+    expected_gpus = profile.expect.gpu_count
     if not probe.torch:
         return None, f"{probe.python} on {probe.hostname} cannot import torch"
     if expected_gpus and not probe.cuda_devices:
@@ -57,7 +57,7 @@ def plan_of(probe: collectives.NodeProbe, profile, depth: str) -> tuple[Optional
 
 def unavailable(why: str, profile) -> None:
     """Skip on a profile without GPUs; fail where the profile expects them."""
-    if profile.expect.get("gpu_count"):
+    if profile.expect.gpu_count:
         raise ExpectationFailure(f"{why}; profile {profile.name} needs the training run")
     pytest.skip(why)
 
@@ -164,7 +164,8 @@ def judge_run(report: training.TrainingReport, *, where: str, profile, metrics, 
         "step_time_s": list(enumerate((max(r.step_times[i] for r in report.per_rank)
                                        for i in range(len(report.losses))), start=1)),
     })
-    fraction = profile.expect.get("training_straggler_fraction", STRAGGLER_FRACTION)
+    fraction = (STRAGGLER_FRACTION if profile.expect.training_straggler_fraction is None
+                else profile.expect.training_straggler_fraction)
     slow = training.stragglers(report.per_rank, fraction)
     metrics.judge(**figures)
     if slow:
