@@ -9,13 +9,12 @@ size, dominated by small messages).
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from runners import payloads
+from runners import system
 from runners.launchers import LaunchError, Launcher
 from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
@@ -241,15 +240,12 @@ def run(transport: Transport, collective: str, gpus: int, *, timeout: float = 60
 
 
 MPIRUN = "mpirun"
-DETECT_TIMEOUT_S = 30
 
 
 def detect_launch(transport: Transport) -> Result:
-    """Whether the node has all_reduce_perf and mpirun on its PATH, and runs as root: JSON for
-    runners.hpl.parse_detect (the HPL payload's detect action, shutil.which on the node)."""
-    spec = {"action": "detect", "programs": [BINARIES["all_reduce"], MPIRUN]}
-    return transport.run_script(payloads.load("hpl_scratch"), [json.dumps(spec)],
-                                timeout=DETECT_TIMEOUT_S)
+    """Whether the node has all_reduce_perf and mpirun on its PATH, and runs as root
+    (runners.system.parse_programs reads it)."""
+    return system.probe_programs(transport, [BINARIES["all_reduce"], MPIRUN])
 
 
 def across_argv(launcher: Launcher, hosts: list[str], gpus_per_node: int,

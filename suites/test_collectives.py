@@ -17,7 +17,7 @@ from typing import Optional
 
 import pytest
 
-from runners import collectives, hpl, nccl_tests
+from runners import collectives, nccl_tests, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
@@ -262,7 +262,7 @@ def test_allreduce_spread(cluster_run, profile, measure_node, record):
                 + ", ".join(f"{node} {busbw:.3f} GB/s" for node, busbw in slowest))
 
 
-def mpirun_everywhere(cluster_run, nodes: list[str]) -> Optional[dict[str, hpl.Detected]]:
+def mpirun_everywhere(cluster_run, nodes: list[str]) -> Optional[dict[str, system.Programs]]:
     """Each node's programs and user when every node has all_reduce_perf and mpirun; else None."""
     found = cluster_run.gather(LAUNCH_DETECT_STEP, nccl_tests.detect_launch)
     detected = {}
@@ -270,7 +270,7 @@ def mpirun_everywhere(cluster_run, nodes: list[str]) -> Optional[dict[str, hpl.D
         if not found[node].ok:
             return None
         try:
-            detected[node] = hpl.parse_detect(found[node].stdout)
+            detected[node] = system.parse_programs(found[node].stdout)
         except ParseError:
             return None
     wanted = (nccl_tests.BINARIES["all_reduce"], nccl_tests.MPIRUN)

@@ -55,7 +55,7 @@ def scratch_path(cluster, prefer: str) -> Optional[str]:
     return ordered[0].path if ordered else None
 
 
-def choose_flavour(profile, detected: hpl.Detected, node: str) -> str:
+def choose_flavour(profile, detected: system.Programs, node: str) -> str:
     """The profile's flavour (its absence a failure), else the first installed; none: skip."""
     wanted = profile.expect.hpl_flavour
     if wanted:
@@ -80,7 +80,7 @@ def ranks_per_node(flavour: str, profile, depth: hpl.Depth, logical_cpus: int) -
     return QUICK_RANKS if depth is hpl.QUICK else logical_cpus
 
 
-def make_plan(cluster, profile, depth: hpl.Depth, flavour: str, detected: hpl.Detected,
+def make_plan(cluster, profile, depth: hpl.Depth, flavour: str, detected: system.Programs,
               hosts: list, ranks: int, memory_bytes: int, logical_cpus: int, scratch: str) -> Plan:
     nb = profile.expect.hpl_nb or hpl.DEFAULT_NB[flavour]
     hpl_input = hpl.plan_input(depth, memory_bytes, ranks * len(hosts), nb)
@@ -106,7 +106,7 @@ def run_plan(transport: Transport, plan: Plan, cluster) -> Result:
 def node_plan(cluster_run, cluster, profile, node: str) -> Plan:
     """This node's quick plan, or the skip/failure that says why it has none."""
     facts = parsed(system.parse_system_facts, cluster_run.gather(SYSTEM_STEP, system.probe)[node])
-    detected = parsed(hpl.parse_detect, cluster_run.gather(DETECT_STEP, hpl.detect)[node])
+    detected = parsed(system.parse_programs, cluster_run.gather(DETECT_STEP, hpl.detect)[node])
     flavour = choose_flavour(profile, detected, node)
     scratch = scratch_path(cluster, "local")
     if scratch is None:
@@ -185,7 +185,7 @@ def test_hpl_cluster(cluster_run, cluster, profile, metrics, record):
     detections = cluster_run.gather(DETECT_STEP, hpl.detect)
     names = [node.name for node in cluster_run.nodes]
     facts = {name: parsed(system.parse_system_facts, answers[name]) for name in names}
-    detected = {name: parsed(hpl.parse_detect, detections[name]) for name in names}
+    detected = {name: parsed(system.parse_programs, detections[name]) for name in names}
     flavours = {name: choose_flavour(profile, detected[name], name) for name in names}
     if len(set(flavours.values())) > 1:
         raise ExpectationFailure("nodes have different HPL programs: " + ", ".join(

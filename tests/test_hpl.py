@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inventory.model import Node, ScratchPath
-from runners import hpl
+from runners import hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.scratch import ScratchRefused, missing_tool, refusal
@@ -188,7 +188,7 @@ def quick_hpcc(local, scratch_dir, scratch=None, argv=None, timeout=120):
 
 
 def test_detect_finds_hpcc_and_mpirun(local):
-    detected = hpl.parse_detect(hpl.detect(local).stdout)
+    detected = system.parse_programs(hpl.detect(local).stdout)
     assert detected.has("hpcc") and detected.has("mpirun") and not detected.has("xhpl")
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from inventory.model import Node, SshSettings
 from nodes import ns_inventory, wait_for_no_leftovers
-from runners import hpl, nccl_tests
+from runners import nccl_tests, system
 from runners.cluster import ClusterRun
 from runners.launchers import LaunchError, MpirunLauncher
 from runners.parsing import ParseError
@@ -227,7 +227,7 @@ def test_old_format_without_in_place_busbw_gives_one_line():
 
 
 def test_detect_launch_finds_mpirun_but_no_nccl_tests_here():
-    detected = hpl.parse_detect(nccl_tests.detect_launch(LocalTransport(
+    detected = system.parse_programs(nccl_tests.detect_launch(LocalTransport(
         Node(name="localhost", address="localhost", transport="local"))).stdout)
     assert detected.has("mpirun") and not detected.has("all_reduce_perf") and detected.root
 
@@ -261,5 +261,5 @@ def test_without_nccl_tests_on_every_node_the_cluster_check_does_not_choose_mpir
     finally:
         run.close()
     for result in detections.values():
-        detected = hpl.parse_detect(result.stdout)
+        detected = system.parse_programs(result.stdout)
         assert detected.has("mpirun") and not detected.has("all_reduce_perf")
