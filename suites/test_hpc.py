@@ -25,7 +25,7 @@ from runners import gemm_fft, hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
-from handover.failures import CommandTimedOut, ExpectationFailure, SanityFailure, excerpt
+from handover.failures import ExpectationFailure, SanityFailure, excerpt
 from suites.checks import parsed, require, require_scratch_run
 
 pytestmark = [pytest.mark.hpc]
@@ -131,10 +131,7 @@ def quick_step(cluster_run, cluster, profile) -> tuple[str, Callable[[Transport]
 def sane(result: Result, timeout_note: str = "") -> hpl.HplRun:
     """The HPL figures, once the run is known good: refusal, missing tool, result, residual.
     A timeout the depth's cap set says so (timeout_note)."""
-    if result.timed_out and timeout_note:
-        raise CommandTimedOut(f"{result.explain()}: {timeout_note}",
-                              excerpt(result.stdout + result.stderr))
-    require_scratch_run(result, "refused to run HPL")
+    require_scratch_run(result, "refused to run HPL", timeout_note=timeout_note)
     try:
         run = hpl.parse_hpl(result.stdout)
     except ParseError as exc:
@@ -235,17 +232,6 @@ def measured(on_node, profile, node: str) -> gemm_fft.GemmFftReport:
     return report
 
 
-def per_device(report, slowest, figure: Callable, unit: str, digits: int) -> str:
-    """'slowest GPU 3 (...): 771.2 TFLOP/s; all: GPU 0 (...) 778.1, ...', or the one device's."""
-    def shown(device) -> str:
-        return f"{figure(device):.{digits}g}"
-
-    if len(report.devices) == 1:
-        return f"{slowest.label}: {shown(slowest)} {unit}"
-    return (f"slowest {slowest.label}: {shown(slowest)} {unit}; all: "
-            + ", ".join(f"{device.label} {shown(device)}" for device in report.devices))
-
-
 def gemm_check(dtype: str, on_node, profile, node, metrics, record) -> None:
     """Sanity of every device's dtype GEMM, then the slowest device's TFLOP/s against the profile."""
     report = measured(on_node, profile, node)
@@ -257,7 +243,7 @@ def gemm_check(dtype: str, on_node, profile, node, metrics, record) -> None:
         reasons = sorted({d.not_measured.get(dtype, "") for d in report.devices} - {""})
         pytest.skip(f"{node}: {dtype} GEMM {', '.join(reasons) or 'not measured'}")
     n = report.gemm_size
-    record.note(f"{dtype} GEMM {n}x{n}x{n}: " + per_device(
+    record.note(f"{dtype} GEMM {n}x{n}x{n}: " + gemm_fft.per_device(
         report, slowest, lambda device: device.gemm_tflops[dtype], "TFLOP/s", 4))
     metrics.judge(**{f"gemm_{dtype}_tflops": (round(slowest.gemm_tflops[dtype], 4), "TFLOP/s")})
 
@@ -303,6 +289,6 @@ def test_fft(on_node, profile, recorder, node, metrics, record):
         raise SanityFailure("; ".join(problems))
     slowest = report.slowest_fft()
     batch, nx, ny = report.fft_shape
-    record.note(f"{batch} x {nx}x{ny} complex64 FFT: " + per_device(
+    record.note(f"{batch} x {nx}x{ny} complex64 FFT: " + gemm_fft.per_device(
         report, slowest, lambda device: device.fft_c64_gflops, "GFLOP/s", 5))
     metrics.judge(fft_c64_gflops=(round(slowest.fft_c64_gflops, 3), "GFLOP/s"))
