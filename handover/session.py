@@ -177,7 +177,7 @@ def run_header(cluster: Cluster, nodes: list[Node]) -> dict:
         "cluster": cluster.name,
         "profile": {
             "name": profile.name, "description": profile.description,
-            "mandatory": list(profile.mandatory), "expect": profile.expect,
+            "mandatory": list(profile.mandatory), "expect": profile.expect.declared(),
             "references": {name: {"check": r.check, "value": r.value, "lower": r.lower,
                                   "upper": r.upper, "unit": r.unit, "source": r.source}
                            for name, r in profile.references.items()},

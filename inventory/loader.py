@@ -30,6 +30,7 @@ from inventory.model import (
     SCRATCH_KINDS,
     TRANSPORTS,
     Cluster,
+    Expectations,
     Node,
     Profile,
     Reference,
@@ -377,58 +378,54 @@ def _display_path(path: Path) -> str:
 
 # ---------------------------------------------------------------- profiles
 
-# Expected facts a profile may declare, each with the reader that validates it. Suites that need a
-# new fact add it here, so a typo in a profile's `expect:` block is still caught.
-EXPECT_FIELDS: dict[str, Callable[[_At], object]] = {
-    "os_ids": _string_list,  # accepted os-release IDs
-    "kernel_min": _version,  # lowest acceptable kernel release, e.g. "4.18"
-    "cpu_model": _regex,  # pattern the CPU model name must match
-    "shared_fstypes": _string_list,  # filesystem types a shared scratch path may have (lustre, nfs4)
-    # GPU SKUs (suites/test_hardware.py); gpu_count present makes a missing NVML a failure.
-    "gpu_count": _integer,  # GPUs per node
-    "gpu_model": _regex,  # pattern NVML's device name must match
-    "ecc": _boolean,  # ECC must be enabled
-    "ecc_correctable_max": _integer,  # aggregate correctable ECC errors above this warn
-    "pcie_gen": _integer,  # maximum PCIe link generation of every GPU
-    "pcie_width": _integer,  # maximum PCIe link width of every GPU
-    "nvlink_links": _integer,  # active NVLinks per GPU
+# How each Expectations field is read and validated, by name; the names a profile's `expect:`
+# may use are the dataclass's fields (EXPECT_KEYS).
+EXPECT_READERS: dict[str, Callable[[_At], object]] = {
+    "os_ids": _string_list,
+    "kernel_min": _version,
+    "cpu_model": _regex,
+    "shared_fstypes": _string_list,
+    "gpu_count": _integer,
+    "gpu_model": _regex,
+    "ecc": _boolean,
+    "ecc_correctable_max": _integer,
+    "pcie_gen": _integer,
+    "pcie_width": _integer,
+    "nvlink_links": _integer,
     "persistence_mode": _boolean,
     "mig_mode": _boolean,
     "compute_mode": lambda at: _choice(at, "compute mode", ("Default", "Exclusive_Process", "Prohibited")),
-    # GPU node configuration (suites/test_gpu_config.py); absent keys are not checked.
-    "nvswitch": _boolean,  # Fabric Manager active and every GPU's fabric state Completed
-    "gpudirect_rdma": _boolean,  # nvidia_peermem loaded
-    "pcie_acs_disabled": _boolean,  # no ACSCtl flag set on any PCIe bridge
+    "nvswitch": _boolean,
+    "gpudirect_rdma": _boolean,
+    "pcie_acs_disabled": _boolean,
     "iommu_modes": lambda at: tuple(_choice(item, "IOMMU mode", ("off", "passthrough", "translated"))
-                                    for item in _list(at)),  # modes accepted
-    "cpu_governor": _string,  # scaling_governor of every CPU, e.g. performance
-    "numa_balancing": _boolean,  # kernel.numa_balancing on (true) or off (false)
-    "gpu_numa_nodes": lambda at: tuple(_integer(item) for item in _list(at)),  # in PCI address order
-    "nic_numa_nodes": lambda at: tuple(_integer(item) for item in _list(at)),  # mlx5_0, mlx5_1, ...
-    "driver_version": _regex,  # NVIDIA driver (/sys/module/nvidia/version)
-    "cuda_version": _regex,  # CUDA driver API version, e.g. "^13\\.0$"
-    "ofed_version": _regex,  # ofed_info -s (MLNX_OFED or DOCA)
-    "nic_firmware": _regex,  # fw_ver of every InfiniBand device
-    "vbios_version": _regex,  # Video BIOS of every GPU (/proc/driver/nvidia/gpus)
-    "container_toolkit": _boolean,  # nvidia-ctk / nvidia-container-cli installed
-    # InfiniBand (suites/test_network.py); ib_hcas present makes a missing HCA a failure.
-    "ib_hcas": _integer,  # compute HCAs per node
-    "ib_ca_type": _string,  # ibstat's CA type, e.g. MT4129 (ConnectX-7)
-    "ib_rate": _number,  # Gb/s of every port: NDR 400
+                                    for item in _list(at)),
+    "cpu_governor": _string,
+    "numa_balancing": _boolean,
+    "gpu_numa_nodes": lambda at: tuple(_integer(item) for item in _list(at)),
+    "nic_numa_nodes": lambda at: tuple(_integer(item) for item in _list(at)),
+    "driver_version": _regex,
+    "cuda_version": _regex,
+    "ofed_version": _regex,
+    "nic_firmware": _regex,
+    "vbios_version": _regex,
+    "container_toolkit": _boolean,
+    "ib_hcas": _integer,
+    "ib_ca_type": _string,
+    "ib_rate": _number,
     "ib_link_layer": lambda at: _choice(at, "link layer", ("InfiniBand", "Ethernet")),
-    # HPL (suites/test_hpc.py); hpl_flavour present makes a missing program a failure.
     "hpl_flavour": lambda at: _choice(at, "HPL flavour", ("hpl-nvidia", "xhpl", "hpcc")),
-    "hpl_nb": _integer,  # HPL block size NB (default: 1024 for HPL-NVIDIA, 192 on CPUs)
-    "fp64_peak_tflops": _number,  # theoretical FP64 peak of one node, Tflop/s
-    # Training (suites/test_training.py)
-    "training_straggler_fraction": _number,  # a rank's forward pass this far above the median straggles
-    "ib_symbol_errors_max": _integer,  # per port sysfs symbol_error above this fails (default 0)
-    "ib_link_downed_max": _integer,  # per port sysfs link_downed above this fails (default 0)
-    "ib_port_rcv_errors_max": _integer,  # per port sysfs port_rcv_errors above this fails (default 0)
-    "ib_bidirectional": _boolean,  # ib_write_bw pairs run with -b (both directions at once)
-    "ib_gpudirect": _boolean,  # perftest pairs use --use_cuda=<rail>: buffers on the rail's GPU
-    "pair_low_fraction": _number,  # a pair this far below the median of all pairs is low (default 0.25)
+    "hpl_nb": _integer,
+    "fp64_peak_tflops": _number,
+    "training_straggler_fraction": _number,
+    "ib_symbol_errors_max": _integer,
+    "ib_link_downed_max": _integer,
+    "ib_port_rcv_errors_max": _integer,
+    "ib_bidirectional": _boolean,
+    "ib_gpudirect": _boolean,
+    "pair_low_fraction": _number,
 }
+EXPECT_KEYS = tuple(item.name for item in dataclasses.fields(Expectations))
 
 
 def known_profiles() -> list[str]:
@@ -487,10 +484,10 @@ def _read_profile(path: Path) -> tuple[Profile, dict[str, _RawReference]]:
         if check in mandatory:
             raise item.error(f"check {check!r} listed twice")
         mandatory.append(check)
-    expect = {}
+    declared = {}
     if "expect" in fields:
-        for key, value_at in _fields(fields["expect"], tuple(EXPECT_FIELDS)).items():
-            expect[key] = EXPECT_FIELDS[key](value_at)
+        for key, value_at in _fields(fields["expect"], EXPECT_KEYS).items():
+            declared[key] = EXPECT_READERS[key](value_at)
     raw: dict[str, _RawReference] = {}
     metrics: dict[str, _At] = {}
     if "references" in fields:
@@ -508,7 +505,7 @@ def _read_profile(path: Path) -> tuple[Profile, dict[str, _RawReference]]:
         name=name,
         description=_string(fields["description"]),
         mandatory=tuple(mandatory),
-        expect=expect,
+        expect=Expectations(**declared),
         references=references,
         source_path=str(path.resolve()),
     )

@@ -1,7 +1,7 @@
 """The typed form of an inventory: what the loader produces and everything else consumes."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -99,13 +99,77 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class Expectations:
+    """The facts a profile's `expect:` declares; None is "not declared, not checked".
+
+    Read by attribute (profile.expect.gpu_count), so a misspelt name fails loudly instead of
+    silently disabling the check. The fields are the keys a profile may write: a suite that
+    needs a new fact adds it here and its reader in inventory/loader.py (EXPECT_READERS).
+    """
+
+    os_ids: Optional[tuple[str, ...]] = None  # accepted os-release IDs
+    kernel_min: Optional[str] = None  # lowest acceptable kernel release, e.g. "4.18"
+    cpu_model: Optional[str] = None  # pattern the CPU model name must match
+    shared_fstypes: Optional[tuple[str, ...]] = None  # filesystem types a shared scratch path may have (lustre, nfs4)
+    # GPU SKUs (suites/test_hardware.py); gpu_count present makes a missing NVML a failure.
+    gpu_count: Optional[int] = None  # GPUs per node
+    gpu_model: Optional[str] = None  # pattern NVML's device name must match
+    ecc: Optional[bool] = None  # ECC must be enabled (checked unless false)
+    ecc_correctable_max: Optional[int] = None  # aggregate correctable ECC errors above this warn
+    pcie_gen: Optional[int] = None  # maximum PCIe link generation of every GPU
+    pcie_width: Optional[int] = None  # maximum PCIe link width of every GPU
+    nvlink_links: Optional[int] = None  # active NVLinks per GPU
+    persistence_mode: Optional[bool] = None  # persistence mode on (true) or off (false) on every GPU
+    mig_mode: Optional[bool] = None  # MIG mode on (true) or off (false) on every GPU
+    compute_mode: Optional[str] = None  # every GPU's: Default, Exclusive_Process or Prohibited
+    # GPU node configuration (suites/test_gpu_config.py); absent keys are not checked.
+    nvswitch: Optional[bool] = None  # Fabric Manager active and every GPU's fabric state Completed
+    gpudirect_rdma: Optional[bool] = None  # nvidia_peermem loaded
+    pcie_acs_disabled: Optional[bool] = None  # no ACSCtl flag set on any PCIe bridge
+    iommu_modes: Optional[tuple[str, ...]] = None  # modes accepted: off, passthrough, translated
+    cpu_governor: Optional[str] = None  # scaling_governor of every CPU, e.g. performance
+    numa_balancing: Optional[bool] = None  # kernel.numa_balancing on (true) or off (false)
+    gpu_numa_nodes: Optional[tuple[int, ...]] = None  # in PCI address order
+    nic_numa_nodes: Optional[tuple[int, ...]] = None  # mlx5_0, mlx5_1, ...
+    driver_version: Optional[str] = None  # NVIDIA driver (/sys/module/nvidia/version)
+    cuda_version: Optional[str] = None  # CUDA driver API version, e.g. "^13\\.0$"
+    ofed_version: Optional[str] = None  # ofed_info -s (MLNX_OFED or DOCA)
+    nic_firmware: Optional[str] = None  # fw_ver of every InfiniBand device
+    vbios_version: Optional[str] = None  # Video BIOS of every GPU (/proc/driver/nvidia/gpus)
+    container_toolkit: Optional[bool] = None  # nvidia-ctk / nvidia-container-cli installed
+    # InfiniBand (suites/test_network.py); ib_hcas present makes a missing HCA a failure.
+    ib_hcas: Optional[int] = None  # compute HCAs per node
+    ib_ca_type: Optional[str] = None  # ibstat's CA type, e.g. MT4129 (ConnectX-7)
+    ib_rate: Optional[float] = None  # Gb/s of every port: NDR 400
+    ib_link_layer: Optional[str] = None  # of every port: InfiniBand or Ethernet
+    # HPL (suites/test_hpc.py); hpl_flavour present makes a missing program a failure.
+    hpl_flavour: Optional[str] = None  # hpl-nvidia, xhpl or hpcc
+    hpl_nb: Optional[int] = None  # HPL block size NB (default: 1024 for HPL-NVIDIA, 192 on CPUs)
+    fp64_peak_tflops: Optional[float] = None  # theoretical FP64 peak of one node, Tflop/s
+    # Training (suites/test_training.py)
+    training_straggler_fraction: Optional[float] = None  # a rank's forward pass this far above the median straggles
+    ib_symbol_errors_max: Optional[int] = None  # per port sysfs symbol_error above this fails (default 0)
+    ib_link_downed_max: Optional[int] = None  # per port sysfs link_downed above this fails (default 0)
+    ib_port_rcv_errors_max: Optional[int] = None  # per port sysfs port_rcv_errors above this fails (default 0)
+    ib_bidirectional: Optional[bool] = None  # ib_write_bw pairs run with -b (both directions at once)
+    ib_gpudirect: Optional[bool] = None  # perftest pairs use --use_cuda=<rail>: buffers on the rail's GPU
+    pair_low_fraction: Optional[float] = None  # a pair this far below the median of all pairs is low (default 0.25)
+
+    def declared(self) -> dict:
+        """The declared facts only, as JSON holds them (lists for tuples): the run header's form."""
+        values = {item.name: getattr(self, item.name) for item in fields(self)}
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
 class Profile:
     """Expected facts and metric references for one SKU."""
 
     name: str
     description: str
     mandatory: tuple[str, ...]  # check names that must have a result on every node
-    expect: dict  # expected facts, e.g. {"os_id": ["debian", "ubuntu"]}
+    expect: Expectations  # expected facts; those the profile leaves out are None
     references: dict[str, Reference]  # metric name -> reference
     source_path: str = ""
 

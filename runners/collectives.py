@@ -1,10 +1,12 @@
 """Collective bandwidth through the node-side torch payload: probe, per-node and cross-node runs,
-and a pure parser of the payload's JSON.
+and a pure parser of the payload's JSON; which tool a node runs (plan_for), and the one figure
+either tool's run gives (Figure).
 
 Per node, torchrun runs with one node (its rendezvous on the node's own loopback) and one rank per
 GPU, or a given number of CPU ranks. Across nodes, runners.torchrun launches it on every node.
 nccl-tests, where installed, is run by runners.nccl_tests instead; both give rows of the same
-shape (runners.nccl_tests.NcclRow), so a suite judges them alike.
+shape (runners.nccl_tests.NcclRow), so a suite judges them alike: busbw at the largest size
+(runners.nccl_tests.peak_busbw).
 """
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
-from runners import payloads
-from runners.nccl_tests import NcclRow
+from inventory.model import Profile
+from runners import nccl_tests, payloads
+from runners.nccl_tests import NcclRow, NcclTestsReport
 from runners.parsing import ParseError
 from runners import torchrun
 from runners.torchrun import Launch
@@ -144,6 +147,82 @@ def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str]
         python, sizes=sizes, collectives=collectives, iters=iters, marker=marker,
         op_timeout_s=min(timeout, 120)), timeout=timeout, socket_ifname=socket_ifname,
         join_timeout_s=join_timeout_s)
+
+
+@dataclass(frozen=True)
+class Plan:
+    tool: str  # "nccl-tests" or "torch"
+    ranks: int  # per node
+    gpu: bool
+
+
+def plan_for(probe: NodeProbe, profile: Profile) -> tuple[Optional[Plan], str]:
+    """What to run on a node, or why nothing can run there."""
+    expected_gpus = profile.expect.gpu_count
+    gpus = probe.cuda_devices or (expected_gpus if probe.nccl_tests and not probe.torch else 0)
+    if probe.nccl_tests and gpus:
+        return Plan("nccl-tests", gpus, True), ""
+    if probe.torch and expected_gpus and not probe.cuda_devices:
+        return None, f"torch {probe.torch} sees no CUDA device, but profile {profile.name} expects {expected_gpus} GPU(s)"
+    if probe.torch:
+        return Plan("torch", gpus or CPU_RANKS, bool(gpus)), ""
+    return None, f"neither torch nor nccl-tests on {probe.hostname} ({probe.python} cannot import torch)"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One collective's measurement, whichever tool made it."""
+
+    busbw: float  # GB/s at the largest size
+    size: int  # bytes
+    ranks: int
+    nccl_version: Optional[str]
+    env: dict
+    tool: str
+    note: str = ""
+    lines: dict = field(default_factory=dict)  # legend -> [(size B, busbw GB/s)], every row of the run
+
+    def describe(self) -> str:
+        env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()) if k.startswith(("NCCL_", "GLOO_")))
+        parts = [f"{self.busbw:.3f} GB/s busbw at {self.size / 2**20:g} MiB over {self.ranks} rank(s) ({self.tool})",
+                 f"NCCL {self.nccl_version}" if self.nccl_version else "",
+                 env, self.note]
+        return "; ".join(part for part in parts if part)
+
+
+def nccl_tests_figure(result: Result, report: NcclTestsReport, ranks: int) -> tuple[Optional[Figure], str]:
+    """(figure, '') of an nccl-tests run that nccl_tests.judge found sane, every row as a curve;
+    (None, why) when the run did not report `ranks` ranks or its largest size has no busbw."""
+    if report.ranks and report.ranks != ranks:
+        return None, f"{result.node}: {report.ranks} rank(s) reported, expected {ranks}"
+    if report.peak_busbw is None:
+        return None, f"{result.node}: no busbw at the largest size ({report.largest_size} B)"
+    return Figure(report.peak_busbw, report.largest_size, ranks, report.nccl_version,
+                  nccl_tests.nccl_env(result), "nccl-tests",
+                  "one rank: busbw is 0 by definition" if ranks == 1 else "",
+                  nccl_tests.busbw_lines(report.rows)), ""
+
+
+def report_problem(where: str, report: CollectivesReport, ranks: int) -> str:
+    """'' when every value came back right from all `ranks` ranks; else why not, in words."""
+    if report.wrong:
+        return f"{where}: {report.wrong} wrong element(s) in the reduced values"
+    if report.ranks != ranks or len(report.hosts) != ranks:
+        return f"{where}: {report.ranks} rank(s) answered ({', '.join(report.hosts)}), expected {ranks}"
+    return ""
+
+
+def torch_figure(where: str, report: CollectivesReport, collective: str = "all_reduce") -> tuple[Optional[Figure], str]:
+    """(figure, '') of the payload's `collective`, every row as a curve; (None, why) when it
+    measured none."""
+    rows = report.collectives.get(collective) or []
+    if not rows:
+        return None, f"{where}: the payload measured no {collective}"
+    largest = report.largest(collective)
+    tool = f"torch {report.torch} {report.backend}"
+    return Figure(nccl_tests.peak_busbw(rows), largest.size, report.ranks, report.nccl_version,
+                  {**report.env}, tool, report.note,
+                  {tool: [(row.size, row.busbw) for row in rows]}), ""
 
 
 def report_of(launch: Launch) -> tuple[Optional[CollectivesReport], Optional[Result]]:

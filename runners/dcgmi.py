@@ -15,7 +15,6 @@ from runners.parsing import ParseError
 from runners.transport import Result, Transport
 
 QUICK_LEVEL = 2
-FULL_LEVEL = 3
 # Seconds a level may take on an 8-GPU node (level 3 runs targeted stress/power and memory
 # bandwidth, roughly 30 minutes on HGX boards; level 2 a few minutes).
 LEVEL_TIMEOUT_S = {1: 300, 2: 900, 3: 3600, 4: 4 * 3600}

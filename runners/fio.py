@@ -43,7 +43,6 @@ class Plan:
 
 QUICK = Plan("quick", size_bytes=128 * MiB, runtime_s=1, ramp_s=0)
 FULL = Plan("full", size_bytes=16 * GiB, runtime_s=30, ramp_s=5)
-PLANS = {plan.depth: plan for plan in (QUICK, FULL)}
 
 DEEP_QUEUE = 32
 LATENCY_PERCENTILES = (50.0, 99.0, 99.9)

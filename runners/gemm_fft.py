@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Callable, Optional
 
 from runners import payloads
 from runners.parsing import ParseError
@@ -89,6 +89,18 @@ class GemmFftReport:
     def slowest_fft(self) -> Optional[DeviceFigures]:
         measured = [d for d in self.devices if d.fft_c64_gflops is not None]
         return min(measured, key=lambda d: d.fft_c64_gflops) if measured else None
+
+
+def per_device(report: GemmFftReport, slowest: DeviceFigures, figure: Callable[[DeviceFigures], float],
+               unit: str, digits: int) -> str:
+    """'slowest GPU 3 (...): 771.2 TFLOP/s; all: GPU 0 (...) 778.1, ...', or the one device's."""
+    def shown(device: DeviceFigures) -> str:
+        return f"{figure(device):.{digits}g}"
+
+    if len(report.devices) == 1:
+        return f"{slowest.label}: {shown(slowest)} {unit}"
+    return (f"slowest {slowest.label}: {shown(slowest)} {unit}; all: "
+            + ", ".join(f"{device.label} {shown(device)}" for device in report.devices))
 
 
 def run(transport: Transport, *, gemm_size: Optional[int] = None,

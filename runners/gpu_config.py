@@ -1,6 +1,6 @@
 """GPU node configuration: probe (the gpu_config payload), parse, and pure evaluations.
 
-Each evaluation takes the parsed facts, the profile's `expect` mapping and the profile's name,
+Each evaluation takes the parsed facts, the profile's Expectations and the profile's name,
 and returns a Finding: a skip reason when the profile does not ask for the setting, otherwise
 the problems found, each naming the device, the expected and the found value (the suite adds
 the node). A setting the profile asks for that cannot be read is a problem, not a skip.
@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
+from inventory.model import Expectations
 from runners import payloads
 from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
@@ -19,7 +20,6 @@ from runners.transport import Result, Transport
 PROBE_TIMEOUT_S = 120  # nvidia-smi -q on 8 GPUs without persistence mode can take a while
 PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")  # the driver's module; the old MLNX_OFED one
 CONTAINER_TOOLS = ("nvidia-ctk", "nvidia-container-cli", "nvidia-container-runtime")
-IOMMU_MODES = ("off", "passthrough", "translated")
 # ACS controls that, when set, redirect or block peer-to-peer TLPs through the root complex.
 ACS_CONTROLS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "EgressCtrl",
                 "DirectTrans")
@@ -185,9 +185,9 @@ def _why(facts: ConfigFacts, key: str, default: str) -> str:
     return facts.errors.get(key, default)
 
 
-def fabric_manager(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
+def fabric_manager(facts: ConfigFacts, expect: Expectations, profile: str) -> Finding:
     """On NVSwitch systems: the Fabric Manager service active, every GPU's fabric Completed."""
-    if not expect.get("nvswitch"):
+    if not expect.nvswitch:
         return _not_asked(profile, "nvswitch", "an NVSwitch fabric")
     problems = []
     if facts.fabricmanager != "active":
@@ -206,9 +206,9 @@ def fabric_manager(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
     return Finding(problems=problems, note=f"fabricmanager {facts.fabricmanager}; {count} GPU fabric state(s)")
 
 
-def peermem(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
+def peermem(facts: ConfigFacts, expect: Expectations, profile: str) -> Finding:
     """GPUDirect RDMA needs the nvidia_peermem module (nv_peer_mem with older MLNX_OFED)."""
-    if not expect.get("gpudirect_rdma"):
+    if not expect.gpudirect_rdma:
         return _not_asked(profile, "gpudirect_rdma", "GPUDirect RDMA")
     if facts.modules is None:
         return Finding(problems=["/proc/modules is unreadable, expected nvidia_peermem loaded"])
@@ -219,9 +219,9 @@ def peermem(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
     return Finding(note=f"{loaded[0]} loaded")
 
 
-def pcie_acs(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
+def pcie_acs(facts: ConfigFacts, expect: Expectations, profile: str) -> Finding:
     """ACS redirects GPU<->NIC peer traffic through the root complex: every ACSCtl flag off."""
-    if not expect.get("pcie_acs_disabled"):
+    if not expect.pcie_acs_disabled:
         return _not_asked(profile, "pcie_acs_disabled", "PCIe ACS to be disabled")
     if facts.acs_ports is None:
         return Finding(problems=[f"cannot read PCIe ACS ({_why(facts, 'lspci', 'no lspci output')}), "
@@ -250,8 +250,8 @@ def iommu_mode(facts: ConfigFacts) -> tuple[str, str]:
     return "translated", evidence
 
 
-def iommu(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
-    allowed = expect.get("iommu_modes")
+def iommu(facts: ConfigFacts, expect: Expectations, profile: str) -> Finding:
+    allowed = expect.iommu_modes
     if not allowed:
         return _not_asked(profile, "iommu_modes", "an IOMMU mode")
     found, evidence = iommu_mode(facts)
@@ -260,8 +260,8 @@ def iommu(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
     return Finding(note=f"IOMMU {found} ({evidence})")
 
 
-def cpu_governor(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
-    want = expect.get("cpu_governor")
+def cpu_governor(facts: ConfigFacts, expect: Expectations, profile: str) -> Finding:
+    want = expect.cpu_governor
     if want is None:
         return _not_asked(profile, "cpu_governor", "a CPU frequency governor")
     if not facts.cpu_governors:
@@ -276,8 +276,8 @@ def cpu_governor(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
                    + ", ".join(f"{g} x{len(c)}" for g, c in sorted(by_governor.items())))
 
 
-def numa_balancing(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
-    want = expect.get("numa_balancing")
+def numa_balancing(facts: ConfigFacts, expect: Expectations, profile: str) -> Finding:
+    want = expect.numa_balancing
     if want is None:
         return _not_asked(profile, "numa_balancing", "a NUMA balancing setting")
     wanted = "on" if want else "off"
@@ -294,10 +294,10 @@ def _natural(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def device_numa(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
+def device_numa(facts: ConfigFacts, expect: Expectations, profile: str) -> Finding:
     """GPUs in PCI address order and NICs in name order (mlx5_0, mlx5_1, ...) on their NUMA nodes."""
-    plans = [("GPU", expect.get("gpu_numa_nodes"), sorted(facts.gpus, key=lambda d: d.name)),
-             ("NIC", expect.get("nic_numa_nodes"), sorted(facts.nics, key=lambda d: _natural(d.name)))]
+    plans = [("GPU", expect.gpu_numa_nodes, sorted(facts.gpus, key=lambda d: d.name)),
+             ("NIC", expect.nic_numa_nodes, sorted(facts.nics, key=lambda d: _natural(d.name)))]
     if all(want is None for _, want, _ in plans):
         return _not_asked(profile, "gpu_numa_nodes/nic_numa_nodes", "a device NUMA placement")
     problems, seen = [], []
@@ -318,7 +318,7 @@ def cuda_version(driver: Optional[int]) -> Optional[str]:
     return None if driver is None else f"{driver // 1000}.{driver % 1000 // 10}"
 
 
-def versions(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
+def versions(facts: ConfigFacts, expect: Expectations, profile: str) -> Finding:
     """Driver, CUDA, OFED/DOCA, NIC firmware and VBIOS as the profile pins them (regexes)."""
     found: dict[str, list[tuple[str, Optional[str], str]]] = {
         "driver_version": [("NVIDIA driver", facts.nvidia_driver, _why(facts, "nvidia", "no /sys/module/nvidia/version"))],
@@ -329,7 +329,7 @@ def versions(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
         "vbios_version": [(f"GPU {bus} VBIOS", version, "") for bus, version in sorted(facts.vbios.items())]
         or [("VBIOS", None, "no /proc/driver/nvidia/gpus/*/information")],
     }
-    pins = {key: expect[key] for key in found if expect.get(key)}
+    pins = {key: getattr(expect, key) for key in found if getattr(expect, key)}
     if not pins:
         return _not_asked(profile, "driver_version/cuda_version/ofed_version/nic_firmware/vbios_version",
                           "pinned versions")
@@ -345,8 +345,8 @@ def versions(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
     return Finding(problems=problems, note="; ".join(seen))
 
 
-def container_toolkit(facts: ConfigFacts, expect: dict, profile: str) -> Finding:
-    if not expect.get("container_toolkit"):
+def container_toolkit(facts: ConfigFacts, expect: Expectations, profile: str) -> Finding:
+    if not expect.container_toolkit:
         return _not_asked(profile, "container_toolkit", "the NVIDIA container toolkit")
     present = [name for name in CONTAINER_TOOLS if facts.container_tools.get(name)]
     if not present:

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from inventory.model import ScratchPath
-from runners import payloads
+from runners import payloads, system
 from runners.launchers import Launcher
-from runners.parsing import ParseError, json_object
+from runners.parsing import ParseError
 from runners.scratch import declared
 from runners.transport import Result, Transport
 
@@ -33,7 +33,6 @@ OUTPUT_FILES = {"hpcc": "hpccoutf.txt"}  # the others print their results on std
 DEFAULT_NB = {"hpl-nvidia": 1024, "xhpl": 192, "hpcc": 192}
 THRESHOLD = 16.0  # HPL's usual bound on the scaled residual
 DOUBLE_BYTES = 8
-DETECT_TIMEOUT_S = 30
 
 
 # The longest an HPL job may run, per depth, whatever N suggests (see timeout_for).
@@ -194,27 +193,9 @@ def command(flavour: str, launcher: Launcher, hosts: Sequence[str], ranks_per_no
 
 
 def detect(transport: Transport) -> Result:
-    """Which HPL programs and mpirun the node has, and whether the user is root (JSON)."""
-    spec = {"action": "detect", "programs": [*PROGRAMS.values(), MPIRUN]}
-    return transport.run_script(payloads.load("hpl_scratch"), [json.dumps(spec)],
-                                timeout=DETECT_TIMEOUT_S)
-
-
-@dataclass(frozen=True)
-class Detected:
-    programs: dict  # program name -> its path on the node, or None
-    root: bool
-
-    def has(self, program: str) -> bool:
-        return bool(self.programs.get(program))
-
-
-def parse_detect(text: str) -> Detected:
-    data = json_object(text, "HPL detection output")
-    if not isinstance(data, dict) or not isinstance(data.get("programs"), dict) \
-            or not isinstance(data.get("root"), bool):
-        raise ParseError("HPL detection output lacks 'programs' and a boolean 'root'")
-    return Detected(programs=data["programs"], root=data["root"])
+    """Which HPL programs and mpirun the node has, and whether the user is root
+    (runners.system.parse_programs reads it)."""
+    return system.probe_programs(transport, [*PROGRAMS.values(), MPIRUN])
 
 
 def run_on_scratch(transport: Transport, path: str, scratch: Sequence[ScratchPath], flavour: str,
@@ -222,7 +203,7 @@ def run_on_scratch(transport: Transport, path: str, scratch: Sequence[ScratchPat
     """Run `argv` in a fresh directory under the declared scratch `path`, with the flavour's
     input file in it; stdout is the HPL output (hpcc's hpccoutf.txt, else the program's own)."""
     entry = declared(path, scratch)
-    spec = {"action": "run", "node": transport.node.name, "path": entry.path,
+    spec = {"node": transport.node.name, "path": entry.path,
             "files": {INPUT_FILES[flavour]: input_text(flavour, hpl_input)},
             "output": OUTPUT_FILES.get(flavour), "argv": list(argv)}
     return transport.run_script(payloads.load("hpl_scratch"), [json.dumps(spec)], timeout=timeout)

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from inventory.model import Expectations
 from runners import payloads
 from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
@@ -161,7 +162,7 @@ def no_device(result: Result) -> bool:
 # ------------------------------------------------------------------------------ error counters
 
 SYSFS_ROOT = "/sys/class/infiniband"
-# The kernel's counter file names, and the profile expect key holding each one's limit.
+# The kernel's counter file names, and the Expectations field holding each one's limit.
 ERROR_COUNTERS = {"symbol_error": "ib_symbol_errors_max", "link_downed": "ib_link_downed_max",
                   "port_rcv_errors": "ib_port_rcv_errors_max"}
 
@@ -197,12 +198,12 @@ def parse_ib_counters(text: str) -> IbCounters:
     return IbCounters(str(data.get("root")), bool(data.get("present")), ports)
 
 
-def counter_problems(found: IbCounters, expect: dict) -> list[str]:
+def counter_problems(found: IbCounters, expect: Expectations) -> list[str]:
     """Error counters above the profile's limit (0 unless the profile says otherwise)."""
     problems = []
     for port in found.ports:
         for counter, key in ERROR_COUNTERS.items():
-            limit = expect.get(key) or 0
+            limit = getattr(expect, key) or 0
             value = port.counters.get(counter, "absent")
             where = f"{port.hca} port {port.port}: {counter}"
             if value == "absent":

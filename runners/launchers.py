@@ -7,11 +7,10 @@ named by `starts_on`:
 - "first": one process on the first host starts every rank (mpirun, and later srun);
 - "every": the same argv runs on every host and the ranks meet at a rendezvous (torchrun).
 
-As in ReFrame, launchers are registered by name (LAUNCHERS) and unit-tested by comparing argv.
+As in ReFrame, launchers are unit-tested by comparing argv.
 """
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -115,24 +114,4 @@ class MpirunLauncher(Launcher):
             parameters.update(btl_tcp_if_include=listed, oob_tcp_if_include=listed)
         parameters.update(self.mca)
         return parameters
-
-
-# Name -> "module:class"; resolved on use, since torchrun's module builds on this one.
-LAUNCHERS: dict[str, str] = {
-    "mpirun": "runners.launchers:MpirunLauncher",
-    "torchrun": "runners.torchrun:TorchrunLauncher",
-}
-
-
-def launcher_class(name: str) -> type[Launcher]:
-    try:
-        module, _, cls = LAUNCHERS[name].partition(":")
-    except KeyError:
-        raise LaunchError(f"unknown launcher {name!r}; known: {', '.join(sorted(LAUNCHERS))}") from None
-    return getattr(importlib.import_module(module), cls)
-
-
-def launcher_for(name: str, **settings) -> Launcher:
-    """The launcher registered under `name`, configured with `settings`."""
-    return launcher_class(name)(**settings)
 

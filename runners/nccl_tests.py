@@ -4,18 +4,18 @@ The parser reads the text table of any version (old `error` columns without `roo
 `#wrong` columns of 2.x, an EMPTY redop field in alltoall rows) and the `-J` JSON document.
 Columns are found by the header's names and data rows are read from the right, so a blank
 redop never shifts them; NCCL INFO/WARN lines and MPI's `[1,0]<stdout>:` prefixes are skipped.
-The figure to judge is busbw at the largest sizes, never "Avg bus bandwidth" (a mean over every
-size, dominated by small messages).
+The figure to judge is busbw at the largest size (peak_busbw), never "Avg bus bandwidth" (a mean
+over every size, dominated by small messages).
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from runners import payloads
+from runners import system
+from runners.cluster import ClusterRun
 from runners.launchers import LaunchError, Launcher
 from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
@@ -25,7 +25,6 @@ from runners.transport import Result, Transport
 EXIT_DATA_ERRORS = 7
 BINARIES = {"all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf",
             "reduce_scatter": "reduce_scatter_perf", "all_to_all": "alltoall_perf"}
-LARGE_MIN_BYTES = 1 << 30  # judge busbw at >= 1 GiB where the run reached it
 
 _MPI_PREFIX = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>:")
 _RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+)\s.*\bdevice\s+\d+")
@@ -48,7 +47,7 @@ class NcclTestsReport:
     collective: Optional[str]  # all_reduce_perf ... when the output names it
     ranks: int
     rows: list[NcclRow]
-    peak_busbw: Optional[float]  # GB/s, the best busbw (either placement) at the largest sizes
+    peak_busbw: Optional[float]  # GB/s, the headline figure: see peak_busbw()
     wrong: Optional[int]  # total wrong elements; None when validation was off
     out_of_bounds_ok: Optional[bool]
     min_bw_ok: Optional[bool]  # the "OK|FAILED" NCCL_TESTS_MIN_BW verdict, None when unchecked
@@ -204,12 +203,26 @@ def _report(collective, ranks, rows, out_of_bounds_ok, min_bw_ok, avg_busbw, ver
 
 
 def peak_busbw(rows: list[NcclRow]) -> Optional[float]:
-    """The best busbw of either placement among the sizes >= 1 GiB, else at the largest size."""
-    largest = max(row.size for row in rows)
-    floor = LARGE_MIN_BYTES if largest >= LARGE_MIN_BYTES else largest
-    values = [v for row in rows if row.size >= floor for v in (row.busbw, row.busbw_inplace)
-              if v is not None]
+    """The run's headline busbw: the better of the two placements at the largest message size.
+
+    This is how NCCL figures are quoted ("486.49 GB/s @16 GiB" for 2 x 8 H200, "235.26 @8 GiB"
+    for 8 x A100: each run's last row): busbw climbs with the size until the links saturate,
+    so the largest size the run reached says what the fabric can do, and the figure is one row
+    a reader finds in the raw output. The suite judges exactly this figure and `handover parse
+    nccl-tests` prints it; "Avg bus bandwidth" is never judged. None when that row has no busbw.
+    """
+    largest = max(rows, key=lambda row: row.size)
+    values = [v for v in (largest.busbw, largest.busbw_inplace) if v is not None]
     return max(values) if values else None
+
+
+def busbw_lines(rows: list[NcclRow]) -> dict:
+    """busbw against size as the report's curves: the two placements as two lines (in-place
+    only where the run printed it)."""
+    lines = {"nccl-tests out-of-place": [(row.size, row.busbw) for row in rows if row.busbw is not None],
+             "nccl-tests in-place": [(row.size, row.busbw_inplace) for row in rows
+                                     if row.busbw_inplace is not None]}
+    return {legend: points for legend, points in lines.items() if points}
 
 
 PARSERS = {"nccl-tests": parse_nccl_tests}
@@ -241,15 +254,31 @@ def run(transport: Transport, collective: str, gpus: int, *, timeout: float = 60
 
 
 MPIRUN = "mpirun"
-DETECT_TIMEOUT_S = 30
+LAUNCH_DETECT_STEP = "nccl_tests_mpirun_detect"
 
 
 def detect_launch(transport: Transport) -> Result:
-    """Whether the node has all_reduce_perf and mpirun on its PATH, and runs as root: JSON for
-    runners.hpl.parse_detect (the HPL payload's detect action, shutil.which on the node)."""
-    spec = {"action": "detect", "programs": [BINARIES["all_reduce"], MPIRUN]}
-    return transport.run_script(payloads.load("hpl_scratch"), [json.dumps(spec)],
-                                timeout=DETECT_TIMEOUT_S)
+    """Whether the node has all_reduce_perf and mpirun on its PATH, and runs as root
+    (runners.system.parse_programs reads it)."""
+    return system.probe_programs(transport, [BINARIES["all_reduce"], MPIRUN])
+
+
+def mpirun_everywhere(cluster_run: ClusterRun, nodes: list[str]) -> Optional[dict[str, system.Programs]]:
+    """Each node's programs and user when every node has all_reduce_perf and mpirun; else None
+    (a node that did not answer counts as one without them)."""
+    found = cluster_run.gather(LAUNCH_DETECT_STEP, detect_launch)
+    detected = {}
+    for node in nodes:
+        if not found[node].ok:
+            return None
+        try:
+            detected[node] = system.parse_programs(found[node].stdout)
+        except ParseError:
+            return None
+    wanted = (BINARIES["all_reduce"], MPIRUN)
+    if all(d.has(program) for d in detected.values() for program in wanted):
+        return detected
+    return None
 
 
 def across_argv(launcher: Launcher, hosts: list[str], gpus_per_node: int,

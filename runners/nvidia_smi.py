@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Optional
 
+from inventory.model import Expectations
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 
@@ -197,13 +198,13 @@ def parse_topo(text: str) -> Topology:
     return Topology(devices, links, numa, nic_names, ok)
 
 
-def nvlink_pair_problems(topology: Topology, expect: dict) -> list[str]:
+def nvlink_pair_problems(topology: Topology, expect: Expectations) -> list[str]:
     """Every GPU pair joined by the profile's bonded set of NVLinks (NV18 on HGX H100/H200)."""
-    want = expect.get("nvlink_links")
+    want = expect.nvlink_links
     if not want:
         return []
     problems = []
-    count = expect.get("gpu_count")
+    count = expect.gpu_count
     if count is not None and len(topology.gpus) != count:
         problems.append(f"{len(topology.gpus)} GPU(s) in the topology matrix, expected {count}")
     for position, first in enumerate(topology.gpus):

@@ -1,6 +1,6 @@
 """GPU facts through NVML: probe (runs the gpu_facts payload), parse, and pure evaluations.
 
-Each evaluation takes parsed facts and the profile's `expect` mapping and returns the problems
+Each evaluation takes parsed facts and the profile's Expectations and returns the problems
 it found, as sentences naming the GPU (index and bus id), the expected and the found value.
 An expectation the profile does not state is not checked.
 """
@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from inventory.model import Expectations
 from runners import payloads
 from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
@@ -189,13 +190,13 @@ def parse_gpu_facts(text: str) -> GpuFacts:
 # ---------------------------------------------------------------- evaluations (pure)
 
 
-def inventory_problems(facts: GpuFacts, expect: dict) -> list[str]:
+def inventory_problems(facts: GpuFacts, expect: Expectations) -> list[str]:
     """GPU count and model as the profile says."""
     problems = []
-    count = expect.get("gpu_count")
+    count = expect.gpu_count
     if count is not None and len(facts.gpus) != count:
         problems.append(f"{len(facts.gpus)} GPU(s) found, expected {count}")
-    pattern = expect.get("gpu_model")
+    pattern = expect.gpu_model
     if pattern:
         for gpu in facts.gpus:
             if not re.search(pattern, gpu.name):
@@ -203,15 +204,15 @@ def inventory_problems(facts: GpuFacts, expect: dict) -> list[str]:
     return problems
 
 
-def ecc_problems(facts: GpuFacts, expect: dict) -> tuple[list[str], list[str]]:
+def ecc_problems(facts: GpuFacts, expect: Expectations) -> tuple[list[str], list[str]]:
     """(problems, warnings): ECC on, no uncorrectable errors, no pending or failed row remap.
 
     Correctable errors above the profile's `ecc_correctable_max` are a warning, not a failure.
     """
     problems, warnings = [], []
-    limit = expect.get("ecc_correctable_max")
+    limit = expect.ecc_correctable_max
     for gpu in facts.gpus:
-        if expect.get("ecc", True):
+        if expect.ecc is not False:
             if gpu.ecc_current is not True:
                 problems.append(f"{gpu.label}: ECC is {_state(gpu.ecc_current)}, expected enabled")
             elif gpu.ecc_pending is False:
@@ -233,7 +234,7 @@ def ecc_problems(facts: GpuFacts, expect: dict) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
-def pcie_problems(facts: GpuFacts, expect: dict) -> tuple[list[str], list[str]]:
+def pcie_problems(facts: GpuFacts, expect: Expectations) -> tuple[list[str], list[str]]:
     """(problems, notes): link capability as the profile says, and the link running at it.
 
     Links train down to a lower generation at idle to save power, so the running link is judged
@@ -242,7 +243,7 @@ def pcie_problems(facts: GpuFacts, expect: dict) -> tuple[list[str], list[str]]:
     generation below it only a note (it may read low). The first note says which reading it was.
     """
     problems, notes = [], []
-    want_gen, want_width = expect.get("pcie_gen"), expect.get("pcie_width")
+    want_gen, want_width = expect.pcie_gen, expect.pcie_width
     loaded = [gpu for gpu in facts.gpus if gpu.pcie_gen_load is not None or gpu.pcie_width_load is not None]
     if facts.gpus:
         notes.append("running link read under load" if len(loaded) == len(facts.gpus) else
@@ -279,24 +280,24 @@ def running_link(gpu: Gpu) -> tuple[Optional[int], Optional[int]]:
     return gpu.pcie_gen_current, gpu.pcie_width_current
 
 
-def nvlink_problems(facts: GpuFacts, expect: dict) -> list[str]:
-    want = expect.get("nvlink_links")
+def nvlink_problems(facts: GpuFacts, expect: Expectations) -> list[str]:
+    want = expect.nvlink_links
     if not want:
         return []
     return [f"{gpu.label}: {gpu.nvlink_active or 0} active NVLink(s), expected {want}"
             for gpu in facts.gpus if (gpu.nvlink_active or 0) != want]
 
 
-def mode_problems(facts: GpuFacts, expect: dict) -> list[str]:
+def mode_problems(facts: GpuFacts, expect: Expectations) -> list[str]:
     """Persistence, MIG and compute mode; enforced power limit at the default; thresholds set."""
     problems = []
     for gpu in facts.gpus:
-        for label, want, found in (("persistence mode", expect.get("persistence_mode"), gpu.persistence),
-                                   ("MIG mode", expect.get("mig_mode"), gpu.mig_current)):
+        for label, want, found in (("persistence mode", expect.persistence_mode, gpu.persistence),
+                                   ("MIG mode", expect.mig_mode, gpu.mig_current)):
             if want is not None and found is not want:
                 problems.append(f"{gpu.label}: {label} is {_state(found)}, expected "
                                 f"{_state(want)}")
-        want_compute = expect.get("compute_mode")
+        want_compute = expect.compute_mode
         if want_compute and gpu.compute_mode != want_compute:
             problems.append(f"{gpu.label}: compute mode is {gpu.compute_mode}, expected {want_compute}")
         if gpu.power_limit_mw != gpu.power_limit_default_mw or gpu.power_limit_mw is None:

@@ -1,14 +1,16 @@
-"""System facts of a node: probe (runs the payload) and parse (pure: text in, SystemFacts out)."""
+"""System facts of a node, and which programs it has: probes (run the payloads) and parsers (pure:
+text in, SystemFacts or Programs out)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from runners import payloads
 from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
 PROBE_TIMEOUT_S = 30
+PROGRAMS_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -42,3 +44,26 @@ def parse_system_facts(text: str) -> SystemFacts:
     if not isinstance(data["logical_cpus"], int) or not isinstance(data["memory_total_kib"], int):
         raise ParseError("system facts: logical_cpus and memory_total_kib must be integers")
     return SystemFacts(**{name: data[name] for name in SystemFacts.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class Programs:
+    """The programs looked for on a node's PATH, and whether a launch there runs as root."""
+
+    paths: dict  # program name -> its path on the node, or None
+    root: bool
+
+    def has(self, program: str) -> bool:
+        return bool(self.paths.get(program))
+
+
+def probe_programs(transport: Transport, names: Sequence[str]) -> Result:
+    """Which of `names` are on the node's PATH (shutil.which there), and whether the user is root."""
+    return transport.run_script(payloads.load("programs"), list(names), timeout=PROGRAMS_TIMEOUT_S)
+
+
+def parse_programs(text: str) -> Programs:
+    data = json_object(text, "the programs probe's output")
+    if not isinstance(data.get("programs"), dict) or not isinstance(data.get("root"), bool):
+        raise ParseError("the programs probe's output lacks 'programs' and a boolean 'root'")
+    return Programs(paths=data["programs"], root=data["root"])

@@ -21,6 +21,7 @@ from runners.transport import Result, Transport
 
 PAYLOAD = "train_gpt"
 CPU_RANKS = 2
+LOSS_FALL_FRACTION = 0.5  # the last loss at most half the first: the H200 run reached 0.4%
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,17 @@ def loss_falls(losses: Sequence[Optional[float]], fraction: float) -> Optional[s
     return None
 
 
+def why_not_sane(report: TrainingReport, ranks: int) -> Optional[str]:
+    """Why the run is not sane, None when it is: all `ranks` ranks reported, every rank ran every
+    step with a finite loss, and the loss fell to LOSS_FALL_FRACTION of its first value."""
+    if report.ranks != ranks or len(report.per_rank) != ranks:
+        return f"{len(report.per_rank)} of {ranks} rank(s) reported"
+    if not report.ok:
+        short = [r.rank for r in report.per_rank if len(r.step_times) != report.config.get("steps")]
+        return "the run is incomplete" + (f": rank(s) {short} missed steps" if short else ": a loss is not finite")
+    return loss_falls(report.losses, LOSS_FALL_FRACTION)
+
+
 @dataclass(frozen=True)
 class Straggler:
     rank: int
@@ -266,6 +278,16 @@ def root_cause(stderr_by_node: Mapping[str, str]) -> Optional[tuple[str, FailedR
     died = [(node, failed) for node, failed in causes
             if failed.exit_code is not None and failed.exit_code < 0 and failed.exit_code != -15]
     return (died or causes or [None])[0]
+
+
+def launch_cause(launch: Launch, ranks: int) -> Optional[tuple[str, str]]:
+    """(node, why) of the rank a failed launch across nodes followed, from every torchrun's
+    failure summary (root_cause); None when no summary names one."""
+    cause = root_cause({node: result.stderr for node, result in launch.results.items()})
+    if cause is None:
+        return None
+    node, rank = cause
+    return node, f"{rank.describe()} failed first (torchrun on {node}); {ranks} rank(s) launched"
 
 
 # ---------------------------------------------------------------------------------------------

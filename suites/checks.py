@@ -8,34 +8,60 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Callable, Optional, TypeVar
+from typing import Callable, NoReturn, Optional, TypeVar
 
 from handover.failures import (CommandTimedOut, ExpectationFailure, NodeUnreachable, PerformanceFailure,
                                SanityFailure, excerpt)
 from inventory.model import Profile
 from runners.parsing import ParseError
 from runners.scratch import missing_tool, refusal
+from runners.torchrun import Launch
 from runners.transport import Result
 
 T = TypeVar("T")
 
 
-def require(result: Result) -> Result:
-    """Fail the check unless the command ran to a zero exit; says why in the report's words."""
+def require(result: Result, timeout_note: str = "") -> Result:
+    """Fail the check unless the command ran to a zero exit; says why in the report's words.
+
+    timeout_note says why the timeout was what it was, where a cap rather than an estimate set it.
+    """
     if result.failure in ("unreachable", "auth", "host-key"):
         raise NodeUnreachable(result.explain())
     if result.timed_out:
-        raise CommandTimedOut(result.explain(), excerpt(result.stdout + result.stderr))
+        raise CommandTimedOut(result.explain() + (f": {timeout_note}" if timeout_note else ""),
+                              excerpt(result.stdout + result.stderr))
     if not result.ok:
         raise SanityFailure(result.explain(), excerpt(result.stderr or result.stdout))
     return result
 
 
-def require_scratch_run(result: Result, refused_as: str, missing_hint: str = "") -> None:
+def launch_failure(launch: Launch, cause: Optional[tuple[str, str]] = None) -> NoReturn:
+    """Raise the failure of a launch across nodes (runners.torchrun), naming where it was killed.
+
+    An unreachable node first; then `cause`, (node, why) of the rank the others followed as the
+    tool's runner reads it, with that node's stderr; else the first failure's timeout or error.
+    """
+    failed = launch.results.get(launch.first_failure)
+    killed = f"; killed the launch on {', '.join(launch.killed)}" if launch.killed else ""
+    if failed is None:
+        raise NodeUnreachable(f"{launch.first_failure}: no result{killed}")
+    if failed.failure in ("unreachable", "auth", "host-key"):
+        raise NodeUnreachable(failed.explain() + killed)
+    if cause is not None:
+        node, why = cause
+        raise SanityFailure(why + killed, excerpt(launch.results[node].stderr))
+    if failed.timed_out:
+        raise CommandTimedOut(failed.explain() + killed, excerpt(failed.stderr))
+    raise SanityFailure(failed.explain() + killed, excerpt(failed.stderr or failed.stdout))
+
+
+def require_scratch_run(result: Result, refused_as: str, missing_hint: str = "",
+                        timeout_note: str = "") -> None:
     """Before any figure of a tool run in a scratch path: the node answered, its guard did not
     refuse the path, and the tool is installed (runners.scratch's protocol)."""
     if result.failure or result.timed_out:
-        require(result)
+        require(result, timeout_note)
     refused = refusal(result)
     if refused:
         raise ExpectationFailure(f"{result.node}: {refused_as}: {refused}")

@@ -5,79 +5,38 @@ Within a node: nccl-tests' `all_reduce_perf` over all GPUs where it is installed
 payload under torchrun (nccl on GPUs, gloo with two CPU ranks). Across nodes: `all_reduce_perf`
 under mpirun from the first node (one rank per GPU) where every node has nccl-tests and mpirun,
 else the torch payload, torchrun on every node with a c10d rendezvous on the first. busbw is
-judged at the largest size, never nccl-tests' "Avg bus bandwidth"; the NCCL version and NCCL_*
+judged at the largest size (runners.nccl_tests.peak_busbw, the figure `handover parse
+nccl-tests` prints), never nccl-tests' "Avg bus bandwidth"; the NCCL version and NCCL_*
 environment go beside every figure, and busbw against message size goes into the report as a
 curve (every row of the run). Without torch (and nccl-tests) on a node the checks skip on
 cpu-only and fail where the profile expects GPUs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional
 
 import pytest
 
-from runners import collectives, hpl, nccl_tests
+from runners import collectives, nccl_tests
+from runners.collectives import Figure, Plan, plan_for
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
-from handover.failures import CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure, excerpt
-from suites.checks import parsed, require
+from handover.failures import ExpectationFailure, SanityFailure, excerpt
+from suites.checks import launch_failure, parsed, require
 
 pytestmark = [pytest.mark.training]
 
 PROBE_STEP = "collectives_probe"
 NODE_STEP = "allreduce_node"
 CLUSTER_STEP = "allreduce_cluster"
-LAUNCH_DETECT_STEP = "nccl_tests_mpirun_detect"
 NODE_TIMEOUT_S = 600
 SLOWEST_NAMED = 3
 
 
-@dataclass(frozen=True)
-class Plan:
-    tool: str  # "nccl-tests" or "torch"
-    ranks: int  # per node
-    gpu: bool
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One all-reduce measurement, whichever tool made it."""
-
-    busbw: float  # GB/s at the largest size
-    size: int  # bytes
-    ranks: int
-    nccl_version: Optional[str]
-    env: dict
-    tool: str
-    note: str = ""
-    lines: dict = field(default_factory=dict)  # legend -> [(size B, busbw GB/s)], every row of the run
-
-    def describe(self) -> str:
-        env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()) if k.startswith(("NCCL_", "GLOO_")))
-        parts = [f"{self.busbw:.3f} GB/s busbw at {self.size / 2**20:g} MiB over {self.ranks} rank(s) ({self.tool})",
-                 f"NCCL {self.nccl_version}" if self.nccl_version else "",
-                 env, self.note]
-        return "; ".join(part for part in parts if part)
-
-
-def plan_for(probe: collectives.NodeProbe, profile) -> tuple[Optional[Plan], str]:
-    """What to run on a node, or why nothing can run there."""
-    expected_gpus = profile.expect.get("gpu_count")
-    gpus = probe.cuda_devices or (expected_gpus if probe.nccl_tests and not probe.torch else 0)
-    if probe.nccl_tests and gpus:
-        return Plan("nccl-tests", gpus, True), ""
-    if probe.torch and expected_gpus and not probe.cuda_devices:
-        return None, f"torch {probe.torch} sees no CUDA device, but profile {profile.name} expects {expected_gpus} GPU(s)"
-    if probe.torch:
-        return Plan("torch", gpus or collectives.CPU_RANKS, bool(gpus)), ""
-    return None, f"neither torch nor nccl-tests on {probe.hostname} ({probe.python} cannot import torch)"
-
-
 def unavailable(why: str, profile) -> None:
     """Skip on a profile without GPUs; fail where the profile expects them."""
-    if profile.expect.get("gpu_count"):
+    if profile.expect.gpu_count:
         raise ExpectationFailure(f"{why}; profile {profile.name} needs the collectives measured")
     pytest.skip(why)
 
@@ -151,42 +110,27 @@ def figure_of(plan: Plan, result: Result, collective: str = "all_reduce") -> Fig
         why = nccl_tests.judge(result, report)
         if why:
             raise SanityFailure(why, excerpt(result.stdout))
-        if report.ranks and report.ranks != plan.ranks:
-            raise SanityFailure(f"{result.node}: {report.ranks} rank(s) reported, expected {plan.ranks}")
-        largest = max(report.rows, key=lambda row: row.size)
-        busbw = max(v for v in (largest.busbw, largest.busbw_inplace) if v is not None)
-        return Figure(busbw, largest.size, plan.ranks, report.nccl_version,
-                      nccl_tests.nccl_env(result), "nccl-tests",
-                      "one rank: busbw is 0 by definition" if plan.ranks == 1 else "",
-                      nccl_lines(report.rows))
+        figure, why = collectives.nccl_tests_figure(result, report, plan.ranks)
+        if why:
+            raise SanityFailure(why)
+        return figure
     report = parsed(collectives.parse_collectives, require(result))
     return torch_figure(result.node, report, plan.ranks, collective)
 
 
 def torch_figure(where: str, report: collectives.CollectivesReport, ranks: int,
                  collective: str = "all_reduce") -> Figure:
-    if report.wrong:
-        raise SanityFailure(f"{where}: {report.wrong} wrong element(s) in the reduced values")
-    if report.ranks != ranks or len(report.hosts) != ranks:
-        raise SanityFailure(f"{where}: {report.ranks} rank(s) answered ({', '.join(report.hosts)}), "
-                            f"expected {ranks}")
+    """The payload's figure once its values and ranks are right; a collective its backend
+    cannot run skips."""
+    why = collectives.report_problem(where, report, ranks)
+    if why:
+        raise SanityFailure(why)
     if collective in report.unsupported:
         pytest.skip(f"{where}: {collective} is not supported by {report.unsupported[collective]}")
-    largest = report.largest(collective)
-    if largest is None:
-        raise SanityFailure(f"{where}: the payload measured no {collective}")
-    env = {**report.env}
-    tool = f"torch {report.torch} {report.backend}"
-    return Figure(largest.busbw, largest.size, report.ranks, report.nccl_version, env, tool,
-                  report.note, {tool: [(row.size, row.busbw) for row in report.collectives[collective]]})
-
-
-def nccl_lines(rows: list[nccl_tests.NcclRow]) -> dict:
-    """nccl-tests' two placements as two lines (in-place only where the run printed it)."""
-    lines = {"nccl-tests out-of-place": [(row.size, row.busbw) for row in rows if row.busbw is not None],
-             "nccl-tests in-place": [(row.size, row.busbw_inplace) for row in rows
-                                     if row.busbw_inplace is not None]}
-    return {legend: points for legend, points in lines.items() if points}
+    figure, why = collectives.torch_figure(where, report, collective)
+    if why:
+        raise SanityFailure(why)
+    return figure
 
 
 def record_curve(record, collective: str, figure: Figure) -> None:
@@ -262,23 +206,6 @@ def test_allreduce_spread(cluster_run, profile, measure_node, record):
                 + ", ".join(f"{node} {busbw:.3f} GB/s" for node, busbw in slowest))
 
 
-def mpirun_everywhere(cluster_run, nodes: list[str]) -> Optional[dict[str, hpl.Detected]]:
-    """Each node's programs and user when every node has all_reduce_perf and mpirun; else None."""
-    found = cluster_run.gather(LAUNCH_DETECT_STEP, nccl_tests.detect_launch)
-    detected = {}
-    for node in nodes:
-        if not found[node].ok:
-            return None
-        try:
-            detected[node] = hpl.parse_detect(found[node].stdout)
-        except ParseError:
-            return None
-    wanted = (nccl_tests.BINARIES["all_reduce"], nccl_tests.MPIRUN)
-    if all(d.has(program) for d in detected.values() for program in wanted):
-        return detected
-    return None
-
-
 def nccl_tests_across(cluster_run, nodes: list[str], gpus: int, root: bool, recorder,
                       record) -> Figure:
     """all_reduce_perf under mpirun from the first node, one rank per GPU; sanity, then busbw."""
@@ -307,13 +234,7 @@ def torch_across(cluster_run, nodes: list[str], plans: dict[str, Plan], recorder
         saved += recorder.ledger.save_raw(CLUSTER_STEP, node, result.stdout, result.stderr)
     record.raw(saved)
     if launch.first_failure is not None:
-        failed = launch.results.get(launch.first_failure)
-        killed = f"; killed the launch on {', '.join(launch.killed)}" if launch.killed else ""
-        if failed is None or failed.failure in ("unreachable", "auth", "host-key"):
-            raise NodeUnreachable((failed.explain() if failed else f"{launch.first_failure}: no result") + killed)
-        if failed.timed_out:
-            raise CommandTimedOut(failed.explain() + killed, excerpt(failed.stderr))
-        raise SanityFailure(failed.explain() + killed, excerpt(failed.stderr or failed.stdout))
+        launch_failure(launch)
     if launch.leftovers:
         raise SanityFailure("processes left after the run (killed): "
                             + "; ".join(f"{node}: {lines.splitlines()[0]}" for node, lines in launch.leftovers.items()))
@@ -344,7 +265,7 @@ def test_allreduce_cluster(cluster_run, profile, recorder, metrics, record):
             missing_torch.append(node)
     detected = None
     if all(plan.tool == "nccl-tests" for plan in plans.values()):
-        detected = mpirun_everywhere(cluster_run, nodes)
+        detected = nccl_tests.mpirun_everywhere(cluster_run, nodes)
     if detected is not None:
         gpus = {plan.ranks for plan in plans.values()}
         if len(gpus) > 1:

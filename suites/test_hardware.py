@@ -38,7 +38,7 @@ def gpu_facts_of(on_node, profile) -> nvml.GpuFacts:
     """This node's NVML facts; skip or fail (by profile) when the node has no NVML."""
     facts = parsed(nvml.parse_gpu_facts, on_node(GPU_STEP, nvml.probe))
     if not facts.available:
-        expected = profile.expect.get("gpu_count")
+        expected = profile.expect.gpu_count
         if expected:
             raise ExpectationFailure(f"profile {profile.name} expects {expected} GPU(s), but "
                                      f"{facts.reason}")
@@ -107,7 +107,7 @@ def test_gpu_modes(on_node, profile, record):
 def test_gpu_topology(on_node, profile, node, record):
     """`nvidia-smi topo -m`: NV<links> between every GPU pair where the profile expects NVLink."""
     gpu_facts_of(on_node, profile)
-    if not profile.expect.get("nvlink_links"):
+    if not profile.expect.nvlink_links:
         pytest.skip(f"profile {profile.name} expects no NVLink between GPUs (no `nvlink_links`)")
     topology = parsed(nvidia_smi.parse_topo, on_node(TOPOLOGY_STEP, nvidia_smi.topo))
     pairs = {topology.links[a][b] for i, a in enumerate(topology.gpus) for b in topology.gpus[i + 1:]}
@@ -213,7 +213,7 @@ def burn_seconds(variable: str, default: int) -> float:
 
 def gpu_payload_unavailable(profile, what: str, reason: str) -> None:
     """No torch or no CUDA device: a failure on a GPU profile, a skip elsewhere."""
-    expected = profile.expect.get("gpu_count")
+    expected = profile.expect.gpu_count
     if expected:
         raise ExpectationFailure(f"profile {profile.name} expects {expected} GPU(s), but the {what} "
                                  f"could not run: {reason}")
@@ -306,7 +306,7 @@ def test_kernel_log(on_node, profile, recorder, record):
     require(result)
     log = parsed(kernel_log.parse_kernel_read, result)
     if not log.readable:
-        if profile.expect.get("gpu_count"):
+        if profile.expect.gpu_count:
             raise ExpectationFailure(f"profile {profile.name} expects GPUs, whose Xids are in the "
                                      f"kernel log, but {log.unreadable_reason()}")
         pytest.skip(log.unreadable_reason())

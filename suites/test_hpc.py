@@ -25,7 +25,7 @@ from runners import gemm_fft, hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
-from handover.failures import CommandTimedOut, ExpectationFailure, SanityFailure, excerpt
+from handover.failures import ExpectationFailure, SanityFailure, excerpt
 from suites.checks import parsed, require, require_scratch_run
 
 pytestmark = [pytest.mark.hpc]
@@ -55,16 +55,16 @@ def scratch_path(cluster, prefer: str) -> Optional[str]:
     return ordered[0].path if ordered else None
 
 
-def choose_flavour(profile, detected: hpl.Detected, node: str) -> str:
+def choose_flavour(profile, detected: system.Programs, node: str) -> str:
     """The profile's flavour (its absence a failure), else the first installed; none: skip."""
-    wanted = profile.expect.get("hpl_flavour")
+    wanted = profile.expect.hpl_flavour
     if wanted:
         for program in (hpl.PROGRAMS[wanted], hpl.MPIRUN):
             if not detected.has(program):
                 raise ExpectationFailure(f"{node}: profile {profile.name} runs HPL as {wanted}, "
                                          f"but {program} is not on the node's PATH")
         return wanted
-    candidates = [f for f in hpl.FLAVOURS if f != "hpl-nvidia" or profile.expect.get("gpu_count")]
+    candidates = [f for f in hpl.FLAVOURS if f != "hpl-nvidia" or profile.expect.gpu_count]
     found = [f for f in candidates if detected.has(hpl.PROGRAMS[f])]
     if not found:
         pytest.skip("no HPL program on the node (looked for "
@@ -76,13 +76,13 @@ def choose_flavour(profile, detected: hpl.Detected, node: str) -> str:
 
 def ranks_per_node(flavour: str, profile, depth: hpl.Depth, logical_cpus: int) -> int:
     if flavour == "hpl-nvidia":
-        return profile.expect.get("gpu_count") or 1
+        return profile.expect.gpu_count or 1
     return QUICK_RANKS if depth is hpl.QUICK else logical_cpus
 
 
-def make_plan(cluster, profile, depth: hpl.Depth, flavour: str, detected: hpl.Detected,
+def make_plan(cluster, profile, depth: hpl.Depth, flavour: str, detected: system.Programs,
               hosts: list, ranks: int, memory_bytes: int, logical_cpus: int, scratch: str) -> Plan:
-    nb = profile.expect.get("hpl_nb") or hpl.DEFAULT_NB[flavour]
+    nb = profile.expect.hpl_nb or hpl.DEFAULT_NB[flavour]
     hpl_input = hpl.plan_input(depth, memory_bytes, ranks * len(hosts), nb)
     first = cluster.node(hosts[0]) if len(hosts) > 1 else None
     launcher = MpirunLauncher(ssh=first.ssh if first else cluster.nodes[0].ssh,
@@ -106,7 +106,7 @@ def run_plan(transport: Transport, plan: Plan, cluster) -> Result:
 def node_plan(cluster_run, cluster, profile, node: str) -> Plan:
     """This node's quick plan, or the skip/failure that says why it has none."""
     facts = parsed(system.parse_system_facts, cluster_run.gather(SYSTEM_STEP, system.probe)[node])
-    detected = parsed(hpl.parse_detect, cluster_run.gather(DETECT_STEP, hpl.detect)[node])
+    detected = parsed(system.parse_programs, cluster_run.gather(DETECT_STEP, hpl.detect)[node])
     flavour = choose_flavour(profile, detected, node)
     scratch = scratch_path(cluster, "local")
     if scratch is None:
@@ -131,10 +131,7 @@ def quick_step(cluster_run, cluster, profile) -> tuple[str, Callable[[Transport]
 def sane(result: Result, timeout_note: str = "") -> hpl.HplRun:
     """The HPL figures, once the run is known good: refusal, missing tool, result, residual.
     A timeout the depth's cap set says so (timeout_note)."""
-    if result.timed_out and timeout_note:
-        raise CommandTimedOut(f"{result.explain()}: {timeout_note}",
-                              excerpt(result.stdout + result.stderr))
-    require_scratch_run(result, "refused to run HPL")
+    require_scratch_run(result, "refused to run HPL", timeout_note=timeout_note)
     try:
         run = hpl.parse_hpl(result.stdout)
     except ParseError as exc:
@@ -152,7 +149,7 @@ def judge(run: hpl.HplRun, profile, metrics, nodes: int, prefix: str) -> str:
     gflops = run.best_gflops
     measured = {f"{prefix}_gflops": (round(gflops, 3), "Gflop/s")}
     note = f"{gflops:,.2f} Gflop/s"
-    peak = profile.expect.get("fp64_peak_tflops")
+    peak = profile.expect.fp64_peak_tflops
     if peak:
         fraction = 100 * gflops / (peak * 1000 * nodes)
         measured[f"{prefix}_peak_fraction"] = (round(fraction, 2), "%")
@@ -185,7 +182,7 @@ def test_hpl_cluster(cluster_run, cluster, profile, metrics, record):
     detections = cluster_run.gather(DETECT_STEP, hpl.detect)
     names = [node.name for node in cluster_run.nodes]
     facts = {name: parsed(system.parse_system_facts, answers[name]) for name in names}
-    detected = {name: parsed(hpl.parse_detect, detections[name]) for name in names}
+    detected = {name: parsed(system.parse_programs, detections[name]) for name in names}
     flavours = {name: choose_flavour(profile, detected[name], name) for name in names}
     if len(set(flavours.values())) > 1:
         raise ExpectationFailure("nodes have different HPL programs: " + ", ".join(
@@ -212,14 +209,14 @@ GEMM_FFT_STEP = "gemm_fft"
 
 
 def gemm_fft_step(profile) -> Callable[[Transport], Result]:
-    timeout = gemm_fft.GPU_TIMEOUT_S if profile.expect.get("gpu_count") else gemm_fft.CPU_TIMEOUT_S
+    timeout = gemm_fft.GPU_TIMEOUT_S if profile.expect.gpu_count else gemm_fft.CPU_TIMEOUT_S
     return lambda transport: gemm_fft.run(transport, timeout=timeout)
 
 
 def measured(on_node, profile, node: str) -> gemm_fft.GemmFftReport:
     """The node's GEMM/FFT figures, once it is known they are the GPUs' the profile expects."""
     report = parsed(gemm_fft.parse_gemm_fft, on_node(GEMM_FFT_STEP, gemm_fft_step(profile)))
-    expected = profile.expect.get("gpu_count")
+    expected = profile.expect.gpu_count
     if report.torch is None:
         why = f"{node}: {report.torch_error or 'torch cannot be imported'} (the payload needs torch)"
         if expected:
@@ -235,17 +232,6 @@ def measured(on_node, profile, node: str) -> gemm_fft.GemmFftReport:
     return report
 
 
-def per_device(report, slowest, figure: Callable, unit: str, digits: int) -> str:
-    """'slowest GPU 3 (...): 771.2 TFLOP/s; all: GPU 0 (...) 778.1, ...', or the one device's."""
-    def shown(device) -> str:
-        return f"{figure(device):.{digits}g}"
-
-    if len(report.devices) == 1:
-        return f"{slowest.label}: {shown(slowest)} {unit}"
-    return (f"slowest {slowest.label}: {shown(slowest)} {unit}; all: "
-            + ", ".join(f"{device.label} {shown(device)}" for device in report.devices))
-
-
 def gemm_check(dtype: str, on_node, profile, node, metrics, record) -> None:
     """Sanity of every device's dtype GEMM, then the slowest device's TFLOP/s against the profile."""
     report = measured(on_node, profile, node)
@@ -257,7 +243,7 @@ def gemm_check(dtype: str, on_node, profile, node, metrics, record) -> None:
         reasons = sorted({d.not_measured.get(dtype, "") for d in report.devices} - {""})
         pytest.skip(f"{node}: {dtype} GEMM {', '.join(reasons) or 'not measured'}")
     n = report.gemm_size
-    record.note(f"{dtype} GEMM {n}x{n}x{n}: " + per_device(
+    record.note(f"{dtype} GEMM {n}x{n}x{n}: " + gemm_fft.per_device(
         report, slowest, lambda device: device.gemm_tflops[dtype], "TFLOP/s", 4))
     metrics.judge(**{f"gemm_{dtype}_tflops": (round(slowest.gemm_tflops[dtype], 4), "TFLOP/s")})
 
@@ -303,6 +289,6 @@ def test_fft(on_node, profile, recorder, node, metrics, record):
         raise SanityFailure("; ".join(problems))
     slowest = report.slowest_fft()
     batch, nx, ny = report.fft_shape
-    record.note(f"{batch} x {nx}x{ny} complex64 FFT: " + per_device(
+    record.note(f"{batch} x {nx}x{ny} complex64 FFT: " + gemm_fft.per_device(
         report, slowest, lambda device: device.fft_c64_gflops, "GFLOP/s", 5))
     metrics.judge(fft_c64_gflops=(round(slowest.fft_c64_gflops, 3), "GFLOP/s"))

@@ -17,6 +17,7 @@ from typing import Callable, Optional, TypeVar, Union
 
 import pytest
 
+from inventory.model import Expectations
 from runners import ibstat, iperf3, pairs, perftest
 from runners.parsing import ParseError
 from runners.pairs import Pair, PairRun, pair_id
@@ -50,7 +51,7 @@ def devices_of(on_node, profile) -> ibstat.IbDevices:
     elif ibstat.no_device(result):
         absent = "no InfiniBand/RoCE device: ibstat lists no HCA"
     if absent:
-        expected = profile.expect.get("ib_hcas")
+        expected = profile.expect.ib_hcas
         if expected:
             raise ExpectationFailure(f"{result.node}: {absent}, but profile {profile.name} "
                                      f"expects {expected} HCA(s)")
@@ -72,11 +73,11 @@ def test_ib_ports(on_node, profile, record, recorder, node):
         raise ExpectationFailure("; ".join(problems))
 
 
-def port_problems(devices: ibstat.IbDevices, expect: dict) -> list[str]:
+def port_problems(devices: ibstat.IbDevices, expect: Expectations) -> list[str]:
     """Every way the HCAs differ from the profile's expect block, in words."""
     problems = []
-    count, ca_type = expect.get("ib_hcas"), expect.get("ib_ca_type")
-    rate, layer = expect.get("ib_rate"), expect.get("ib_link_layer")
+    count, ca_type = expect.ib_hcas, expect.ib_ca_type
+    rate, layer = expect.ib_rate, expect.ib_link_layer
     if count is not None and len(devices.hcas) != count:
         problems.append(f"{len(devices.hcas)} HCA(s), expected {count}")
     for hca in devices.hcas:
@@ -122,7 +123,7 @@ def test_ib_counters(on_node, profile, record):
     if not found.present or not found.ports:
         absent = (f"no InfiniBand/RoCE device: {found.root} "
                   + ("lists no port" if found.present else "does not exist"))
-        expected = profile.expect.get("ib_hcas")
+        expected = profile.expect.ib_hcas
         if expected:
             raise ExpectationFailure(f"{absent}, but profile {profile.name} expects {expected} HCA(s)")
         pytest.skip(absent)
@@ -154,7 +155,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return [pytest.mark.quick, pytest.mark.full] if pair in ring else [pytest.mark.full]
 
     if "rail" in metafunc.fixturenames:
-        rails = range(recorder.cluster.profile.expect.get("ib_hcas") or 1)
+        rails = range(recorder.cluster.profile.expect.ib_hcas or 1)
         metafunc.parametrize("pair, rail", [
             pytest.param(pair, rail, id=f"{pair_id(pair)}-rail{rail}", marks=marks(pair))
             for pair in itertools.combinations(nodes, 2) for rail in rails])
@@ -288,8 +289,8 @@ class PairwisePerftest:
         self.mode = perftest.PerftestMode(
             tool=tool,
             size=perftest.LARGE_MESSAGE_BYTES if tool.endswith("_bw") else perftest.LATENCY_MESSAGE_BYTES,
-            bidirectional=bool(profile.expect.get("ib_bidirectional")),
-            use_cuda=bool(profile.expect.get("ib_gpudirect")))
+            bidirectional=bool(profile.expect.ib_bidirectional),
+            use_cuda=bool(profile.expect.ib_gpudirect))
         self._lock = threading.Lock()
         self.runs: dict[tuple[Pair, int], RailRun] = {}
         self.raw: dict[tuple[Pair, int], list[str]] = {}
@@ -458,7 +459,7 @@ def measured_rail(pairwise: PairwisePerftest, pair: Optional[Pair], rail: int, p
     if absent is not None:
         said = next(m for m in perftest.NO_DEVICE_MARKERS if m in absent.stdout + absent.stderr)
         reason = f"no RDMA device: {pairwise.tool} on {absent.node} says {said!r}"
-        expected = profile.expect.get("ib_hcas")
+        expected = profile.expect.ib_hcas
         if expected:
             raise ExpectationFailure(f"{reason}, but profile {profile.name} expects {expected} HCA(s)",
                                      excerpt(absent.stderr or absent.stdout))
@@ -530,7 +531,8 @@ def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, pairwise_ib_
     """Which nodes or links the failed or low pairs point at, after a second pass that re-pairs
     every failing node with nodes that passed (iperf3, and each rail of ib_write_bw/ib_write_lat)."""
     suspects, lows, counts = [], [], []
-    low_fraction = profile.expect.get("pair_low_fraction", pairs.LOW_FRACTION)
+    low_fraction = (pairs.LOW_FRACTION if profile.expect.pair_low_fraction is None
+                    else profile.expect.pair_low_fraction)
     nodes = [node.name for node in cluster_run.nodes]
     if pairwise_iperf3.runs:
         first = {pair: pairwise_iperf3.outcome(run) for pair, run in pairwise_iperf3.runs.items()}

@@ -214,7 +214,7 @@ def test_shared_mount(on_node, cluster, node, shared_path, profile, record):
         raise ExpectationFailure(f"{node}: shared scratch path {shared_path} does not exist "
                                  "or is not a directory")
     record.note(f"{shared_path} on {facts.mount_point} ({facts.fstype} from {facts.source})")
-    allowed = profile.expect.get("shared_fstypes")
+    allowed = profile.expect.shared_fstypes
     if allowed and facts.fstype not in allowed:
         raise ExpectationFailure(f"{node}: {shared_path} is on {facts.fstype} ({facts.mount_point}), "
                                  f"not one of the types profile {profile.name} expects: "

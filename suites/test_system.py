@@ -33,7 +33,7 @@ def test_reachable(on_node, recorder, node, record):
 
 def test_os(on_node, profile, record):
     facts = facts_of(on_node)
-    allowed = profile.expect.get("os_ids")
+    allowed = profile.expect.os_ids
     record.note(facts.os_pretty)
     if allowed and facts.os_id not in allowed:
         raise ExpectationFailure(f"OS {facts.os_pretty!r} (ID {facts.os_id!r}) is not one the "
@@ -42,7 +42,7 @@ def test_os(on_node, profile, record):
 
 def test_kernel(on_node, profile, record):
     facts = facts_of(on_node)
-    minimum = profile.expect.get("kernel_min")
+    minimum = profile.expect.kernel_min
     record.note(f"{facts.kernel} ({facts.arch})")
     if minimum and version_tuple(facts.kernel) < version_tuple(minimum):
         raise ExpectationFailure(f"kernel {facts.kernel} is older than {minimum}, "
@@ -51,7 +51,7 @@ def test_kernel(on_node, profile, record):
 
 def test_cpu(on_node, profile, metrics, record):
     facts = facts_of(on_node)
-    pattern = profile.expect.get("cpu_model")
+    pattern = profile.expect.cpu_model
     record.note(f"{facts.cpu_model}, {facts.logical_cpus} logical CPUs")
     if pattern and not re.search(pattern, facts.cpu_model):
         raise ExpectationFailure(f"CPU {facts.cpu_model!r} does not match {pattern!r} "

@@ -23,13 +23,12 @@ from runners.parsing import ParseError
 from runners.torchrun import Launch
 from runners.transport import Result, Transport
 from handover.failures import CheckFailure, CommandTimedOut, ExpectationFailure, NodeUnreachable, PerformanceFailure, SanityFailure, excerpt
-from suites.checks import parsed, require
+from suites.checks import launch_failure, parsed, require
 
 pytestmark = [pytest.mark.training]
 
 PROBE_STEP = "collectives_probe"  # the same probe the collectives suite runs: torch, CUDA devices
 TIMEOUT_S = {"quick": 600, "full": 1800}
-LOSS_FALL_FRACTION = 0.5  # the last loss at most half the first: the H200 run reached 0.4%
 STRAGGLER_FRACTION = 0.2  # unless the profile sets training_straggler_fraction
 
 
@@ -42,7 +41,7 @@ class Plan:
 
 def plan_of(probe: collectives.NodeProbe, profile, depth: str) -> tuple[Optional[Plan], str]:
     """What this node trains with, or why it cannot train."""
-    expected_gpus = profile.expect.get("gpu_count")
+    expected_gpus = profile.expect.gpu_count
     if not probe.torch:
         return None, f"{probe.python} on {probe.hostname} cannot import torch"
     if expected_gpus and not probe.cuda_devices:
@@ -57,7 +56,7 @@ def plan_of(probe: collectives.NodeProbe, profile, depth: str) -> tuple[Optional
 
 def unavailable(why: str, profile) -> None:
     """Skip on a profile without GPUs; fail where the profile expects them."""
-    if profile.expect.get("gpu_count"):
+    if profile.expect.gpu_count:
         raise ExpectationFailure(f"{why}; profile {profile.name} needs the training run")
     pytest.skip(why)
 
@@ -124,13 +123,7 @@ def sane_report(result: Result, ranks: int) -> training.TrainingReport:
     if not result.ok:
         explain_failed_run(result, ranks)
     report = parsed(training.parse_training, result)
-    if report.ranks != ranks or len(report.per_rank) != ranks:
-        raise SanityFailure(f"{result.node}: {len(report.per_rank)} of {ranks} rank(s) reported")
-    if not report.ok:
-        short = [r.rank for r in report.per_rank if len(r.step_times) != report.config.get("steps")]
-        raise SanityFailure(f"{result.node}: the run is incomplete"
-                            + (f": rank(s) {short} missed steps" if short else ": a loss is not finite"))
-    why = training.loss_falls(report.losses, LOSS_FALL_FRACTION)
+    why = training.why_not_sane(report, ranks)
     if why:
         raise SanityFailure(f"{result.node}: {why}")
     return report
@@ -164,7 +157,8 @@ def judge_run(report: training.TrainingReport, *, where: str, profile, metrics, 
         "step_time_s": list(enumerate((max(r.step_times[i] for r in report.per_rank)
                                        for i in range(len(report.losses))), start=1)),
     })
-    fraction = profile.expect.get("training_straggler_fraction", STRAGGLER_FRACTION)
+    fraction = (STRAGGLER_FRACTION if profile.expect.training_straggler_fraction is None
+                else profile.expect.training_straggler_fraction)
     slow = training.stragglers(report.per_rank, fraction)
     metrics.judge(**figures)
     if slow:
@@ -220,24 +214,6 @@ class ClusterRun:
     raw: list[str]  # raw output paths of the launch
 
 
-def launch_failure(launch: Launch, ranks: int) -> None:
-    """Raise the failure of a launch across nodes, naming the rank the others followed."""
-    failed = launch.results.get(launch.first_failure)
-    killed = f"; killed the launch on {', '.join(launch.killed)}" if launch.killed else ""
-    if failed is None:
-        raise NodeUnreachable(f"{launch.first_failure}: no result{killed}")
-    if failed.failure in ("unreachable", "auth", "host-key"):
-        raise NodeUnreachable(failed.explain() + killed)
-    cause = training.root_cause({node: result.stderr for node, result in launch.results.items()})
-    if cause is not None:
-        node, rank = cause
-        raise SanityFailure(f"{rank.describe()} failed first (torchrun on {node}); {ranks} rank(s) "
-                            f"launched{killed}", excerpt(launch.results[node].stderr))
-    if failed.timed_out:
-        raise CommandTimedOut(failed.explain() + killed, excerpt(failed.stderr))
-    raise SanityFailure(failed.explain() + killed, excerpt(failed.stderr or failed.stdout))
-
-
 _cluster_runs: dict[str, ClusterRun] = {}  # depth and nodes -> the one launch every check reads
 
 
@@ -282,7 +258,7 @@ def launch_on_all_nodes(cluster_run, cluster, profile, recorder, depth: str, nod
 
 def sane_launch(launch: Launch, ranks: int) -> training.TrainingReport:
     if launch.first_failure is not None:
-        launch_failure(launch, ranks)
+        launch_failure(launch, training.launch_cause(launch, ranks))
     if launch.leftovers:
         raise SanityFailure("processes left after the run (killed): " + "; ".join(
             f"{node}: {lines.splitlines()[0]}" for node, lines in launch.leftovers.items()))

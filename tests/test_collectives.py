@@ -11,9 +11,9 @@ import pytest
 from inventory.loader import load_profile
 from inventory.model import Node
 from runners import collectives
+from runners.collectives import plan_for
 from runners.parsing import ParseError
 from runners.transport import LocalTransport
-from suites.test_collectives import plan_for
 from test_e2e import results_of, run_dir_of, run_suites
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")

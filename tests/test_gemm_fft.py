@@ -15,7 +15,6 @@ from inventory.model import Node
 from runners import gemm_fft
 from runners.parsing import ParseError
 from runners.transport import LocalTransport
-from suites.test_hpc import per_device
 from test_e2e import ROOT, results_of, run_dir_of, run_suites
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
@@ -174,5 +173,5 @@ def test_the_slowest_device_is_judged_and_every_device_named(cpu_run):
     report = gemm_fft.parse_gemm_fft(json.dumps(data))
     slowest = report.slowest("fp32")
     assert slowest.index == 1 and slowest.label == "GPU 1 (cpu)"
-    note = per_device(report, slowest, lambda device: device.gemm_tflops["fp32"], "TFLOP/s", 4)
+    note = gemm_fft.per_device(report, slowest, lambda device: device.gemm_tflops["fp32"], "TFLOP/s", 4)
     assert note.startswith("slowest GPU 1 (cpu): ") and "; all: GPU 0 (cpu) " in note

@@ -13,12 +13,13 @@ Which facts are real and which derived:
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from inventory.loader import load_profile
-from inventory.model import Node
+from inventory.model import Expectations, Node
 from runners import gpu_config
 from runners.transport import LocalTransport
 
@@ -149,7 +150,7 @@ def test_device_numa_placement_from_the_topology(real_here):
     assert gpu_config.device_numa(derived(real_here, gpus=gpus), H200, "h").problems == []
     gpus[6] = {**gpus[6], "numa_node": 0}
     nics = [{"name": f"mlx5_{i}", "numa_node": 0} for i in (10, 2)]
-    expect = {**H200, "nic_numa_nodes": (0, 1)}
+    expect = replace(H200, nic_numa_nodes=(0, 1))
     assert gpu_config.device_numa(derived(real_here, gpus=gpus, infiniband=nics), expect, "h").problems == [
         "GPU 0000:ba:00.0 on NUMA node 0, expected 1", "NIC mlx5_10 on NUMA node 0, expected 1"]
 
@@ -158,9 +159,9 @@ def test_versions_pinned_on_the_real_h200_versions(real_here):
     facts = derived(real_here, nvidia_driver="580.159.04", cuda_driver=13000)  # system.txt, nvml.json
     assert "Driver Version                                         : 580.159.04" in SYSTEM_TXT
     assert gpu_config.cuda_version(13000) == "13.0" and gpu_config.cuda_version(12080) == "12.8"
-    pins = {"driver_version": r"^580\.", "cuda_version": r"^13\.0$"}
+    pins = Expectations(driver_version=r"^580\.", cuda_version=r"^13\.0$")
     assert gpu_config.versions(facts, pins, "h").problems == []
-    wrong = {"driver_version": r"^570\.", "ofed_version": r"^MLNX_OFED_LINUX-24\."}
+    wrong = Expectations(driver_version=r"^570\.", ofed_version=r"^MLNX_OFED_LINUX-24\.")
     assert gpu_config.versions(facts, wrong, "h").problems == [
         "NVIDIA driver is 580.159.04, expected a match for '^570\\\\.'",
         "OFED/DOCA unknown (ofed_info not found in PATH), expected a match for "
@@ -168,7 +169,7 @@ def test_versions_pinned_on_the_real_h200_versions(real_here):
 
 
 def test_container_toolkit_present_or_named_missing(real_here):
-    expect = {"container_toolkit": True}
+    expect = Expectations(container_toolkit=True)
     assert "expected installed because customers run containers" in \
         gpu_config.container_toolkit(derived(real_here), expect, "h").problems[0]
     present = derived(real_here, container_toolkit={"tools": {"nvidia-ctk": "/usr/bin/nvidia-ctk"},

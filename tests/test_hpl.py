@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from inventory.model import Node, ScratchPath
-from runners import hpl
+from runners import hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.scratch import ScratchRefused, missing_tool, refusal
 from runners.transport import LocalTransport, Result
 from handover.failures import CommandTimedOut
-from suites.test_hpc import sane
+from suites.checks import require_scratch_run
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data" / "hpl"
@@ -149,12 +149,14 @@ def test_timeouts_follow_the_estimate_up_to_each_depths_cap():
 
 
 def test_a_timeout_set_by_the_cap_says_so():
-    """A Result as the transport returns it when the node-side timeout fired (exit 124)."""
+    """A Result as the transport returns it when the node-side timeout fired (exit 124), judged
+    as the HPL suite's first sanity step does, with the cap's note for that run and without one."""
     timed_out = Result("gpu001", "mpirun ... hpcc", 124, "", "", 14400.2, timed_out=True)
+    note = hpl.timeout_cap_note(hpl.FULL, hpl.plan_input(hpl.FULL, 2 * 2**40, 224, 192))
     with pytest.raises(CommandTimedOut, match=r"timed out after 14400 s: the full depth caps HPL at 4 h"):
-        sane(timed_out, "the full depth caps HPL at 4 h (estimate ...)")
+        require_scratch_run(timed_out, "refused to run HPL", timeout_note=note)
     with pytest.raises(CommandTimedOut, match=r"timed out after 14400 s$"):
-        sane(timed_out)
+        require_scratch_run(timed_out, "refused to run HPL")
 
 
 def test_hpccinf_matches_debians_sample_line_for_line():
@@ -188,7 +190,7 @@ def quick_hpcc(local, scratch_dir, scratch=None, argv=None, timeout=120):
 
 
 def test_detect_finds_hpcc_and_mpirun(local):
-    detected = hpl.parse_detect(hpl.detect(local).stdout)
+    detected = system.parse_programs(hpl.detect(local).stdout)
     assert detected.has("hpcc") and detected.has("mpirun") and not detected.has("xhpl")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from inventory.loader import load_profile
-from inventory.model import Node
+from inventory.model import Expectations, Node
 from runners import ibstat
 from runners.parsing import ParseError
 from runners.transport import LocalTransport
@@ -151,14 +151,14 @@ def test_counters_of_every_port_are_read_from_a_sysfs_shaped_tree(tmp_path):
     assert found.present and [(p.hca, p.port) for p in found.ports] == [
         ("mlx5_0", "1"), ("mlx5_1", "1"), ("mlx5_1", "2")]
     assert found.ports[2].counters["symbol_error"] == 3 and found.ports[0].counters["port_xmit_discards"] == 7
-    assert ibstat.counter_problems(found, {}) == ["mlx5_1 port 2: symbol_error = 3, limit 0"]
-    assert ibstat.counter_problems(found, {"ib_symbol_errors_max": 5}) == []
+    assert ibstat.counter_problems(found, Expectations()) == ["mlx5_1 port 2: symbol_error = 3, limit 0"]
+    assert ibstat.counter_problems(found, Expectations(ib_symbol_errors_max=5)) == []
 
 
 def test_missing_or_unreadable_counters_are_problems_not_zeros(tmp_path):
     root = sysfs_tree(tmp_path / "infiniband", {("mlx5_0", 1): {"symbol_error": "garbage",
                                                                 "link_downed": 1}})
-    problems = ibstat.counter_problems(read_tree(root), {"ib_link_downed_max": 0})
+    problems = ibstat.counter_problems(read_tree(root), Expectations(ib_link_downed_max=0))
     assert problems == ["mlx5_0 port 1: symbol_error is not a number",
                         "mlx5_0 port 1: link_downed = 1, limit 0",
                         "mlx5_0 port 1: port_rcv_errors is missing from sysfs"]

@@ -1,14 +1,18 @@
 """The inventory loader: good files become the model, every bad one gets a one-line, located error."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from inventory.loader import EXPECT_FIELDS, InventoryError, known_profiles, load_inventory, load_profile
-from inventory.model import Reference, ScratchPath, SshSettings
+import yaml
+
+from inventory.loader import (EXPECT_KEYS, EXPECT_READERS, PROFILES_DIR, InventoryError, known_profiles,
+                              load_inventory, load_profile)
+from inventory.model import Expectations, Reference, ScratchPath, SshSettings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -262,8 +266,8 @@ def test_load_profile_by_name():
     profile = load_profile("cpu-only")
     assert profile.name == "cpu-only"
     assert profile.mandatory == ("reachable", "os", "kernel", "cpu", "memory", "uniformity")
-    assert "ubuntu" in profile.expect["os_ids"]
-    assert profile.expect["kernel_min"] == "4.18"
+    assert "ubuntu" in profile.expect.os_ids
+    assert profile.expect.kernel_min == "4.18"
     assert profile.source_path == str(REPO / "inventory" / "profiles" / "cpu-only.yaml")
     for reference in profile.references.values():
         assert reference.source and reference.unit and reference.check
@@ -310,14 +314,37 @@ def test_profile_by_path_relative_to_the_inventory(tmp_path, key):
     path = write(tmp_path, minimal(key).replace("cpu-only", "profiles/site.yaml"))
     profile = load_inventory(path).profile
     assert (profile.name, profile.references) == ("site", {})
-    assert profile.expect == {"kernel_min": "5.10", "cpu_model": "AMD EPYC 9[0-9]{3}"}
+    assert profile.expect.declared() == {"kernel_min": "5.10", "cpu_model": "AMD EPYC 9[0-9]{3}"}
+    assert profile.expect == Expectations(kernel_min="5.10", cpu_model="AMD EPYC 9[0-9]{3}")
     assert load_profile("profiles/site.yaml", relative_to=tmp_path).name == "site"
     assert load_profile("profiles/site.yaml", relative_to=path).name == "site"
 
 
 def test_expect_keys_are_one_extensible_table():
-    assert {"os_ids", "kernel_min", "cpu_model"} <= set(EXPECT_FIELDS)
-    assert all(callable(validate) for validate in EXPECT_FIELDS.values())
+    """The keys a profile may declare are the Expectations fields, each with its reader."""
+    assert {"os_ids", "kernel_min", "cpu_model"} <= set(EXPECT_KEYS)
+    assert EXPECT_KEYS == tuple(field.name for field in dataclasses.fields(Expectations))
+    assert set(EXPECT_READERS) == set(EXPECT_KEYS)
+    assert all(callable(validate) for validate in EXPECT_READERS.values())
+
+
+def test_a_misspelt_expectation_is_an_error_not_a_silent_none():
+    expect = load_profile("h200-sxm-8gpu").expect
+    assert expect.gpu_count == 8
+    with pytest.raises(AttributeError):
+        expect.gpu_cout
+    with pytest.raises(TypeError):
+        Expectations(gpu_cout=8)
+
+
+@pytest.mark.parametrize("name", known_profiles())
+def test_every_expect_key_of_every_shipped_profile_loads_into_the_dataclass(name):
+    """Each key written in the profile's `expect:` is a field of Expectations, set; no other is."""
+    written = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())["expect"]
+    expect = load_profile(name).expect
+    assert written and set(written) <= set(EXPECT_KEYS)
+    assert {key for key in EXPECT_KEYS if getattr(expect, key) is not None} == set(written)
+    assert list(expect.declared()) == [key for key in EXPECT_KEYS if key in written]
 
 
 # ---------------------------------------------------------------- file-level errors

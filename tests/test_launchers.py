@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inventory.model import SshSettings
-from runners.launchers import LaunchError, Launcher, MpirunLauncher, launcher_for, ssh_options
+from runners.launchers import LaunchError, Launcher, MpirunLauncher, ssh_options
 from runners.ssh import SshTransport
 from nodes import ns_inventory, unique_sleep, wait_for_no_leftovers
 
@@ -57,12 +57,13 @@ def test_a_path_mpirun_would_split_is_refused():
         MpirunLauncher(ssh=SshSettings(identity_file="/my keys/id")).argv(["a"], 1, ["x"])
 
 
-def test_launchers_are_registered_by_name_and_say_where_they_start():
-    launcher = launcher_for("mpirun", as_root=True)
-    assert isinstance(launcher, MpirunLauncher) and isinstance(launcher, Launcher)
-    assert launcher.starts_on == "first"
-    with pytest.raises(LaunchError, match="unknown launcher 'pdsh'"):
-        launcher_for("pdsh")
+def test_both_engines_are_launchers_that_say_where_they_start():
+    from runners.torchrun import TorchrunLauncher
+
+    mpirun, torchrun = MpirunLauncher(as_root=True), TorchrunLauncher()
+    assert isinstance(mpirun, Launcher) and isinstance(torchrun, Launcher)
+    assert (mpirun.name, mpirun.starts_on) == ("mpirun", "first")
+    assert (torchrun.name, torchrun.starts_on) == ("torchrun", "every")
 
 
 def _two_nodes(ns_cluster, tmp_path):
@@ -94,11 +95,3 @@ def test_a_hung_rank_is_bounded_and_leaves_no_rank_or_daemon(ns_cluster, tmp_pat
     assert result.timed_out and result.status == "timeout"
     assert wait_for_no_leftovers(sleep) == []
     assert wait_for_no_leftovers("orted") == []
-
-
-def test_both_engines_are_registered_by_name():
-    from runners.launchers import launcher_class
-    from runners.torchrun import TorchrunLauncher
-
-    assert launcher_class("mpirun") is MpirunLauncher
-    assert launcher_class("torchrun") is TorchrunLauncher

@@ -1,7 +1,8 @@
 """nccl-tests parser on real outputs (tests/data/nccl-tests, tests/data/h200-1gpu) and on copies
-derived from them in these tests (each says what it changes); exit 7 and `handover parse`; the
-across-node launch: mpirun's argv (pure), the suite's judgement of the real 2 x 8 H200 output,
-and a real mpirun across two namespace nodes (where nccl-tests is not installed)."""
+derived from them in these tests (each says what it changes); exit 7 and `handover parse`, whose
+busbw is the figure the suite judges; the across-node launch: mpirun's argv (pure), the
+judgement of the real 2 x 8 H200 output, and a real mpirun across two namespace nodes (where
+nccl-tests is not installed)."""
 from __future__ import annotations
 
 import json
@@ -13,15 +14,14 @@ import pytest
 
 from inventory.model import Node, SshSettings
 from nodes import ns_inventory, wait_for_no_leftovers
-from runners import hpl, nccl_tests
+from runners import collectives, nccl_tests, system
 from runners.cluster import ClusterRun
 from runners.launchers import LaunchError, MpirunLauncher
 from runners.parsing import ParseError
 from runners.ssh import SshTransport
 from runners.transport import LocalTransport, Result
 from handover.failures import SanityFailure
-from suites.checks import series_entry
-from suites.test_collectives import LAUNCH_DETECT_STEP, Plan, figure_of, mpirun_everywhere, nccl_lines
+from suites.checks import parsed, series_entry
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -205,8 +205,10 @@ def test_the_two_node_run_is_judged_on_all_sixteen_ranks_with_every_row_as_a_cur
     """The real 2 x 8 H200 output, as the first node's Result of an mpirun launch."""
     output = text_of(NCCL / "oci_2node_16xH200_all_reduce_perf_1G-16G.txt")
     result = Result("gpu001", "mpirun ... all_reduce_perf", 0, output, "NCCL_IB_HCA=mlx5\n", 60.0)
-    figure = figure_of(Plan("nccl-tests", 16, True), result)
-    assert figure.busbw == 486.49 and figure.size == 17179869184 and figure.ranks == 16
+    report = nccl_tests.parse_nccl_tests(output)
+    assert nccl_tests.judge(result, report) == ""
+    figure, why = collectives.nccl_tests_figure(result, report, 16)
+    assert why == "" and figure.busbw == 486.49 and figure.size == 17179869184 and figure.ranks == 16
     assert figure.env == {"NCCL_IB_HCA": "mlx5"}
     rows = parse(NCCL / "oci_2node_16xH200_all_reduce_perf_1G-16G.txt").rows
     assert figure.lines["nccl-tests out-of-place"] == [(row.size, row.busbw) for row in rows]
@@ -214,20 +216,39 @@ def test_the_two_node_run_is_judged_on_all_sixteen_ranks_with_every_row_as_a_cur
     curve = series_entry("allreduce busbw", x=("message size", "B"), y=("busbw", "GB/s"),
                          lines=figure.lines, x_scale="log2")
     assert [line["label"] for line in curve["lines"]] == ["nccl-tests out-of-place", "nccl-tests in-place"]
-    with pytest.raises(SanityFailure, match="16 rank\\(s\\) reported, expected 8"):
-        figure_of(Plan("nccl-tests", 8, True), result)
+    figure, why = collectives.nccl_tests_figure(result, report, 8)
+    assert figure is None and why == "gpu001: 16 rank(s) reported, expected 8"
+
+
+@pytest.mark.parametrize("path", [NCCL / "oci_2node_16xH200_all_reduce_perf_1G-16G.txt",
+                                  NCCL / "superbench_nccl_alltoall.log",
+                                  H200 / "all_reduce_perf_h200_g1.json"])
+def test_handover_parse_prints_the_busbw_the_suite_judges(path):
+    """One definition: `handover parse nccl-tests FILE`'s peak_busbw is the figure's busbw, the
+    better placement at the largest size (the in-place one in the all-to-all file)."""
+    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "nccl-tests", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    report = parse(path)
+    result = Result("gpu001", "all_reduce_perf", 0, text_of(path), "", 1.0)
+    figure, why = collectives.nccl_tests_figure(result, report, report.ranks)
+    assert why == "" and figure.busbw == printed["peak_busbw"] == report.peak_busbw
+    largest = max(printed["rows"], key=lambda row: row["size"])
+    assert figure.size == largest["size"]
+    assert printed["peak_busbw"] == max(v for v in (largest["busbw"], largest["busbw_inplace"]) if v is not None)
 
 
 def test_old_format_without_in_place_busbw_gives_one_line():
     """superbench's old table (A100, 8 ranks, validation off): both placements print busbw."""
-    lines = nccl_lines(parse(NCCL / "superbench_nccl_allreduce.log").rows)
+    lines = nccl_tests.busbw_lines(parse(NCCL / "superbench_nccl_allreduce.log").rows)
     assert set(lines) == {"nccl-tests out-of-place", "nccl-tests in-place"}
-    assert nccl_lines([nccl_tests.NcclRow(1024, 1.0, 2.0, None, 0)]) == {
+    assert nccl_tests.busbw_lines([nccl_tests.NcclRow(1024, 1.0, 2.0, None, 0)]) == {
         "nccl-tests out-of-place": [(1024, 2.0)]}
 
 
 def test_detect_launch_finds_mpirun_but_no_nccl_tests_here():
-    detected = hpl.parse_detect(nccl_tests.detect_launch(LocalTransport(
+    detected = system.parse_programs(nccl_tests.detect_launch(LocalTransport(
         Node(name="localhost", address="localhost", transport="local"))).stdout)
     assert detected.has("mpirun") and not detected.has("all_reduce_perf") and detected.root
 
@@ -246,8 +267,8 @@ def test_across_two_namespace_nodes_a_missing_all_reduce_perf_fails_and_leaves_n
         transport.close()
     assert not result.timed_out and result.exit_code not in (0, None)
     assert "NCCL_DEBUG=VERSION" in result.stderr and "all_reduce_perf" in result.stdout + result.stderr
-    with pytest.raises(SanityFailure):
-        figure_of(Plan("nccl-tests", 2, True), result)
+    with pytest.raises(SanityFailure):  # the suite's first step on the launch's Result
+        parsed(nccl_tests.parse_nccl_tests, result)
     assert wait_for_no_leftovers("orted") == []
 
 
@@ -256,10 +277,10 @@ def test_without_nccl_tests_on_every_node_the_cluster_check_does_not_choose_mpir
     cluster = ns_inventory(ns_cluster, tmp_path / "cluster.yaml", nodes=["node1", "node2"])
     run = ClusterRun(cluster, list(cluster.nodes), save_raw=lambda step, result: [])
     try:
-        assert mpirun_everywhere(run, ["node1", "node2"]) is None
-        detections = run.gather(LAUNCH_DETECT_STEP, nccl_tests.detect_launch)
+        assert nccl_tests.mpirun_everywhere(run, ["node1", "node2"]) is None
+        detections = run.gather(nccl_tests.LAUNCH_DETECT_STEP, nccl_tests.detect_launch)
     finally:
         run.close()
     for result in detections.values():
-        detected = hpl.parse_detect(result.stdout)
+        detected = system.parse_programs(result.stdout)
         assert detected.has("mpirun") and not detected.has("all_reduce_perf")

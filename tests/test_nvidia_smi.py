@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from inventory.model import Expectations
 from runners.nvidia_smi import nvlink_pair_problems, parse_nvidia_smi, parse_topo
 from runners.parsing import ParseError
 
@@ -63,7 +64,7 @@ def test_cli():
 TOPO_NV18 = DATA / "nvidia-smi" / "ml-engineering_topo-m_8xH100_excerpt.txt"
 TOPO_PCIE = DATA / "nvidia-smi" / "deepep-issue397_topo-mp_8xH100_12xCX7.txt"
 H200_SYSTEM = DATA / "h200-1gpu" / "system.txt"
-HGX = {"nvlink_links": 18, "gpu_count": 8}
+HGX = Expectations(nvlink_links=18, gpu_count=8)
 
 
 def test_topo_8x_h100_nv18_between_every_pair():
@@ -88,7 +89,7 @@ def test_topo_real_h200_with_ansi_header_has_one_gpu():
     topology = parse_topo(H200_SYSTEM.read_text().split("== topo\n", 1)[1])
     assert topology.gpus == ["GPU0"] and topology.numa_affinity == {"GPU0": "0"}
     assert nvlink_pair_problems(topology, HGX) == ["1 GPU(s) in the topology matrix, expected 8"]
-    assert nvlink_pair_problems(topology, {"nvlink_links": 18, "gpu_count": 1}) == []
+    assert nvlink_pair_problems(topology, Expectations(nvlink_links=18, gpu_count=1)) == []
 
 
 def test_topo_parser_refuses_other_text():

@@ -6,6 +6,7 @@ import copy
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from runners.transport import LocalTransport
 DATA = Path(__file__).resolve().parent / "data" / "h200-1gpu"
 H200 = json.loads((DATA / "nvml.json").read_text())
 # The h200-sxm-8gpu profile for one GPU and no NVLink peers: what the recorded machine is.
-ONE_H200 = {**load_profile("h200-sxm-8gpu").expect, "gpu_count": 1, "nvlink_links": 0}
+ONE_H200 = replace(load_profile("h200-sxm-8gpu").expect, gpu_count=1, nvlink_links=0)
 
 
 def facts(data=H200) -> nvml.GpuFacts:
@@ -135,7 +136,7 @@ def test_derived_load_that_could_not_run_says_why():
 
 
 def test_nvlink_expected_by_the_8gpu_profile_fails_on_a_gpu_without_links():
-    expect = {**ONE_H200, "nvlink_links": 18}
+    expect = replace(ONE_H200, nvlink_links=18)
     assert nvml.nvlink_problems(facts(), expect) == [
         "GPU 0 (00000000:00:06.0): 0 active NVLink(s), expected 18"]
     links = [{"link": i, "state": 1} for i in range(18)]

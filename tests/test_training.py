@@ -20,7 +20,7 @@ from runners.parsing import ParseError
 from runners.ssh import SshTransport
 from runners.transport import LocalTransport
 from handover.failures import SanityFailure
-from suites.test_training import launch_failure, sane_report
+from suites.checks import launch_failure
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
 
@@ -56,7 +56,8 @@ def test_a_report_missing_a_rank_is_not_ok():
     """Derived from the real output: rank 1's entry removed, as if it never reported."""
     data = json.loads((TRAINING / "cpu-2ranks.stdout").read_text().strip().splitlines()[-1])
     data["per_rank"] = data["per_rank"][:1]
-    assert not training.parse_training(json.dumps(data)).ok
+    report = training.parse_training(json.dumps(data))
+    assert not report.ok and training.why_not_sane(report, 2) == "1 of 2 rank(s) reported"
 
 
 def test_the_recorded_losses_fall_and_a_flat_or_nan_loss_does_not():
@@ -115,7 +116,8 @@ def test_two_ranks_on_one_node_train_and_round_trip_a_checkpoint(tmp_path):
     result = training.run_on_node(local_transport(), 2, ONE_STEP_MODEL, timeout=120,
                                   checkpoint_dir=str(tmp_path))
     assert result.ok, result.stderr[-2000:]
-    report = sane_report(result, 2)  # every rank, every step, the loss fell
+    report = training.parse_training(result.stdout)
+    assert training.why_not_sane(report, 2) is None  # every rank, every step, the loss fell
     checkpoints = [rank.checkpoint for rank in report.per_rank]
     assert all(c.matches and not c.error and c.bytes > 1 << 20 for c in checkpoints)
     assert list(tmp_path.iterdir()) == []  # removed after the round trip
@@ -149,7 +151,7 @@ def test_two_nodes_train_together_over_ssh_and_share_the_checkpoint(ns_cluster, 
             transport.close()
     assert launch.ok, {node: r.explain() + r.stderr[-1500:] for node, r in launch.results.items()}
     report, result = training.report_of(launch)
-    report = sane_report(result, 2)
+    assert result.ok and training.why_not_sane(report, 2) is None
     assert report.hosts == ["node1", "node2"] and report.env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert all(rank.checkpoint.matches for rank in report.per_rank)
     assert list(shared.iterdir()) == []
@@ -204,7 +206,7 @@ def test_a_rank_killed_mid_run_fails_the_run_naming_it_and_nothing_is_left(ns_cl
     assert launch.first_failure is not None and not launch.ok
     with pytest.raises(SanityFailure, match=rf"rank {killed[0]} \(local rank 0\) on node2 \(killed by signal 9\) "
                                             r"failed first \(torchrun on node2\)"):
-        launch_failure(launch, 2)
+        launch_failure(launch, training.launch_cause(launch, 2))
     assert launch.leftovers == {}
     assert wait_for_no_leftovers(launch.marker) == []
 

@@ -14,6 +14,7 @@ import pytest
 
 from inventory.model import Node
 from runners import system
+from runners.parsing import ParseError
 from runners.transport import LocalTransport, make_transport
 from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
 
@@ -64,6 +65,18 @@ def test_payload_ships_through_stdin_and_runs_with_the_nodes_python(transport):
     script = "import sys, json; print(json.dumps(sys.argv[1:]))"
     echoed = transport.run_script(script, ["x y", "--z"], timeout=10)
     assert json.loads(echoed.stdout) == ["x y", "--z"]
+
+
+def test_the_programs_probe_looks_on_the_nodes_path(transport):
+    """The general probe HPL and nccl-tests use: a path for what is installed, None for what is not."""
+    result = system.probe_programs(transport, ["sh", "mpirun", "handover-not-a-program"])
+    assert result.ok, result.explain()
+    programs = system.parse_programs(result.stdout)
+    assert programs.has("sh") and programs.has("mpirun") and programs.paths["sh"].endswith("/sh")
+    assert not programs.has("handover-not-a-program") and programs.paths["handover-not-a-program"] is None
+    assert programs.root  # the harness's tests run as root, locally and on the namespace nodes
+    with pytest.raises(ParseError):
+        system.parse_programs('{"programs": {}}')
 
 
 def test_environment_values_are_quoted(transport):

@@ -5,6 +5,7 @@ with read_ledger and build_results, the path `handover report` takes.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -132,6 +133,15 @@ def test_certified_with_the_header_the_recorder_writes_for_the_local_inventory(t
     verdict = verdict_of(write_run(tmp_path, entries, head=head))
     assert verdict.status == CERTIFIED, verdict.reasons
     assert verdict.nodes == [{"name": node, "status": "passed", "reasons": []}]
+
+
+def test_the_header_holds_the_profiles_declared_expectations_as_a_json_object():
+    """Only the keys the profile writes, with their values (lists for lists): what results.py reads."""
+    cluster = load_inventory(REPO / "inventory" / "local.yaml")
+    expect = json.loads(json.dumps(run_header(cluster, list(cluster.nodes))))["profile"]["expect"]
+    assert expect == {"os_ids": ["debian", "ubuntu", "rhel", "rocky", "almalinux", "centos", "sles",
+                                 "opensuse-leap", "fedora", "amzn"],
+                      "kernel_min": "4.18", "pair_low_fraction": 0.75, "training_straggler_fraction": 2.0}
 
 
 def test_an_unreferenced_metric_of_a_check_that_is_not_mandatory_is_informational(tmp_path):

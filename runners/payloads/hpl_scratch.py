@@ -1,10 +1,8 @@
-"""Node side of the HPL suite: detect the programs, or run one in a directory of our own.
+"""Node side of the HPL suite: run an HPL program in a directory of our own.
 
-    python3 - SPEC_JSON        (SPEC: action "detect" or "run"; see runners/hpl.py)
+    python3 - SPEC_JSON        (SPEC: node, path, files, output, argv; see runners/hpl.py)
 
-"detect" prints one JSON object: {"programs": {name: path or null}, "root": bool}.
-
-"run" refuses (exit 3, a `handover-refused:` line on stderr) a scratch path that is missing or
+It refuses (exit 3, a `handover-refused:` line on stderr) a scratch path that is missing or
 not a directory. Otherwise it creates handover-hpl-<node>-<pid>-<random>/ in it, writes the input
 files there, runs the argv with that directory as its working directory, and prints the output
 file (hpcc's hpccoutf.txt) on stdout, or the program's own stdout when there is none. The
@@ -37,12 +35,6 @@ def say(text):
 
 def on_signal(signum, frame):
     raise SystemExit(128 + signum)
-
-
-def detect(spec):
-    programs = {name: shutil.which(name) for name in spec["programs"]}
-    print(json.dumps({"programs": programs, "root": os.geteuid() == 0}))
-    return 0
 
 
 def sweep(directory, prefix):
@@ -129,8 +121,7 @@ def run(spec):
 def main():
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, on_signal)
-    spec = json.loads(sys.argv[1])
-    return detect(spec) if spec["action"] == "detect" else run(spec)
+    return run(json.loads(sys.argv[1]))
 
 
 sys.exit(main())
