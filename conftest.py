@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import signal
 from pathlib import Path
+from typing import Optional
 
 import hostlist
 import pytest
@@ -18,8 +19,8 @@ from inventory.loader import InventoryError, load_inventory
 from inventory.model import Cluster, Node, Profile
 from reports import signing
 from reports.ledger import Ledger, LedgerError, read_ledger
-from reports.recorder import (PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_RAW, PROPERTY_SERIES, Recorder,
-                              run_header)
+from reports.recorder import (PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_PAIR_STATE, PROPERTY_RAW,
+                              PROPERTY_SERIES, Recorder, run_header)
 from suites.checks import Metrics, series_entry
 
 DEFAULT_OUT = "out"
@@ -167,6 +168,10 @@ def record(request):
             """A curve for the report: `x`/`y` are (label, unit); `lines` maps a legend to points."""
             request.node.user_properties.append((PROPERTY_SERIES, series_entry(
                 name, x=x, y=y, lines=lines, x_scale=x_scale)))
+
+        def pair_state(self, state: str, median: Optional[float]) -> None:
+            """A pair test's state for the heatmaps (ok, low, failed), judged once against the campaign's median."""
+            request.node.user_properties.append((PROPERTY_PAIR_STATE, {"state": state, "median": median}))
 
     return Evidence()
 

@@ -28,6 +28,7 @@ DEPTHS = ("quick", "full")
 PROGRESS_EVERY_S = 15  # without a terminal (CI logs), one progress line this often
 PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_RAW = "handover_metrics", "handover_note", "handover_raw"
 PROPERTY_SERIES = "handover_series"
+PROPERTY_PAIR_STATE = "handover_pair_state"
 
 
 class Recorder:
@@ -182,6 +183,9 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
         entry["pair"] = list(pair)
         if "rail" in params.params:
             entry["rail"] = params.params["rail"]
+        if PROPERTY_PAIR_STATE in props:
+            entry["pair_state"] = props[PROPERTY_PAIR_STATE]["state"]
+            entry["pair_median"] = props[PROPERTY_PAIR_STATE]["median"]
     return entry
 
 
