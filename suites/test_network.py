@@ -198,6 +198,117 @@ class PairTool(ABC):
         return f"{self.label(rail)}: {len(first)} pair(s)"
 
 
+class PairCampaign:
+    """One tool's every selected pair test (a pair, or a rail of it), measured once in rounds
+    when the first of them asks; the second pass; the outcomes, medians and states by rail.
+
+    Pair i of a round listens on the tool's base port + i, rail r of it RAIL_PORT_STRIDE * r
+    above; every rail of a pair runs at once. Raw outputs go under <tool>/<a-b[-railR]>, the
+    second pass's under <tool>_second_pass/..., on ports of its own.
+    """
+
+    def __init__(self, session: pytest.Session, cluster_run, recorder, tool: PairTool,
+                 low_fraction: float):
+        self._session = session
+        self._cluster_run = cluster_run
+        self._recorder = recorder
+        self.tool = tool
+        self.low_fraction = low_fraction  # the profile's pair_low_fraction: low vs the median
+        self._lock = threading.Lock()
+        self.runs: dict[tuple[Pair, Rail], RailRun] = {}
+        self.raw: dict[tuple[Pair, Rail], list[str]] = {}
+        self.second_raw: list[str] = []  # the second pass's raw outputs, evidence of the attribution
+        self._outcomes: dict[tuple[Pair, Rail], Optional[pairs.PairOutcome]] = {}
+        self._medians: dict[Rail, Optional[float]] = {}
+
+    def run(self, pair: Pair, rail: Rail = None) -> RailRun:
+        with self._lock:
+            if (pair, rail) not in self.runs:
+                done = self._run_all(self._selected() or {pair: [rail]}, second=False)
+                self.runs.update(done)
+                self._outcomes.update((key, self.tool.outcome(run)) for key, run in done.items())
+                self._medians = {kind: pairs.median_of({p: o.figure for p, o in first.items()})
+                                 for kind, first in self.first_pass().items()}
+            return self.runs[(pair, rail)]
+
+    def _selected(self) -> dict[Pair, list[Rail]]:
+        chosen: dict[Pair, list[Rail]] = {}
+        for item in self._session.items:
+            callspec = getattr(item, "callspec", None)
+            if item.originalname == f"test_{self.tool.name}" and callspec and callspec.params.get("pair"):
+                chosen.setdefault(callspec.params["pair"], []).append(callspec.params.get("rail"))
+        return chosen
+
+    def _run_all(self, wanted: dict[Pair, list[Rail]], *, second: bool) -> dict[tuple[Pair, Rail], RailRun]:
+        nodes = [node.name for node in self._cluster_run.nodes]
+        measure = self.tool.measurer(self._cluster_run)
+        step = f"{self.tool.name}_second_pass" if second else self.tool.name
+        base_port = (SECOND_PASS_BASE_PORTS if second else BASE_PORTS)[self.tool.name]
+
+        def run_pair(pair: Pair, port: int) -> dict[Rail, RailRun]:
+            done: dict[Rail, RailRun] = {}
+
+            def run_rail(rail: Rail) -> None:
+                done[rail] = measure(pair, rail, port + (rail or 0) * RAIL_PORT_STRIDE)
+
+            threads = [threading.Thread(target=run_rail, args=(rail,), daemon=True,
+                                        name=f"{self.tool.name}-{pair_rail_id(pair, rail)}")
+                       for rail in wanted[pair]]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            return {rail: done[rail] for rail in wanted[pair]}
+
+        runs: dict[tuple[Pair, Rail], RailRun] = {}
+        for pair, rails in pairs.run_rounds(pairs.schedule(nodes, wanted), base_port, run_pair).items():
+            for rail, run in rails.items():
+                runs[(pair, rail)] = run
+                saved = []
+                if isinstance(run, PairRun):
+                    for result in (run.client_result, run.server_result):
+                        if result is not None:
+                            saved += self._recorder.ledger.save_raw(
+                                f"{step}/{pair_rail_id(pair, rail)}", result.node,
+                                result.stdout, result.stderr)
+                if second:
+                    self.second_raw += saved
+                else:
+                    self.raw[(pair, rail)] = saved
+        return runs
+
+    def first_pass(self) -> dict[Rail, dict[Pair, pairs.PairOutcome]]:
+        """Every measured pair test's outcome by rail (in rail order), those that say nothing
+        about a link left out."""
+        return dict(sorted(pairs.by_kind(self._outcomes).items(), key=lambda entry: entry[0] or 0))
+
+    def state(self, pair: Pair, rail: Rail = None) -> tuple[str, Optional[float]]:
+        """(state, median) of a measured pair test for the heatmaps: pairs.pair_state against
+        the first pass's median of its rail, as attribution judges it. A rail attribution leaves
+        out (no HCA for it, no RDMA device) is failed: its test fails whenever it does not skip."""
+        median = self._medians.get(rail)
+        outcome = self._outcomes[(pair, rail)] or pairs.PairOutcome(False)
+        return pairs.pair_state(outcome, median, self.low_fraction, self.tool.higher_is_better), median
+
+    def second_pass(self, wanted: dict[Rail, list[Pair]]) -> dict[Rail, dict[Pair, pairs.PairOutcome]]:
+        """Every rail's second-pass pairs at once (a pair's rails together), on their own ports."""
+        with self._lock:
+            done = self._run_all(pairs.kinds_by_pair(wanted), second=True)
+        return pairs.by_kind({key: self.tool.outcome(run) for key, run in done.items()})
+
+
+_CAMPAIGNS = pytest.StashKey[dict[str, PairCampaign]]()
+
+
+def _campaign(request, cluster_run, recorder, profile, tool: PairTool) -> PairCampaign:
+    """The session's one campaign of this tool."""
+    campaigns = request.session.stash.setdefault(_CAMPAIGNS, {})
+    if tool.name not in campaigns:
+        low_fraction = profile.expect.get("pair_low_fraction", pairs.LOW_FRACTION)
+        campaigns[tool.name] = PairCampaign(request.session, cluster_run, recorder, tool, low_fraction)
+    return campaigns[tool.name]
+
+
 class Iperf3Tool(PairTool):
     """TCP throughput with iperf3 (client b, server a) over the data network: one rail, None."""
 
@@ -232,6 +343,37 @@ class Iperf3Tool(PairTool):
         failed = sorted(pair_id(pair) for pair, outcome in first.items() if not outcome.passed)
         return (f"{super().tally(rail, first)}, {len(failed)} failed"
                 + (f" ({', '.join(failed)})" if failed else ""))
+
+
+@pytest.fixture(scope="session")
+def pairwise_iperf3(request, cluster_run, recorder, profile) -> PairCampaign:
+    return _campaign(request, cluster_run, recorder, profile, Iperf3Tool(profile))
+
+
+def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, recorder):
+    """TCP throughput from one node to the other (client b, server a), sanity before figures."""
+    if pair is None:
+        pytest.skip(NEEDS_TWO)
+    run = pairwise_iperf3.run(pair)
+    record.raw(pairwise_iperf3.raw.get((pair, None), []))
+    record.pair_state(*pairwise_iperf3.state(pair))
+    result = run.client_result
+    report, why = iperf3.judge(run)
+    if why:
+        if result.failure in ("unreachable", "auth", "host-key"):
+            raise NodeUnreachable(why)
+        if result.timed_out:
+            raise CommandTimedOut(why, excerpt(result.stdout + result.stderr))
+        raise SanityFailure(why, excerpt(result.stdout or result.stderr))
+    for node in pair:
+        recorder.record_tool(node, "iperf3", report.version or "unknown")
+    record.note(f"{run.client} -> {run.server}: {report.gbps:.2f} Gb/s, "
+                f"{report.retransmits} retransmits")
+    metrics.judge(iperf3_bandwidth=(round(report.gbps, 3), "Gb/s"),
+                  iperf3_retransmits=(report.retransmits, "count"))
+
+
+# ------------------------------------------------------------------------------ perftest pairs
 
 
 class PerftestTool(PairTool):
@@ -315,122 +457,6 @@ def hca_names(cluster_run) -> dict[str, list[str]]:
     return names
 
 
-class PairCampaign:
-    """One tool's every selected pair test (a pair, or a rail of it), measured once in rounds
-    when the first of them asks; the second pass; the outcomes, medians and states by rail.
-
-    Pair i of a round listens on the tool's base port + i, rail r of it RAIL_PORT_STRIDE * r
-    above; every rail of a pair runs at once. Raw outputs go under <tool>/<a-b[-railR]>, the
-    second pass's under <tool>_second_pass/..., on ports of its own.
-    """
-
-    def __init__(self, session: pytest.Session, cluster_run, recorder, tool: PairTool,
-                 low_fraction: float):
-        self._session = session
-        self._cluster_run = cluster_run
-        self._recorder = recorder
-        self.tool = tool
-        self.low_fraction = low_fraction  # the profile's pair_low_fraction: low vs the median
-        self._lock = threading.Lock()
-        self.runs: dict[tuple[Pair, Rail], RailRun] = {}
-        self.raw: dict[tuple[Pair, Rail], list[str]] = {}
-        self.second_raw: list[str] = []  # the second pass's raw outputs, evidence of the attribution
-        self._outcomes: dict[tuple[Pair, Rail], Optional[pairs.PairOutcome]] = {}
-        self._medians: dict[Rail, Optional[float]] = {}
-
-    def run(self, pair: Pair, rail: Rail = None) -> RailRun:
-        with self._lock:
-            if (pair, rail) not in self.runs:
-                done = self._run_all(self._selected() or {pair: [rail]}, second=False)
-                self.runs.update(done)
-                self._outcomes.update((key, self.tool.outcome(run)) for key, run in done.items())
-                self._medians = {kind: pairs.median_of({p: o.figure for p, o in first.items()})
-                                 for kind, first in self.first_pass().items()}
-            return self.runs[(pair, rail)]
-
-    def _selected(self) -> dict[Pair, list[Rail]]:
-        chosen: dict[Pair, list[Rail]] = {}
-        for item in self._session.items:
-            callspec = getattr(item, "callspec", None)
-            if item.originalname == f"test_{self.tool.name}" and callspec and callspec.params.get("pair"):
-                chosen.setdefault(callspec.params["pair"], []).append(callspec.params.get("rail"))
-        return chosen
-
-    def _run_all(self, wanted: dict[Pair, list[Rail]], *, second: bool) -> dict[tuple[Pair, Rail], RailRun]:
-        nodes = [node.name for node in self._cluster_run.nodes]
-        measure = self.tool.measurer(self._cluster_run)
-        step = f"{self.tool.name}_second_pass" if second else self.tool.name
-        base_port = (SECOND_PASS_BASE_PORTS if second else BASE_PORTS)[self.tool.name]
-
-        def run_pair(pair: Pair, port: int) -> dict[Rail, RailRun]:
-            done: dict[Rail, RailRun] = {}
-
-            def run_rail(rail: Rail) -> None:
-                done[rail] = measure(pair, rail, port + (rail or 0) * RAIL_PORT_STRIDE)
-
-            threads = [threading.Thread(target=run_rail, args=(rail,), daemon=True,
-                                        name=f"{self.tool.name}-{pair_rail_id(pair, rail)}")
-                       for rail in wanted[pair]]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            return {rail: done[rail] for rail in wanted[pair]}
-
-        runs: dict[tuple[Pair, Rail], RailRun] = {}
-        for pair, rails in pairs.run_rounds(pairs.schedule(nodes, wanted), base_port, run_pair).items():
-            for rail, run in rails.items():
-                runs[(pair, rail)] = run
-                saved = []
-                if isinstance(run, PairRun):
-                    for result in (run.client_result, run.server_result):
-                        if result is not None:
-                            saved += self._recorder.ledger.save_raw(
-                                f"{step}/{pair_rail_id(pair, rail)}", result.node,
-                                result.stdout, result.stderr)
-                if second:
-                    self.second_raw += saved
-                else:
-                    self.raw[(pair, rail)] = saved
-        return runs
-
-    def first_pass(self) -> dict[Rail, dict[Pair, pairs.PairOutcome]]:
-        """Every measured pair test's outcome by rail (in rail order), those that say nothing
-        about a link left out."""
-        return dict(sorted(pairs.by_kind(self._outcomes).items(), key=lambda by_rail: by_rail[0] or 0))
-
-    def state(self, pair: Pair, rail: Rail = None) -> tuple[str, Optional[float]]:
-        """(state, median) of a measured pair test for the heatmaps: pairs.pair_state against
-        the first pass's median of its rail, as attribution judges it. A rail attribution leaves
-        out (no HCA for it, no RDMA device) is failed: its test fails whenever it does not skip."""
-        median = self._medians.get(rail)
-        outcome = self._outcomes[(pair, rail)] or pairs.PairOutcome(False)
-        return pairs.pair_state(outcome, median, self.low_fraction, self.tool.higher_is_better), median
-
-    def second_pass(self, wanted: dict[Rail, list[Pair]]) -> dict[Rail, dict[Pair, pairs.PairOutcome]]:
-        """Every rail's second-pass pairs at once (a pair's rails together), on their own ports."""
-        with self._lock:
-            done = self._run_all(pairs.kinds_by_pair(wanted), second=True)
-        return pairs.by_kind({key: self.tool.outcome(run) for key, run in done.items()})
-
-
-_CAMPAIGNS = pytest.StashKey[dict[str, PairCampaign]]()
-
-
-def _campaign(request, cluster_run, recorder, profile, tool: PairTool) -> PairCampaign:
-    """The session's one campaign of this tool."""
-    campaigns = request.session.stash.setdefault(_CAMPAIGNS, {})
-    if tool.name not in campaigns:
-        low_fraction = profile.expect.get("pair_low_fraction", pairs.LOW_FRACTION)
-        campaigns[tool.name] = PairCampaign(request.session, cluster_run, recorder, tool, low_fraction)
-    return campaigns[tool.name]
-
-
-@pytest.fixture(scope="session")
-def pairwise_iperf3(request, cluster_run, recorder, profile) -> PairCampaign:
-    return _campaign(request, cluster_run, recorder, profile, Iperf3Tool(profile))
-
-
 @pytest.fixture(scope="session")
 def pairwise_ib_write_bw(request, cluster_run, recorder, profile) -> PairCampaign:
     return _campaign(request, cluster_run, recorder, profile, PerftestTool(profile, "ib_write_bw"))
@@ -439,32 +465,6 @@ def pairwise_ib_write_bw(request, cluster_run, recorder, profile) -> PairCampaig
 @pytest.fixture(scope="session")
 def pairwise_ib_write_lat(request, cluster_run, recorder, profile) -> PairCampaign:
     return _campaign(request, cluster_run, recorder, profile, PerftestTool(profile, "ib_write_lat"))
-
-
-def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, recorder):
-    """TCP throughput from one node to the other (client b, server a), sanity before figures."""
-    if pair is None:
-        pytest.skip(NEEDS_TWO)
-    run = pairwise_iperf3.run(pair)
-    record.raw(pairwise_iperf3.raw.get((pair, None), []))
-    record.pair_state(*pairwise_iperf3.state(pair))
-    result = run.client_result
-    report, why = iperf3.judge(run)
-    if why:
-        if result.failure in ("unreachable", "auth", "host-key"):
-            raise NodeUnreachable(why)
-        if result.timed_out:
-            raise CommandTimedOut(why, excerpt(result.stdout + result.stderr))
-        raise SanityFailure(why, excerpt(result.stdout or result.stderr))
-    for node in pair:
-        recorder.record_tool(node, "iperf3", report.version or "unknown")
-    record.note(f"{run.client} -> {run.server}: {report.gbps:.2f} Gb/s, "
-                f"{report.retransmits} retransmits")
-    metrics.judge(iperf3_bandwidth=(round(report.gbps, 3), "Gb/s"),
-                  iperf3_retransmits=(report.retransmits, "count"))
-
-
-# ------------------------------------------------------------------------------ perftest pairs
 
 
 def measured_rail(pairwise: PairCampaign, pair: Optional[Pair], rail: int, profile,
