@@ -20,11 +20,17 @@ from runners.transport import Result, Transport
 
 Pair = tuple[str, str]
 T = TypeVar("T")
+K = TypeVar("K")  # a kind of pair test: a tool's rail (None for a tool with one)
 
 
 def pair_id(pair: Pair) -> str:
     """How a pair is named in test ids and reports: 'a-b'."""
     return f"{pair[0]}-{pair[1]}"
+
+
+def pair_rail_id(pair: Pair, rail: Optional[int]) -> str:
+    """A pair test's id and raw step name: 'a-b', or 'a-b-rail0' for one rail of the pair."""
+    return pair_id(pair) if rail is None else f"{pair_id(pair)}-rail{rail}"
 
 
 def circle_rounds(nodes: Sequence[str]) -> list[list[Pair]]:
@@ -249,19 +255,27 @@ def median_of(figures: dict[Pair, Optional[float]]) -> Optional[float]:
     return median if median > 0 else None
 
 
+def beyond_median(value: Optional[float], median: Optional[float], fraction: float,
+                  higher_is_better: bool = True) -> str:
+    """Why `value` is more than `fraction` on the bad side of `median`; '' when it is not (or
+    either is unknown). The one comparison behind low pairs, attribution and pair states."""
+    if value is None or median is None:
+        return ""
+    if higher_is_better and value < median * (1 - fraction):
+        return f"{value:.3g} is {(1 - value / median) * 100:.0f}% below the median {median:.3g}"
+    if not higher_is_better and value > median * (1 + fraction):
+        return f"{value:.3g} is {(value / median - 1) * 100:.0f}% above the median {median:.3g}"
+    return ""
+
+
 def off_median(figures: dict[Pair, Optional[float]], median: Optional[float], fraction: float,
                higher_is_better: bool = True) -> dict[Pair, str]:
     """Pairs whose figure is more than `fraction` on the bad side of `median`, with the words why."""
-    if median is None:
-        return {}
     found = {}
     for pair, value in figures.items():
-        if value is None:
-            continue
-        if higher_is_better and value < median * (1 - fraction):
-            found[pair] = f"{value:.3g} is {(1 - value / median) * 100:.0f}% below the median {median:.3g}"
-        elif not higher_is_better and value > median * (1 + fraction):
-            found[pair] = f"{value:.3g} is {(value / median - 1) * 100:.0f}% above the median {median:.3g}"
+        why = beyond_median(value, median, fraction, higher_is_better)
+        if why:
+            found[pair] = why
     return found
 
 
@@ -318,12 +332,46 @@ class PairOutcome:
     figure: Optional[float] = None  # None when nothing was measured
 
 
+PAIR_OK, PAIR_LOW, PAIR_FAILED = "ok", "low", "failed"
+
+
+def pair_state(outcome: PairOutcome, median: Optional[float], fraction: float = LOW_FRACTION,
+               higher_is_better: bool = True) -> str:
+    """A pair test's state, decided once for the heatmaps and attribution alike: failed (not
+    sane, or out of its band), low (passed, but more than `fraction` on the bad side of the
+    first pass's median), else ok. Only an ok pair counts as good in attribute()."""
+    if not outcome.passed:
+        return PAIR_FAILED
+    if beyond_median(outcome.figure, median, fraction, higher_is_better):
+        return PAIR_LOW
+    return PAIR_OK
+
+
+def by_kind(outcomes: dict[tuple[Pair, K], Optional[PairOutcome]]) -> dict[K, dict[Pair, PairOutcome]]:
+    """(pair, kind) outcomes grouped by kind (a tool's rail), those that say nothing (None) left out."""
+    grouped: dict[K, dict[Pair, PairOutcome]] = {}
+    for (pair, kind), outcome in outcomes.items():
+        if outcome is not None:
+            grouped.setdefault(kind, {})[pair] = outcome
+    return grouped
+
+
+def kinds_by_pair(wanted: dict[K, list[Pair]]) -> dict[Pair, list[K]]:
+    """Each kind's wanted pairs turned into each pair's kinds, so a pair's kinds run together."""
+    grouped: dict[Pair, list[K]] = {}
+    for kind, kind_pairs in wanted.items():
+        for pair in kind_pairs:
+            grouped.setdefault(pair, []).append(kind)
+    return grouped
+
+
 @dataclass
 class PairVerdicts:
     """One kind of pair test (a tool, a rail): first pass, second pass, and who is to blame.
 
-    The first pass is what the pair tests measured. A pair counts as failed when it did not pass
-    or its figure is far from the first pass's median (low_pairs). second_pass_pairs() names the
+    The first pass is what the pair tests measured. A pair counts as failed when its pair_state()
+    is not ok: it did not pass, or its figure is far from the first pass's median (the pair
+    tests record that same state for the heatmaps). second_pass_pairs() names the
     pairs to measure next: every node of a failed pair with a node all of whose pairs passed;
     their outcomes go in `second`, judged against the FIRST pass's median (a handful of
     second-pass pairs has no median of its own). attribution() then blames on both passes.
@@ -348,8 +396,9 @@ class PairVerdicts:
         return {**self._off(self.first), **self._off(self.second)}
 
     def _verdicts(self, outcomes: dict[Pair, PairOutcome]) -> dict[Pair, bool]:
-        off = self._off(outcomes)
-        return {pair: outcome.passed and pair not in off for pair, outcome in outcomes.items()}
+        median = self.median
+        return {pair: pair_state(outcome, median, self.fraction, self.higher_is_better) == PAIR_OK
+                for pair, outcome in outcomes.items()}
 
     def second_pass_pairs(self, nodes: Sequence[str]) -> list[Pair]:
         """The pairs a second pass measures (none when every pair passed or no node is good)."""

@@ -8,11 +8,18 @@ to HCA i of the other, all rails of a pair at once). The cluster-wide summary co
 pair's figure with the median of all pairs, re-pairs failing nodes with passing ones in a second
 pass (one implementation, runners.pairs.PairVerdicts and blame(), for iperf3 and every perftest
 rail), and names the suspect nodes and links with the evidence.
+
+Each tool is one PairCampaign (which pairs and rails, rounds, ports, raw outputs, both passes)
+with a small PairTool (Iperf3Tool; PerftestTool, with rails) for what differs: how one pair is
+measured and what its run says. Every pair test records its state for the heatmaps (ok, low,
+failed), judged once by runners.pairs.pair_state against its campaign's first-pass median: the
+rule attribution applies, so the two never disagree.
 """
 from __future__ import annotations
 
 import itertools
 import threading
+from abc import ABC, abstractmethod
 from typing import Callable, Optional, TypeVar, Union
 
 import pytest
@@ -20,7 +27,7 @@ import pytest
 from inventory.model import Expectations
 from runners import ibstat, iperf3, pairs, perftest
 from runners.parsing import ParseError
-from runners.pairs import Pair, PairRun, pair_id
+from runners.pairs import Pair, PairRun, pair_id, pair_rail_id
 from handover.plugin import acceptance_session
 from handover.failures import CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure, excerpt
 from suites.checks import odd_ones_out, parsed
@@ -29,10 +36,8 @@ pytestmark = [pytest.mark.network]
 
 IBSTAT_STEP = "ibstat"
 IPERF3_SECONDS = 2
-IPERF3_BASE_PORT = 5301  # pair i of a round uses IPERF3_BASE_PORT + i
-SECOND_PASS_BASE_PORT = 5401
-PERFTEST_BASE_PORTS = {"ib_write_bw": 18515, "ib_write_lat": 19515}
-PERFTEST_SECOND_PASS_BASE_PORTS = {"ib_write_bw": 23515, "ib_write_lat": 24515}
+BASE_PORTS = {"iperf3": 5301, "ib_write_bw": 18515, "ib_write_lat": 19515}  # pair i of a round: base + i
+SECOND_PASS_BASE_PORTS = {"iperf3": 5401, "ib_write_bw": 23515, "ib_write_lat": 24515}
 PERFTEST_MAIN_METRICS = {"ib_write_bw": "ib_write_bw", "ib_write_lat": "ib_write_lat_typical"}
 RAIL_PORT_STRIDE = 100  # rail r of pair i in a round listens on base + r * stride + i
 COUNTERS_STEP = "ib_counters"
@@ -157,66 +162,177 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "rail" in metafunc.fixturenames:
         rails = range(recorder.cluster.profile.expect.ib_hcas or 1)
         metafunc.parametrize("pair, rail", [
-            pytest.param(pair, rail, id=f"{pair_id(pair)}-rail{rail}", marks=marks(pair))
+            pytest.param(pair, rail, id=pair_rail_id(pair, rail), marks=marks(pair))
             for pair in itertools.combinations(nodes, 2) for rail in rails])
         return
     metafunc.parametrize("pair", [pytest.param(pair, id=pair_id(pair), marks=marks(pair))
                                   for pair in itertools.combinations(nodes, 2)])
 
 
-class PairwiseIperf3:
-    """iperf3 for every selected pair, run once in rounds when the first pair test asks."""
+Rail = Optional[int]  # perftest's HCA index; None for a tool with one path per pair (iperf3)
+RailRun = Union[PairRun, str]  # the run, or why it could not start (e.g. a missing HCA)
+Measure = Callable[[Pair, Rail, int], RailRun]  # measure(pair, rail, port); never raises
 
-    def __init__(self, session: pytest.Session, cluster_run, recorder, profile):
+
+class PairTool(ABC):
+    """What a PairCampaign needs from one tool: how to measure one pair (one rail of it), what
+    a run says for attribution, and how its figures are named."""
+
+    name: str  # its pair test is test_<name>; its ports and raw steps are keyed by it
+    unit: str  # of the figure it is judged on
+    higher_is_better: bool = True  # False for latencies
+
+    @abstractmethod
+    def measurer(self, cluster_run) -> Measure:
+        """measure(pair, rail, port) for one pass over the cluster's selected nodes."""
+
+    @abstractmethod
+    def outcome(self, run: RailRun) -> Optional[pairs.PairOutcome]:
+        """The run for attribution; None when it says nothing about the link."""
+
+    def label(self, rail: Rail) -> str:
+        return self.name if rail is None else f"{self.name} rail {rail}"
+
+    def tally(self, rail: Rail, first: dict[Pair, pairs.PairOutcome]) -> str:
+        """How many pairs of this rail the first pass measured, for the attribution's note."""
+        return f"{self.label(rail)}: {len(first)} pair(s)"
+
+
+class PairCampaign:
+    """One tool's every selected pair test (a pair, or a rail of it), measured once in rounds
+    when the first of them asks; the second pass; the outcomes, medians and states by rail.
+
+    Pair i of a round listens on the tool's base port + i, rail r of it RAIL_PORT_STRIDE * r
+    above; every rail of a pair runs at once. Raw outputs go under <tool>/<a-b[-railR]>, the
+    second pass's under <tool>_second_pass/..., on ports of its own.
+    """
+
+    def __init__(self, session: pytest.Session, cluster_run, recorder, tool: PairTool,
+                 low_fraction: float):
         self._session = session
         self._cluster_run = cluster_run
         self._recorder = recorder
-        self._reference = profile.references.get("iperf3_bandwidth")
+        self.tool = tool
+        self.low_fraction = low_fraction  # the profile's pair_low_fraction: low vs the median
         self._lock = threading.Lock()
-        self.runs: dict[Pair, iperf3.PairRun] = {}
-        self.raw: dict[Pair, list[str]] = {}
+        self.runs: dict[tuple[Pair, Rail], RailRun] = {}
+        self.raw: dict[tuple[Pair, Rail], list[str]] = {}
         self.second_raw: list[str] = []  # the second pass's raw outputs, evidence of the attribution
+        self._outcomes: dict[tuple[Pair, Rail], Optional[pairs.PairOutcome]] = {}
+        self._medians: dict[Rail, Optional[float]] = {}
 
-    def run(self, pair: Pair) -> iperf3.PairRun:
+    def run(self, pair: Pair, rail: Rail = None) -> RailRun:
         with self._lock:
-            if pair not in self.runs:
-                self.runs.update(self._run_all(self._selected() or [pair], IPERF3_BASE_PORT, "iperf3"))
-            return self.runs[pair]
+            if (pair, rail) not in self.runs:
+                done = self._run_all(self._selected() or {pair: [rail]}, second=False)
+                self.runs.update(done)
+                self._outcomes.update((key, self.tool.outcome(run)) for key, run in done.items())
+                self._medians = {kind: pairs.median_of({p: o.figure for p, o in first.items()})
+                                 for kind, first in self.first_pass().items()}
+            return self.runs[(pair, rail)]
 
-    def _selected(self) -> list[Pair]:
-        chosen = []
+    def _selected(self) -> dict[Pair, list[Rail]]:
+        chosen: dict[Pair, list[Rail]] = {}
         for item in self._session.items:
             callspec = getattr(item, "callspec", None)
-            if item.originalname == "test_iperf3" and callspec and callspec.params.get("pair"):
-                chosen.append(callspec.params["pair"])
+            if item.originalname == f"test_{self.tool.name}" and callspec and callspec.params.get("pair"):
+                chosen.setdefault(callspec.params["pair"], []).append(callspec.params.get("rail"))
         return chosen
 
-    def _run_all(self, wanted: list[Pair], base_port: int, step: str) -> dict[Pair, iperf3.PairRun]:
+    def _run_all(self, wanted: dict[Pair, list[Rail]], *, second: bool) -> dict[tuple[Pair, Rail], RailRun]:
         nodes = [node.name for node in self._cluster_run.nodes]
-        transports = {node: self._cluster_run.transport(node) for node in nodes}
-        # iperf3 measures the data network: a node's data_address when the inventory names one.
-        address = {node: self._cluster_run.cluster.node(node).data_address
-                   or self._cluster_run.cluster.node(node).address for node in nodes}
+        measure = self.tool.measurer(self._cluster_run)
+        step = f"{self.tool.name}_second_pass" if second else self.tool.name
+        base_port = (SECOND_PASS_BASE_PORTS if second else BASE_PORTS)[self.tool.name]
 
-        def run_pair(pair: Pair, port: int) -> iperf3.PairRun:
+        def run_pair(pair: Pair, port: int) -> dict[Rail, RailRun]:
+            done: dict[Rail, RailRun] = {}
+
+            def run_rail(rail: Rail) -> None:
+                done[rail] = measure(pair, rail, port + (rail or 0) * RAIL_PORT_STRIDE)
+
+            threads = [threading.Thread(target=run_rail, args=(rail,), daemon=True,
+                                        name=f"{self.tool.name}-{pair_rail_id(pair, rail)}")
+                       for rail in wanted[pair]]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            return {rail: done[rail] for rail in wanted[pair]}
+
+        runs: dict[tuple[Pair, Rail], RailRun] = {}
+        for pair, rails in pairs.run_rounds(pairs.schedule(nodes, wanted), base_port, run_pair).items():
+            for rail, run in rails.items():
+                runs[(pair, rail)] = run
+                saved = []
+                if isinstance(run, PairRun):
+                    for result in (run.client_result, run.server_result):
+                        if result is not None:
+                            saved += self._recorder.ledger.save_raw(
+                                f"{step}/{pair_rail_id(pair, rail)}", result.node,
+                                result.stdout, result.stderr)
+                if second:
+                    self.second_raw += saved
+                else:
+                    self.raw[(pair, rail)] = saved
+        return runs
+
+    def first_pass(self) -> dict[Rail, dict[Pair, pairs.PairOutcome]]:
+        """Every measured pair test's outcome by rail (in rail order), those that say nothing
+        about a link left out."""
+        return dict(sorted(pairs.by_kind(self._outcomes).items(), key=lambda entry: entry[0] or 0))
+
+    def state(self, pair: Pair, rail: Rail = None) -> tuple[str, Optional[float]]:
+        """(state, median) of a measured pair test for the heatmaps: pairs.pair_state against
+        the first pass's median of its rail, as attribution judges it. A rail attribution leaves
+        out (no HCA for it, no RDMA device) is failed: its test fails whenever it does not skip."""
+        median = self._medians.get(rail)
+        outcome = self._outcomes[(pair, rail)] or pairs.PairOutcome(False)
+        return pairs.pair_state(outcome, median, self.low_fraction, self.tool.higher_is_better), median
+
+    def second_pass(self, wanted: dict[Rail, list[Pair]]) -> dict[Rail, dict[Pair, pairs.PairOutcome]]:
+        """Every rail's second-pass pairs at once (a pair's rails together), on their own ports."""
+        with self._lock:
+            done = self._run_all(pairs.kinds_by_pair(wanted), second=True)
+        return pairs.by_kind({key: self.tool.outcome(run) for key, run in done.items()})
+
+
+_CAMPAIGNS = pytest.StashKey[dict[str, PairCampaign]]()
+
+
+def _campaign(request, cluster_run, recorder, profile, tool: PairTool) -> PairCampaign:
+    """The session's one campaign of this tool."""
+    campaigns = request.session.stash.setdefault(_CAMPAIGNS, {})
+    if tool.name not in campaigns:
+        low_fraction = (pairs.LOW_FRACTION if profile.expect.pair_low_fraction is None
+                        else profile.expect.pair_low_fraction)
+        campaigns[tool.name] = PairCampaign(request.session, cluster_run, recorder, tool, low_fraction)
+    return campaigns[tool.name]
+
+
+class Iperf3Tool(PairTool):
+    """TCP throughput with iperf3 (client b, server a) over the data network: one rail, None."""
+
+    name, unit = "iperf3", "Gb/s"
+
+    def __init__(self, profile):
+        self._reference = profile.references.get("iperf3_bandwidth")
+
+    def measurer(self, cluster_run) -> Measure:
+        nodes = [node.name for node in cluster_run.nodes]
+        transports = {node: cluster_run.transport(node) for node in nodes}
+        # iperf3 measures the data network: a node's data_address when the inventory names one.
+        address = {node: cluster_run.cluster.node(node).data_address
+                   or cluster_run.cluster.node(node).address for node in nodes}
+
+        def measure(pair: Pair, rail: Rail, port: int) -> RailRun:
             server, client = pair
             return iperf3.run_pair(transports[server], transports[client], address[server], port,
                                    IPERF3_SECONDS)
 
-        done = pairs.run_rounds(pairs.schedule(nodes, wanted), base_port, run_pair)
-        for pair, run in done.items():
-            saved = []
-            for result in (run.client_result, run.server_result):
-                if result is not None:
-                    saved += self._recorder.ledger.save_raw(f"{step}/{pair_id(pair)}", result.node,
-                                                            result.stdout, result.stderr)
-            if step == "iperf3":
-                self.raw[pair] = saved
-            else:
-                self.second_raw += saved
-        return done
+        return measure
 
-    def outcome(self, run: iperf3.PairRun) -> pairs.PairOutcome:
+    def outcome(self, run: RailRun) -> pairs.PairOutcome:
         """Sane, and within the profile's band when it has one; the figure in Gb/s."""
         report, why = iperf3.judge(run)
         if why:
@@ -224,22 +340,15 @@ class PairwiseIperf3:
         return pairs.PairOutcome(self._reference is None or self._reference.admits(report.gbps),
                                  report.gbps)
 
-    def second_pass(self, wanted: dict[None, list[Pair]]) -> dict[None, dict[Pair, pairs.PairOutcome]]:
-        """The second pass's pairs (one kind: key None) in rounds on their own ports; outcomes."""
-        with self._lock:
-            done = self._run_all(wanted[None], SECOND_PASS_BASE_PORT, "iperf3_second_pass")
-        return {None: {pair: self.outcome(run) for pair, run in done.items()}}
-
-
-_PAIRWISE_KEY = pytest.StashKey[PairwiseIperf3]()
+    def tally(self, rail: Rail, first: dict[Pair, pairs.PairOutcome]) -> str:
+        failed = sorted(pair_id(pair) for pair, outcome in first.items() if not outcome.passed)
+        return (f"{super().tally(rail, first)}, {len(failed)} failed"
+                + (f" ({', '.join(failed)})" if failed else ""))
 
 
 @pytest.fixture(scope="session")
-def pairwise_iperf3(request, cluster_run, recorder, profile) -> PairwiseIperf3:
-    stash = request.session.stash
-    if _PAIRWISE_KEY not in stash:
-        stash[_PAIRWISE_KEY] = PairwiseIperf3(request.session, cluster_run, recorder, profile)
-    return stash[_PAIRWISE_KEY]
+def pairwise_iperf3(request, cluster_run, recorder, profile) -> PairCampaign:
+    return _campaign(request, cluster_run, recorder, profile, Iperf3Tool(profile))
 
 
 def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, recorder):
@@ -247,7 +356,8 @@ def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, recorder
     if pair is None:
         pytest.skip(NEEDS_TWO)
     run = pairwise_iperf3.run(pair)
-    record.raw(pairwise_iperf3.raw.get(pair, []))
+    record.raw(pairwise_iperf3.raw.get((pair, None), []))
+    record.pair_state(*pairwise_iperf3.state(pair))
     result = run.client_result
     report, why = iperf3.judge(run)
     if why:
@@ -266,23 +376,18 @@ def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, recorder
 
 # ------------------------------------------------------------------------------ perftest pairs
 
-RailRun = Union[PairRun, str]  # the run, or why it could not start (e.g. a missing HCA)
 
-
-class PairwisePerftest:
-    """One perftest tool for every selected (pair, rail), run once in rounds when first asked.
+class PerftestTool(PairTool):
+    """One perftest tool (ib_write_bw, ib_write_lat), one rail at a time.
 
     Rail r joins the r-th HCA ibstat lists on each node (rail-aligned, in natural name order:
     mlx5_2 before mlx5_10); a node whose ibstat lists no HCA runs perftest without --ib-dev, so
-    perftest itself says whether it finds an RDMA device. Every rail of a pair runs at once,
-    each on its own port.
+    perftest itself says whether it finds an RDMA device.
     """
 
-    def __init__(self, session: pytest.Session, cluster_run, recorder, profile, tool: str):
-        self._session = session
-        self._cluster_run = cluster_run
-        self._recorder = recorder
-        self.tool = tool
+    def __init__(self, profile, tool: str):
+        self.name = tool
+        self.unit = "Gb/s" if tool.endswith("_bw") else "us"
         self.references = {name: ref for name, ref in profile.references.items() if ref.check == tool}
         self.main_metric = PERFTEST_MAIN_METRICS[tool]
         self.higher_is_better = tool.endswith("_bw")
@@ -291,42 +396,12 @@ class PairwisePerftest:
             size=perftest.LARGE_MESSAGE_BYTES if tool.endswith("_bw") else perftest.LATENCY_MESSAGE_BYTES,
             bidirectional=bool(profile.expect.ib_bidirectional),
             use_cuda=bool(profile.expect.ib_gpudirect))
-        self._lock = threading.Lock()
-        self.runs: dict[tuple[Pair, int], RailRun] = {}
-        self.raw: dict[tuple[Pair, int], list[str]] = {}
-        self.second_raw: list[str] = []  # the second pass's raw outputs, evidence of the attribution
 
-    def run(self, pair: Pair, rail: int) -> RailRun:
-        with self._lock:
-            if (pair, rail) not in self.runs:
-                self.runs.update(self._run_all(self._selected() or {pair: [rail]},
-                                               PERFTEST_BASE_PORTS[self.tool], self.tool))
-            return self.runs[(pair, rail)]
-
-    def _selected(self) -> dict[Pair, list[int]]:
-        chosen: dict[Pair, list[int]] = {}
-        for item in self._session.items:
-            callspec = getattr(item, "callspec", None)
-            if item.originalname == f"test_{self.tool}" and callspec and callspec.params.get("pair"):
-                chosen.setdefault(callspec.params["pair"], []).append(callspec.params["rail"])
-        return chosen
-
-    def _hcas(self) -> dict[str, list[str]]:
-        """Each node's HCA names, naturally ordered ([] when it lists none or did not answer)."""
-        names = {}
-        for node, result in self._cluster_run.gather(IBSTAT_STEP, ibstat.probe).items():
-            try:
-                names[node] = ibstat.natural_order(hca.name for hca in ibstat.parse_ibstat(result.stdout).hcas)
-            except ParseError:
-                names[node] = []
-        return names
-
-    def _run_all(self, wanted: dict[Pair, list[int]], base_port: int,
-                 step: str) -> dict[tuple[Pair, int], RailRun]:
-        nodes = [node.name for node in self._cluster_run.nodes]
-        transports = {node: self._cluster_run.transport(node) for node in nodes}
-        address = {node: self._cluster_run.cluster.node(node).address for node in nodes}
-        hcas = self._hcas()
+    def measurer(self, cluster_run) -> Measure:
+        nodes = [node.name for node in cluster_run.nodes]
+        transports = {node: cluster_run.transport(node) for node in nodes}
+        address = {node: cluster_run.cluster.node(node).address for node in nodes}
+        hcas = hca_names(cluster_run)
 
         def device(node: str, rail: int) -> tuple[Optional[str], str]:
             if not hcas[node]:
@@ -336,46 +411,19 @@ class PairwisePerftest:
                               f"no HCA for rail {rail}")
             return hcas[node][rail], ""
 
-        def run_rail(pair: Pair, rail: int, port: int, done: dict) -> None:
+        def measure(pair: Pair, rail: Rail, port: int) -> RailRun:
             server, client = pair
             (server_device, server_problem), (client_device, client_problem) = (
                 device(server, rail), device(client, rail))
             if server_problem or client_problem:
-                done[rail] = server_problem or client_problem
-                return
-            done[rail] = perftest.run_pair(
+                return server_problem or client_problem
+            return perftest.run_pair(
                 transports[server], transports[client], address[server], port, self.mode,
                 server_device, client_device, gpu=rail if self.mode.use_cuda else None)
 
-        def run_pair(pair: Pair, port: int) -> dict[int, RailRun]:
-            done: dict[int, RailRun] = {}
-            threads = [threading.Thread(target=run_rail, args=(pair, rail, port + rail * RAIL_PORT_STRIDE, done),
-                                        name=f"{self.tool}-{pair_id(pair)}-rail{rail}", daemon=True)
-                       for rail in wanted[pair]]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            return done
+        return measure
 
-        runs: dict[tuple[Pair, int], RailRun] = {}
-        for pair, rails in pairs.run_rounds(pairs.schedule(nodes, wanted), base_port, run_pair).items():
-            for rail, run in rails.items():
-                runs[(pair, rail)] = run
-                saved = []
-                if not isinstance(run, str):
-                    for result in (run.client_result, run.server_result):
-                        if result is not None:
-                            saved += self._recorder.ledger.save_raw(
-                                f"{step}/{pair_id(pair)}-rail{rail}", result.node,
-                                result.stdout, result.stderr)
-                if step == self.tool:
-                    self.raw[(pair, rail)] = saved
-                else:
-                    self.second_raw += saved
-        return runs
-
-    def metrics_of(self, report: perftest.PerftestReport) -> dict[str, Optional[float]]:
+    def figures(self, report: perftest.PerftestReport) -> dict[str, Optional[float]]:
         """The figures a rail is judged on: bandwidth at the largest message; latency typical
         (median) and 99th percentile of the first (only) size."""
         if self.higher_is_better:
@@ -384,8 +432,8 @@ class PairwisePerftest:
         return {self.main_metric: row.get("t_typical_us"), "ib_write_lat_p99": row.get("p99_us")}
 
     def outcome(self, run: RailRun) -> Optional[pairs.PairOutcome]:
-        """The rail for attribution; None when it says nothing about the link (no HCA for the
-        rail, no RDMA device on a node)."""
+        """None for a rail that says nothing about the link (no HCA for the rail, no RDMA
+        device on a node); else sane and every figure within its band."""
         if isinstance(run, str) or any(perftest.no_rdma_device(result)
                                        for result in (run.client_result, run.server_result)
                                        if result is not None):
@@ -393,77 +441,56 @@ class PairwisePerftest:
         report, why = perftest.judge(run)
         if why:
             return pairs.PairOutcome(False)
-        figures = self.metrics_of(report)
+        figures = self.figures(report)
         within = all(figures.get(name) is not None and reference.admits(figures[name])
                      for name, reference in self.references.items())
         return pairs.PairOutcome(within, figures[self.main_metric])
 
-    def first_pass(self) -> dict[int, dict[Pair, pairs.PairOutcome]]:
-        """Every measured rail's pair outcomes, by rail."""
-        by_rail: dict[int, dict[Pair, pairs.PairOutcome]] = {}
-        for (pair, rail), run in self.runs.items():
-            outcome = self.outcome(run)
-            if outcome is not None:
-                by_rail.setdefault(rail, {})[pair] = outcome
-        return by_rail
 
-    def second_pass(self, wanted: dict[int, list[Pair]]) -> dict[int, dict[Pair, pairs.PairOutcome]]:
-        """Every rail's second-pass pairs at once (a pair's rails together), on their own ports."""
-        by_pair: dict[Pair, list[int]] = {}
-        for rail, rail_pairs in wanted.items():
-            for pair in rail_pairs:
-                by_pair.setdefault(pair, []).append(rail)
-        with self._lock:
-            done = self._run_all(by_pair, PERFTEST_SECOND_PASS_BASE_PORTS[self.tool],
-                                 f"{self.tool}_second_pass")
-        outcomes: dict[int, dict[Pair, pairs.PairOutcome]] = {}
-        for (pair, rail), run in done.items():
-            outcome = self.outcome(run)
-            if outcome is not None:
-                outcomes.setdefault(rail, {})[pair] = outcome
-        return outcomes
-
-
-def _pairwise_perftest(request, cluster_run, recorder, profile, tool: str) -> PairwisePerftest:
-    key = _PERFTEST_KEYS[tool]
-    if key not in request.session.stash:
-        request.session.stash[key] = PairwisePerftest(request.session, cluster_run, recorder,
-                                                      profile, tool)
-    return request.session.stash[key]
-
-
-_PERFTEST_KEYS = {tool: pytest.StashKey[PairwisePerftest]() for tool in PERFTEST_BASE_PORTS}
+def hca_names(cluster_run) -> dict[str, list[str]]:
+    """Each node's HCA names, naturally ordered ([] when it lists none or did not answer)."""
+    names = {}
+    for node, result in cluster_run.gather(IBSTAT_STEP, ibstat.probe).items():
+        try:
+            names[node] = ibstat.natural_order(hca.name for hca in ibstat.parse_ibstat(result.stdout).hcas)
+        except ParseError:
+            names[node] = []
+    return names
 
 
 @pytest.fixture(scope="session")
-def pairwise_ib_write_bw(request, cluster_run, recorder, profile) -> PairwisePerftest:
-    return _pairwise_perftest(request, cluster_run, recorder, profile, "ib_write_bw")
+def pairwise_ib_write_bw(request, cluster_run, recorder, profile) -> PairCampaign:
+    return _campaign(request, cluster_run, recorder, profile, PerftestTool(profile, "ib_write_bw"))
 
 
 @pytest.fixture(scope="session")
-def pairwise_ib_write_lat(request, cluster_run, recorder, profile) -> PairwisePerftest:
-    return _pairwise_perftest(request, cluster_run, recorder, profile, "ib_write_lat")
+def pairwise_ib_write_lat(request, cluster_run, recorder, profile) -> PairCampaign:
+    return _campaign(request, cluster_run, recorder, profile, PerftestTool(profile, "ib_write_lat"))
 
 
-def measured_rail(pairwise: PairwisePerftest, pair: Optional[Pair], rail: int, profile,
+def measured_rail(pairwise: PairCampaign, pair: Optional[Pair], rail: int, profile,
                   record) -> perftest.PerftestReport:
-    """The rail's perftest report, sanity first: no RDMA device skips (cpu-only) or fails."""
+    """The rail's perftest report, sanity first: no RDMA device skips (cpu-only) or fails.
+    Every rail that does not skip records its pair state first."""
     if pair is None:
         pytest.skip(NEEDS_TWO)
     run = pairwise.run(pair, rail)
     record.raw(pairwise.raw.get((pair, rail), []))
     if isinstance(run, str):
+        record.pair_state(*pairwise.state(pair, rail))
         raise ExpectationFailure(run)
     results = [r for r in (run.client_result, run.server_result) if r is not None]
     absent = next((r for r in results if perftest.no_rdma_device(r)), None)
     if absent is not None:
         said = next(m for m in perftest.NO_DEVICE_MARKERS if m in absent.stdout + absent.stderr)
-        reason = f"no RDMA device: {pairwise.tool} on {absent.node} says {said!r}"
+        reason = f"no RDMA device: {pairwise.tool.name} on {absent.node} says {said!r}"
         expected = profile.expect.ib_hcas
         if expected:
+            record.pair_state(*pairwise.state(pair, rail))
             raise ExpectationFailure(f"{reason}, but profile {profile.name} expects {expected} HCA(s)",
                                      excerpt(absent.stderr or absent.stdout))
         pytest.skip(reason)
+    record.pair_state(*pairwise.state(pair, rail))
     report, why = perftest.judge(run)
     if why:
         result = run.client_result
@@ -480,18 +507,18 @@ def test_ib_write_bw(pair: Optional[Pair], rail: int, pairwise_ib_write_bw, prof
     """RDMA write bandwidth of one rail between two nodes, large messages, in Gb/s per port."""
     report = measured_rail(pairwise_ib_write_bw, pair, rail, profile, record)
     largest = max(report.rows, key=lambda row: row["bytes"])
-    mode = pairwise_ib_write_bw.mode
+    mode = pairwise_ib_write_bw.tool.mode
     record.note(f"rail {rail}: {largest['bw_avg_gbps']:.2f} Gb/s at {largest['bytes']} B"
                 + (" bidirectional" if mode.bidirectional else "") + (" GPUDirect" if mode.use_cuda else ""))
     metrics.judge(**{name: (value, "Gb/s")
-                     for name, value in pairwise_ib_write_bw.metrics_of(report).items()})
+                     for name, value in pairwise_ib_write_bw.tool.figures(report).items()})
 
 
 def test_ib_write_lat(pair: Optional[Pair], rail: int, pairwise_ib_write_lat, profile, metrics,
                       record):
     """RDMA write latency of one rail between two nodes: typical (median) and 99th percentile."""
     report = measured_rail(pairwise_ib_write_lat, pair, rail, profile, record)
-    figures = pairwise_ib_write_lat.metrics_of(report)
+    figures = pairwise_ib_write_lat.tool.figures(report)
     record.note(f"rail {rail}: typical {figures['ib_write_lat_typical']} us, "
                 f"p99 {figures['ib_write_lat_p99']} us at {report.rows[0]['bytes']} B")
     metrics.judge(**{name: (value, "us") for name, value in figures.items()})
@@ -527,37 +554,27 @@ def blame(kinds: dict[Kind, tuple[str, str, pairs.PairVerdicts]], nodes: list[st
 @pytest.mark.full
 @pytest.mark.cluster
 def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, pairwise_ib_write_lat, cluster_run,
-                             profile, record):
+                             record):
     """Which nodes or links the failed or low pairs point at, after a second pass that re-pairs
     every failing node with nodes that passed (iperf3, and each rail of ib_write_bw/ib_write_lat)."""
     suspects, lows, counts = [], [], []
-    low_fraction = (pairs.LOW_FRACTION if profile.expect.pair_low_fraction is None
-                    else profile.expect.pair_low_fraction)
     nodes = [node.name for node in cluster_run.nodes]
-    if pairwise_iperf3.runs:
-        first = {pair: pairwise_iperf3.outcome(run) for pair, run in pairwise_iperf3.runs.items()}
-        found = blame({None: ("iperf3", "Gb/s", pairs.PairVerdicts(first, low_fraction))}, nodes,
-                      pairwise_iperf3.second_pass)
-        suspects += found[0]
-        lows += found[1]
-        failed = sorted(pair_id(pair) for pair, outcome in first.items() if not outcome.passed)
-        counts.append(f"iperf3: {len(first)} pair(s), {len(failed)} failed"
-                      + (f" ({', '.join(failed)})" if failed else ""))
-    for pairwise, unit in ((pairwise_ib_write_bw, "Gb/s"), (pairwise_ib_write_lat, "us")):
-        by_rail = pairwise.first_pass()
+    campaigns = (pairwise_iperf3, pairwise_ib_write_bw, pairwise_ib_write_lat)
+    for campaign in campaigns:
+        by_rail = campaign.first_pass().items()
         if not by_rail:
             continue
-        kinds = {rail: (f"{pairwise.tool} rail {rail}", unit,
-                        pairs.PairVerdicts(first, low_fraction, pairwise.higher_is_better))
-                 for rail, first in sorted(by_rail.items())}
-        found = blame(kinds, nodes, pairwise.second_pass)
+        tool = campaign.tool
+        kinds = {rail: (tool.label(rail), tool.unit,
+                        pairs.PairVerdicts(first, campaign.low_fraction, tool.higher_is_better))
+                 for rail, first in by_rail}
+        found = blame(kinds, nodes, campaign.second_pass)
         suspects += found[0]
         lows += found[1]
-        counts += [f"{pairwise.tool} rail {rail}: {len(first)} pair(s)" for rail, first in sorted(by_rail.items())]
+        counts += [tool.tally(rail, first) for rail, first in by_rail]
     if not counts:
         pytest.skip(f"no pair measured ({NEEDS_TWO}, no RDMA device, or none selected)")
-    record.raw([path for pairwise in (pairwise_iperf3, pairwise_ib_write_bw, pairwise_ib_write_lat)
-                for path in pairwise.second_raw])
+    record.raw([path for campaign in campaigns for path in campaign.second_raw])
     record.note("; ".join(counts) + (f"; far from the median: {'; '.join(lows)}" if lows else ""))
     if suspects:
         raise ExpectationFailure("suspects: " + "; ".join(suspects)

@@ -1,7 +1,9 @@
 """The network suite end to end: pytest against real namespace nodes, then results.json read back.
 
 Ring (quick) and all pairs (full) of iperf3, a node whose link is down named as the suspect,
-port health that skips without an HCA on cpu-only and fails on a profile expecting HCAs.
+a node slowed by a token bucket whose pairs are low or failed, port health that skips without an
+HCA on cpu-only and fails on a profile expecting HCAs; every pair check's state (pair_state,
+pair_median) as the suite judged it once.
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ def sign_key(tmp_path_factory):
     return key
 
 
+PAIR_STATES = ("ok", "low", "failed")
+
+
 def checks(results: dict, name: str) -> dict:
     """{pair or node id, or the function name for a cluster-wide check: check}."""
     return {c["test_id"].split("::")[-1].split("[")[-1].rstrip("]"): c
@@ -44,6 +49,9 @@ def test_quick_runs_the_ring_and_passes_on_four_nodes(ns_cluster, sign_key, tmp_
         bandwidth = next(m for m in check["metrics"] if m["name"] == "iperf3_bandwidth")
         assert bandwidth["unit"] == "Gb/s" and bandwidth["value"] > 0 and bandwidth["ok"]
     assert (run_dir / "raw" / "iperf3_node1-node2" / "node2.stdout").is_file()
+    assert {c["pair_state"] for c in pairs.values()} == {"ok"}
+    medians = {c["pair_median"] for c in pairs.values()}  # one median of the ring, 4 figures
+    assert len(medians) == 1 and next(iter(medians)) > 0
     ports = checks(results, "ib_ports")
     assert {c["outcome"] for c in ports.values()} == {"skipped"}
     assert "no InfiniBand/RoCE device" in next(iter(ports.values()))["message"]
@@ -59,6 +67,7 @@ def test_quick_runs_the_ring_and_passes_on_four_nodes(ns_cluster, sign_key, tmp_
             # the real no-device path: perftest ran on the nodes and exited 1
             assert check["outcome"] == "skipped" and check["rail"] == 0, check
             assert "Unable to find the Infiniband/RoCE device" in check["message"]
+            assert "pair_state" not in check and "pair_median" not in check  # skipped: no state
     assert (run_dir / "raw" / "ib_write_bw_node1-node2-rail0" / "node2.stderr").is_file()
     # cpu-only's pair_low_fraction reaches the report: heatmap and attribution share the threshold
     assert results["run"]["pair_low_fraction"] == 0.75
@@ -75,6 +84,9 @@ def test_full_with_a_dead_link_names_the_node_and_spares_its_partners(ns_cluster
     outcome = {pair: c["outcome"] for pair, c in checks(results, "iperf3").items()}
     assert len(outcome) == 6
     assert {p for p, o in outcome.items() if o == "failed"} == {"node1-node4", "node2-node4", "node3-node4"}
+    state = {pair: c["pair_state"] for pair, c in checks(results, "iperf3").items()}
+    assert state == {pair: "failed" if "node4" in pair else "ok" for pair in outcome}  # recorded before raising
+    assert {c["pair_median"] for c in checks(results, "iperf3").values()} != {None}  # 3 figures: a median
     summary = checks(results, "network_attribution")["test_network_attribution"]
     assert summary["outcome"] == "failed" and "node node4" in summary["message"]
     assert "link" not in summary["message"].replace("all 3", "")
@@ -104,6 +116,7 @@ def test_profile_expecting_hcas_fails_where_there_are_none(ns_cluster, sign_key,
         assert sorted(rails) == ["node1-node2-rail0", "node1-node2-rail1"]
         for rail in rails.values():
             assert rail["outcome"] == "failed" and rail["kind"] == "expectation", rail
+            assert rail["pair_state"] == "failed" and rail["pair_median"] is None, rail
             assert "Unable to find the Infiniband/RoCE device" in rail["message"]
             assert "expects 2 HCA(s)" in rail["message"]
 
@@ -148,3 +161,34 @@ def test_quick_second_pass_clears_the_node_between_two_dead_ones(ns_cluster_fact
     assert (second / "node4.stdout").is_file() and (second / "node1.stdout").is_file()
     assert not (run_dir / "raw" / "iperf3_second_pass_node1-node2").exists()  # measured in the first pass
     assert "raw/iperf3_second_pass_node1-node4/node4.stdout" in summary["raw"]
+
+
+def test_quick_a_slow_node_makes_its_pairs_low_or_failed_and_the_others_ok(ns_cluster_factory, sign_key, tmp_path):
+    """Five real nodes in a ring, node5 sending through a 200 Mbit/s token bucket on its eth0:
+    node5 is the iperf3 client (the sender) of both its ring pairs, so they measure a fraction
+    of the others. The median of the ring's five figures is then one of the three unshaped
+    pairs, so theirs are ok whatever the machine's speed; node5's are low (within the smoke
+    floor, far below the median) or failed (below the floor). Every pair check carries the one
+    median it was judged against, and attribution, judging by the same rule, names node5."""
+    nodes = ns_cluster_factory(5)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    shaped = nodes.node_exec("node5", ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "200mbit",
+                                       "burst", "64kb", "latency", "100ms"], timeout=10)
+    assert shaped.returncode == 0, shaped.stderr
+    done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-m", "quick", "-k", "iperf3 or attribution")
+    assert done.returncode == 1, done.stdout[-3000:]
+    results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
+    ring = checks(results, "iperf3")
+    assert sorted(ring) == ["node1-node2", "node1-node5", "node2-node3", "node3-node4", "node4-node5"]
+    assert {c["pair_state"] for c in ring.values()} <= set(PAIR_STATES)
+    medians = {c["pair_median"] for c in ring.values()}
+    assert len(medians) == 1 and next(iter(medians)) > 0, medians
+    for pair, check in ring.items():
+        if "node5" in pair:
+            assert check["pair_state"] in ("low", "failed"), check
+            # low: passed its own band, only the median says otherwise; failed: it did not
+            assert check["outcome"] == ("passed" if check["pair_state"] == "low" else "failed"), check
+        else:
+            assert check["pair_state"] == "ok" and check["outcome"] == "passed", check
+    summary = checks(results, "network_attribution")["test_network_attribution"]
+    assert summary["outcome"] == "failed" and "node node5" in summary["message"], summary["message"]

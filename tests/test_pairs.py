@@ -5,8 +5,9 @@ import itertools
 
 import pytest
 
-from runners.pairs import (PairOutcome, PairVerdicts, attribute, circle_rounds, greedy_rounds, low_pairs, pair_id,
-                           ports_for, ring_pairs, ring_rounds, run_rounds, schedule, second_pass_pairs)
+from runners.pairs import (PairOutcome, PairVerdicts, attribute, by_kind, circle_rounds, greedy_rounds, kinds_by_pair,
+                           low_pairs, median_of, pair_id, pair_rail_id, pair_state, ports_for, ring_pairs,
+                           ring_rounds, run_rounds, schedule, second_pass_pairs)
 
 
 def names(count: int) -> list[str]:
@@ -201,3 +202,61 @@ def test_no_second_pass_when_every_pair_passed_or_no_node_is_good():
     assert PairVerdicts({("a", "b"): PairOutcome(False)}).second_pass_pairs(["a", "b"]) == []
     clean = PairVerdicts(ring_with_dead(4, set()))
     assert clean.attribution().clean and not clean.attribution().cleared_nodes
+
+
+def test_a_pairs_state_is_failed_when_it_did_not_pass_low_far_from_the_median_else_ok():
+    median = 390.0
+    assert pair_state(PairOutcome(False), median) == "failed"  # not sane: no figure
+    assert pair_state(PairOutcome(False, 389.0), median) == "failed"  # out of its band, at the median
+    assert pair_state(PairOutcome(True, 250.0), median) == "low"  # 36% below, LOW_FRACTION 0.25
+    assert pair_state(PairOutcome(True, 292.5), median) == "ok"  # exactly 25% below is not beyond
+    assert pair_state(PairOutcome(True, 500.0), median) == "ok"  # above is never low for bandwidth
+    assert pair_state(PairOutcome(True, 250.0), median, 0.75) == "ok"  # the profile's fraction
+    assert pair_state(PairOutcome(True, 90.0), median, 0.75) == "low"
+    assert pair_state(PairOutcome(True, None), median) == "ok"
+    assert pair_state(PairOutcome(True, 1.0), None) == "ok"  # no median to be low against
+
+
+def test_a_latencys_state_is_low_far_above_the_median():
+    assert pair_state(PairOutcome(True, 2.5), 1.01, higher_is_better=False) == "low"
+    assert pair_state(PairOutcome(True, 0.2), 1.01, higher_is_better=False) == "ok"
+    assert pair_state(PairOutcome(False, 1.0), 1.01, higher_is_better=False) == "failed"
+
+
+def test_fewer_figures_than_min_pairs_for_median_leave_every_passed_pair_ok():
+    two = {("a", "b"): PairOutcome(True, 1.0), ("c", "d"): PairOutcome(True, 100.0)}
+    median = median_of({pair: outcome.figure for pair, outcome in two.items()})
+    assert median is None and {pair_state(outcome, median) for outcome in two.values()} == {"ok"}
+
+
+@pytest.mark.parametrize("figures, out_of_band, higher_is_better", [
+    ({("a", "b"): 390.0, ("a", "c"): 388.0, ("b", "c"): None, ("c", "d"): 250.0, ("b", "d"): 385.0,
+      ("a", "d"): 100.0}, {("a", "d")}, True),
+    ({("a", "b"): 1.0, ("a", "c"): 1.02, ("b", "c"): 0.98, ("c", "d"): 2.5, ("b", "d"): None}, set(), False),
+    ({("a", "b"): 5.0, ("c", "d"): 1.0}, set(), True),
+])
+def test_attribution_and_the_pair_states_judge_with_one_rule(figures, out_of_band, higher_is_better):
+    """The heatmaps' states and PairVerdicts agree pair for pair: low is exactly PairVerdicts.low
+    among the passed pairs, and only ok pairs count as good for the second pass and blame.
+    A pair without a figure failed its sanity check."""
+    first = {pair: PairOutcome(value is not None and pair not in out_of_band, value)
+             for pair, value in figures.items()}
+    verdicts = PairVerdicts(first, 0.25, higher_is_better)
+    states = {pair: pair_state(outcome, verdicts.median, 0.25, higher_is_better) for pair, outcome in first.items()}
+    assert {pair for pair, state in states.items() if state == "low"} == \
+        {pair for pair in verdicts.low if first[pair].passed}
+    assert {pair for pair, state in states.items() if state == "failed"} == \
+        {pair for pair, outcome in first.items() if not outcome.passed}
+    nodes = ["a", "b", "c", "d"]
+    good = {pair: state == "ok" for pair, state in states.items()}
+    assert verdicts.second_pass_pairs(nodes) == second_pass_pairs(good, nodes)
+    assert verdicts.attribution() == attribute(good)
+
+
+def test_outcomes_group_by_rail_and_a_second_pass_runs_a_pairs_rails_together():
+    assert kinds_by_pair({0: [("a", "b"), ("a", "c")], 1: [("a", "b")]}) == {("a", "b"): [0, 1], ("a", "c"): [0]}
+    outcomes = {(("a", "b"), 0): PairOutcome(True, 1.0), (("a", "b"), 1): None,
+                (("a", "c"), 0): PairOutcome(False)}
+    assert by_kind(outcomes) == {0: {("a", "b"): PairOutcome(True, 1.0), ("a", "c"): PairOutcome(False)}}
+    assert by_kind({(("a", "b"), None): PairOutcome(True, 9.0)}) == {None: {("a", "b"): PairOutcome(True, 9.0)}}
+    assert pair_rail_id(("a", "b"), None) == "a-b" and pair_rail_id(("a", "b"), 3) == "a-b-rail3"

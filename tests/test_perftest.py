@@ -137,25 +137,25 @@ def test_judge_puts_error_lines_before_figures():
 
 
 def test_a_rails_outcome_for_attribution_is_its_figure_against_the_profiles_bands():
-    """The real HDR200 loopback log judged as one rail of a pair (the suite's PairwisePerftest,
+    """The real HDR200 loopback log judged as one rail of a pair (the suite's PerftestTool,
     which only needs the profile for this): below the NDR floor on H100, within band on A100;
     the real no-device run and a rail without an HCA say nothing about the link."""
     from inventory.loader import load_profile
     from runners.pairs import PairOutcome, PairRun
     from runners.transport import Result
-    from suites.test_network import PairwisePerftest
+    from suites.test_network import PerftestTool
 
     text = (DATA / "superbench_ib_loopback_8M_size.log").read_text()
     measured = PairRun("n1", "n2", 18515, Result("n2", "ib_write_bw ...", 0, text, "", 1.0), None)
     for profile, passed in (("h100-sxm-8gpu", False), ("a100-sxm-8gpu", True)):
-        rail = PairwisePerftest(None, None, None, load_profile(profile), "ib_write_bw")
+        rail = PerftestTool(load_profile(profile), "ib_write_bw")
         assert rail.outcome(measured) == PairOutcome(passed, 201.8024)
-    h100 = PairwisePerftest(None, None, None, load_profile("h100-sxm-8gpu"), "ib_write_bw")
+    h100 = PerftestTool(load_profile("h100-sxm-8gpu"), "ib_write_bw")
     broken = Result("n2", "ib_write_bw ...", 0, text + " Completion with error at client\n", "", 1.0)
     assert h100.outcome(PairRun("n1", "n2", 18515, broken, None)) == PairOutcome(False)
     stderr = (DATA / "local_perftest45_ib_write_bw_ERROR_no_rdma_device.stderr.txt").read_text()
     absent = Result("n2", "ib_write_bw ...", 1, "", stderr, 0.1)
     assert h100.outcome(PairRun("n1", "n2", 18515, absent, None)) is None
     assert h100.outcome("n2 has 4 HCA(s) (mlx5_0, mlx5_1, mlx5_2, mlx5_3): no HCA for rail 4") is None
-    latency = PairwisePerftest(None, None, None, load_profile("h100-sxm-8gpu"), "ib_write_lat")
+    latency = PerftestTool(load_profile("h100-sxm-8gpu"), "ib_write_lat")
     assert not latency.higher_is_better and set(latency.references) == {"ib_write_lat_typical", "ib_write_lat_p99"}
