@@ -30,8 +30,9 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from inventory.loader import load_inventory  # noqa: E402
 from netns import NamespaceCluster, netns_available  # noqa: E402
+
+from inventory.loader import load_inventory  # noqa: E402
 from runners import system  # noqa: E402
 from runners.fanout import DEFAULT_WORKERS, fan_out  # noqa: E402
 from runners.transport import Result, Transport, make_transport  # noqa: E402
@@ -160,7 +161,7 @@ def table(rows: list[dict]) -> str:
             f"{row['warm_harness_cpu_s']:.3f}",
         ))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = ["| " + " | ".join(cell.rjust(width) for cell, width in zip(line, widths)) + " |"
+    out = ["| " + " | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) + " |"
            for line in lines]
     out.insert(1, "|" + "|".join("-" * (width + 1) + ":" for width in widths) + "|")
     return "\n".join(out)

@@ -22,8 +22,9 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from inventory.loader import load_inventory  # noqa: E402
 from netns import NamespaceCluster, netns_available  # noqa: E402
+
+from inventory.loader import load_inventory  # noqa: E402
 from runners import iperf3, pairs  # noqa: E402
 from runners.transport import make_transport  # noqa: E402
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 EXIT_USAGE = 2
 

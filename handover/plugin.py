@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
+
 import pytest
 
 from handover.recorder import SUITES_DIR, Recorder, test_id

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import subprocess
 import sys
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Optional
@@ -70,6 +71,12 @@ class AcceptanceSession:
         if self.ledger is None:
             raise RuntimeError("the run directory is made when collection has found checks to run")
         return self.ledger
+
+    @property
+    def started(self) -> datetime:
+        """When the run started: a resumed run keeps its first start."""
+        started = self.resumed.header["started"] if self.resumed else self.recording.started
+        return datetime.fromisoformat(str(started))
 
     def append(self, entry: dict) -> None:
         self.recording.append(entry)

@@ -14,8 +14,8 @@ from typing import Callable, Optional
 WIDTH, HEIGHT = 640, 220
 LEFT, RIGHT, TOP, BOTTOM = 58, 604, 10, 170  # room right of the plot for the last x label
 PALETTE = ("#0969da", "#bf3989", "#1a7f37", "#9a6700", "#8250df", "#cf222e", "#1b7c83", "#57606a")
-LEGEND_ENTRIES = 8
-DOTS_UP_TO = 12  # lines with this few points also mark each point (a bend shows where data is)  # more lines than this: the legend names the first ones and counts the rest
+LEGEND_ENTRIES = 8  # more lines than this: the legend names the first ones and counts the rest
+DOTS_UP_TO = 12  # lines with this few points also mark each point (a bend shows where data is)
 BYTE_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
 
 

@@ -724,7 +724,7 @@ def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str) -> Chart:
     zero = y_of(0.0)
     nodes = [entry["where"] for entry in measured]
     bars = []
-    for position, (node, entry) in enumerate(zip(nodes, measured)):
+    for position, (node, entry) in enumerate(zip(nodes, measured, strict=True)):
         top = y_of(entry["value"])
         judged = _ok(entry["ok"])
         state = "none" if judged is None else "ok" if judged else "fail"
@@ -797,7 +797,8 @@ def _pair_section(checks: list[dict], layout: Layout,
         if all(_outcome(checks[i]) == "skipped" for i in members):
             reasons = [_first_line(checks[i].get("message")) for i in members]
             # "no RDMA device on node2" and "... on node4" are one reason: compare without nodes
-            kinds = {_without_nodes(reason, _pair(checks[i]) or ("", "")) for reason, i in zip(reasons, members)}
+            kinds = {_without_nodes(reason, _pair(checks[i]) or ("", ""))
+                     for reason, i in zip(reasons, members, strict=True)}
             where = f"{name}" + (f" rail {rail}" if rail is not None else "")
             skipped.append(f"{where}: all {len(members)} pair(s) skipped — {reasons[0]}"
                            + (f" (and {len(kinds) - 1} other reason(s))" if len(kinds) > 1 else ""))

@@ -48,8 +48,9 @@ class LedgerError(Exception):
 class Ledger:
     """Appends entries durably (flush + fsync per entry) from any thread."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, started: Optional[str] = None):
         self.run_dir = Path(run_dir)
+        self.started = started  # the header's start time, when this process wrote the header
         self.path = self.run_dir / LEDGER_FILE
         self._lock = threading.Lock()
 
@@ -71,9 +72,9 @@ class Ledger:
         temporary = cluster_dir / f".latest-{run_id}"
         temporary.symlink_to(run_id)
         os.replace(temporary, latest)
-        ledger = cls(run_dir)
+        ledger = cls(run_dir, started=now_iso())
         ledger.append({"type": "run", "schema": LEDGER_SCHEMA, "run_id": run_id,
-                       "started": now_iso(), **header})
+                       "started": ledger.started, **header})
         return ledger
 
     def append(self, entry: dict) -> None:

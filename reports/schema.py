@@ -6,13 +6,12 @@ schemas admit keys they do not list.
 """
 from __future__ import annotations
 
-from typing import cast
-
 import json
 import reprlib
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
+from typing import cast
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match

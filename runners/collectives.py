@@ -15,10 +15,9 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
 from inventory.model import Profile
-from runners import nccl_tests, payloads
+from runners import nccl_tests, payloads, torchrun
 from runners.nccl_tests import NcclRow, NcclTestsReport
 from runners.parsing import ParseError
-from runners import torchrun
 from runners.torchrun import Launch
 from runners.transport import Result, Transport
 
@@ -163,7 +162,8 @@ def plan_for(probe: NodeProbe, profile: Profile) -> tuple[Optional[Plan], str]:
     if probe.nccl_tests and gpus:
         return Plan("nccl-tests", gpus, True), ""
     if probe.torch and expected_gpus and not probe.cuda_devices:
-        return None, f"torch {probe.torch} sees no CUDA device, but profile {profile.name} expects {expected_gpus} GPU(s)"
+        return None, (f"torch {probe.torch} sees no CUDA device, but profile {profile.name} "
+                      f"expects {expected_gpus} GPU(s)")
     if probe.torch:
         return Plan("torch", gpus or CPU_RANKS, bool(gpus)), ""
     return None, f"neither torch nor nccl-tests on {probe.hostname} ({probe.python} cannot import torch)"

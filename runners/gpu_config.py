@@ -306,7 +306,7 @@ def device_numa(facts: ConfigFacts, expect: Expectations, profile: str) -> Findi
             continue
         if len(devices) != len(want):
             problems.append(f"{len(devices)} {kind}(s) found, the profile places {len(want)}")
-        for device, node in zip(devices, want):
+        for device, node in zip(devices, want, strict=False):
             if device.numa_node != node:
                 problems.append(f"{kind} {device.name} on NUMA node {device.numa_node}, expected {node}")
         seen.append(f"{kind}s on " + (",".join(str(d.numa_node) for d in devices) or "none"))
@@ -321,7 +321,8 @@ def cuda_version(driver: Optional[int]) -> Optional[str]:
 def versions(facts: ConfigFacts, expect: Expectations, profile: str) -> Finding:
     """Driver, CUDA, OFED/DOCA, NIC firmware and VBIOS as the profile pins them (regexes)."""
     found: dict[str, list[tuple[str, Optional[str], str]]] = {
-        "driver_version": [("NVIDIA driver", facts.nvidia_driver, _why(facts, "nvidia", "no /sys/module/nvidia/version"))],
+        "driver_version": [("NVIDIA driver", facts.nvidia_driver,
+                            _why(facts, "nvidia", "no /sys/module/nvidia/version"))],
         "cuda_version": [("CUDA driver", cuda_version(facts.cuda_driver), _why(facts, "cuda", "no libcuda"))],
         "ofed_version": [("OFED/DOCA", facts.ofed, _why(facts, "ofed_info", "no ofed_info"))],
         "nic_firmware": [(f"{nic.name} firmware", nic.firmware, "no fw_ver in sysfs") for nic in facts.nics]

@@ -16,6 +16,7 @@ from runners import payloads
 from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
+STEP = "ibstat"  # the ibstat probe, run once per session and read by every HCA check
 PROBE_TIMEOUT_S = 30
 COMMAND_NOT_FOUND = 127  # what `timeout` (the transport's wrapper) exits when the tool is missing
 
@@ -212,4 +213,27 @@ def counter_problems(found: IbCounters, expect: Expectations) -> list[str]:
                 problems.append(f"{where} is not a number")
             elif value > limit:
                 problems.append(f"{where} = {value}, limit {limit}")
+    return problems
+
+
+def port_problems(devices: IbDevices, expect: Expectations) -> list[str]:
+    """Every way the HCAs differ from the profile's expect block, in words."""
+    problems = []
+    count, ca_type = expect.ib_hcas, expect.ib_ca_type
+    rate, layer = expect.ib_rate, expect.ib_link_layer
+    if count is not None and len(devices.hcas) != count:
+        problems.append(f"{len(devices.hcas)} HCA(s), expected {count}")
+    for hca in devices.hcas:
+        if ca_type and hca.ca_type != ca_type:
+            problems.append(f"{hca.name}: CA type {hca.ca_type}, expected {ca_type}")
+        if not hca.ports:
+            problems.append(f"{hca.name}: no ports listed")
+        for port in hca.ports:
+            where = f"{hca.name} port {port.port}"
+            if not port.healthy:
+                problems.append(f"{where}: {port.state}/{port.physical_state}, expected Active/LinkUp")
+            if rate is not None and port.rate != rate:
+                problems.append(f"{where}: rate {port.rate} Gb/s, expected {rate:g}")
+            if layer and port.link_layer != layer:
+                problems.append(f"{where}: link layer {port.link_layer}, expected {layer}")
     return problems

@@ -9,10 +9,11 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from runners.pairs import PairRun, run_server_client
+from runners.pairs import Measure, Pair, PairOutcome, PairRun, PairTool, Rail, RailRun, pair_id, run_server_client
 from runners.parsing import ParseError
 from runners.transport import Transport
 
+PAIR_SECONDS = 2  # how long each pair test sends
 CONNECT_TIMEOUT_S = 3
 REFUSED_RETRY_S = 5  # how long a client retries "connection refused" while the server starts
 REFUSED = "Connection refused"
@@ -112,3 +113,39 @@ def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
     if not report.ok:
         return report, f"{where}: iperf3 measured no traffic"
     return report, ""
+
+
+class Iperf3Tool(PairTool):
+    """TCP throughput with iperf3 (client b, server a) over the data network: one rail, None."""
+
+    name, unit = "iperf3", "Gb/s"
+
+    def __init__(self, profile):
+        self._reference = profile.references.get("iperf3_bandwidth")
+
+    def measurer(self, cluster_run) -> Measure:
+        nodes = [node.name for node in cluster_run.nodes]
+        transports = {node: cluster_run.transport(node) for node in nodes}
+        # iperf3 measures the data network: a node's data_address when the inventory names one.
+        address = {node: cluster_run.cluster.node(node).data_address
+                   or cluster_run.cluster.node(node).address for node in nodes}
+
+        def measure(pair: Pair, rail: Rail, port: int) -> RailRun:
+            server, client = pair
+            return run_pair(transports[server], transports[client], address[server], port,
+                                   PAIR_SECONDS)
+
+        return measure
+
+    def outcome(self, run: RailRun) -> PairOutcome:
+        """Sane, and within the profile's band when it has one; the figure in Gb/s."""
+        report, why = judge(run)
+        if why:
+            return PairOutcome(False)
+        return PairOutcome(self._reference is None or self._reference.admits(report.gbps),
+                                 report.gbps)
+
+    def tally(self, rail: Rail, first: dict[Pair, PairOutcome]) -> str:
+        failed = sorted(pair_id(pair) for pair, outcome in first.items() if not outcome.passed)
+        return (f"{super().tally(rail, first)}, {len(failed)} failed"
+                + (f" ({', '.join(failed)})" if failed else ""))

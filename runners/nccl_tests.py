@@ -16,7 +16,7 @@ from typing import Optional
 
 from runners import system
 from runners.cluster import ClusterRun
-from runners.launchers import LaunchError, Launcher
+from runners.launchers import Launcher, LaunchError
 from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
@@ -142,8 +142,8 @@ def _parse_text(text: str) -> NcclTestsReport:
             continue  # log lines, a truncated row, anything that is not a data row
         if len(fields) > leading + 2 * width:
             continue  # more fields than the header names: not this table's row
-        out = dict(zip(placement, fields[-2 * width:-width]))
-        inplace = dict(zip(placement, fields[-width:]))
+        out = dict(zip(placement, fields[-2 * width:-width], strict=True))
+        inplace = dict(zip(placement, fields[-width:], strict=True))
         wrongs = [_wrong(out.get(wrong_name)), _wrong(inplace.get(wrong_name))] if wrong_name else [None]
         rows.append(NcclRow(size=int(fields[0]), algbw=_number(out["algbw"]),
                             busbw=_number(out["busbw"]), busbw_inplace=_number(inplace["busbw"]),

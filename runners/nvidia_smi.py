@@ -189,8 +189,8 @@ def parse_topo(text: str) -> Topology:
         values = cells[1:1 + len(devices)]
         if len(values) < len(devices):
             raise ParseError(f"topology row {cells[0]} has {len(values)} of {len(devices)} cells")
-        links[cells[0]] = dict(zip(devices, values))
-        attributes = dict(zip(extra, cells[1 + len(devices):]))
+        links[cells[0]] = dict(zip(devices, values, strict=True))
+        attributes = dict(zip(extra, cells[1 + len(devices):], strict=False))
         if cells[0].startswith("GPU"):
             numa[cells[0]] = attributes.get("NUMA Affinity", "")
     nic_names = dict(re.findall(r"^\s*(NIC\d+):\s*(\S+)\s*$", "\n".join(lines), re.M))

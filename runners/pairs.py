@@ -13,8 +13,9 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence, TypeVar
+from typing import Callable, Iterable, Optional, Sequence, TypeVar, Union
 
 from runners.transport import Result, Transport
 
@@ -427,3 +428,34 @@ class PairVerdicts:
 
     def _nodes(self) -> dict[str, None]:
         return dict.fromkeys(node for pair in [*self.first, *self.second] for node in pair)
+
+
+# ---------------------------------------------------------------- a tool measured between pairs
+
+Rail = Optional[int]  # perftest's HCA index; None for a tool with one path per pair (iperf3)
+RailRun = Union[PairRun, str]  # the run, or why it could not start (e.g. a missing HCA)
+Measure = Callable[[Pair, Rail, int], RailRun]  # measure(pair, rail, port); never raises
+
+
+class PairTool(ABC):
+    """What a PairCampaign needs from one tool: how to measure one pair (one rail of it), what
+    a run says for attribution, and how its figures are named."""
+
+    name: str  # its pair test is test_<name>; its ports and raw steps are keyed by it
+    unit: str  # of the figure it is judged on
+    higher_is_better: bool = True  # False for latencies
+
+    @abstractmethod
+    def measurer(self, cluster_run) -> Measure:
+        """measure(pair, rail, port) for one pass over the cluster's selected nodes."""
+
+    @abstractmethod
+    def outcome(self, run: RailRun) -> Optional[PairOutcome]:
+        """The run for attribution; None when it says nothing about the link."""
+
+    def label(self, rail: Rail) -> str:
+        return self.name if rail is None else f"{self.name} rail {rail}"
+
+    def tally(self, rail: Rail, first: dict[Pair, PairOutcome]) -> str:
+        """How many pairs of this rail the first pass measured, for the attribution's note."""
+        return f"{self.label(rail)}: {len(first)} pair(s)"

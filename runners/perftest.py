@@ -11,10 +11,12 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from runners.pairs import PairRun, run_server_client
+from runners import ibstat
+from runners.pairs import Measure, Pair, PairOutcome, PairRun, PairTool, Rail, RailRun, run_server_client
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 
+MAIN_METRICS = {"ib_write_bw": "ib_write_bw", "ib_write_lat": "ib_write_lat_typical"}  # judged, drawn
 NO_DEVICE_MARKERS = ("Unable to find the Infiniband/RoCE device", "Did not detect devices")
 ERROR_MARKERS = ("Completion with error", "Failed status", "Couldn't connect", "Unable to create QP",
                  "Couldn't create IB resources", "Couldn't set the link layer") + NO_DEVICE_MARKERS
@@ -78,7 +80,7 @@ def _kind(title: str, header: str) -> str:
 
 def _bw_row(columns: list[str], fields: list[str]) -> dict:
     row: dict = {"bytes": int(fields[0]), "iterations": int(fields[1])}
-    for name, value in zip(columns[2:], fields[2:]):
+    for name, value in zip(columns[2:], fields[2:], strict=False):
         unit = name[name.find("[") + 1:-1] if "[" in name else ""
         if name.startswith("BW peak") and unit in _BW_UNITS:
             row["bw_peak_gbps"] = round(float(value) * _BW_UNITS[unit], 4)
@@ -91,7 +93,7 @@ def _bw_row(columns: list[str], fields: list[str]) -> dict:
 
 def _lat_row(columns: list[str], fields: list[str]) -> dict:
     row: dict = {"bytes": int(fields[0]), "iterations": int(fields[1])}
-    for name, value in zip(columns[2:], fields[2:]):
+    for name, value in zip(columns[2:], fields[2:], strict=False):
         if name in _LAT_COLUMNS:
             row[_LAT_COLUMNS[name]] = float(value)
     return row
@@ -187,3 +189,84 @@ def judge(run: PairRun) -> tuple[Optional[PerftestReport], str]:
     if not report.rows:
         return report, f"{where}: {report.test or 'perftest'} printed no result row"
     return report, ""
+
+
+class PerftestTool(PairTool):
+    """One perftest tool (ib_write_bw, ib_write_lat), one rail at a time.
+
+    Rail r joins the r-th HCA ibstat lists on each node (rail-aligned, in natural name order:
+    mlx5_2 before mlx5_10); a node whose ibstat lists no HCA runs perftest without --ib-dev, so
+    perftest itself says whether it finds an RDMA device.
+    """
+
+    def __init__(self, profile, tool: str):
+        self.name = tool
+        self.unit = "Gb/s" if tool.endswith("_bw") else "us"
+        self.references = {name: ref for name, ref in profile.references.items() if ref.check == tool}
+        self.main_metric = MAIN_METRICS[tool]
+        self.higher_is_better = tool.endswith("_bw")
+        self.mode = PerftestMode(
+            tool=tool,
+            size=LARGE_MESSAGE_BYTES if tool.endswith("_bw") else LATENCY_MESSAGE_BYTES,
+            bidirectional=bool(profile.expect.ib_bidirectional),
+            use_cuda=bool(profile.expect.ib_gpudirect))
+
+    def measurer(self, cluster_run) -> Measure:
+        nodes = [node.name for node in cluster_run.nodes]
+        transports = {node: cluster_run.transport(node) for node in nodes}
+        address = {node: cluster_run.cluster.node(node).address for node in nodes}
+        hcas = hca_names(cluster_run)
+
+        def device(node: str, rail: int) -> tuple[Optional[str], str]:
+            if not hcas[node]:
+                return None, ""
+            if rail >= len(hcas[node]):
+                return None, (f"{node} has {len(hcas[node])} HCA(s) ({', '.join(hcas[node])}): "
+                              f"no HCA for rail {rail}")
+            return hcas[node][rail], ""
+
+        def measure(pair: Pair, rail: Rail, port: int) -> RailRun:
+            server, client = pair
+            (server_device, server_problem), (client_device, client_problem) = (
+                device(server, rail), device(client, rail))
+            if server_problem or client_problem:
+                return server_problem or client_problem
+            return run_pair(
+                transports[server], transports[client], address[server], port, self.mode,
+                server_device, client_device, gpu=rail if self.mode.use_cuda else None)
+
+        return measure
+
+    def figures(self, report: PerftestReport) -> dict[str, Optional[float]]:
+        """The figures a rail is judged on: bandwidth at the largest message; latency typical
+        (median) and 99th percentile of the first (only) size."""
+        if self.higher_is_better:
+            return {self.main_metric: max(report.rows, key=lambda row: row["bytes"])["bw_avg_gbps"]}
+        row = report.rows[0]
+        return {self.main_metric: row.get("t_typical_us"), "ib_write_lat_p99": row.get("p99_us")}
+
+    def outcome(self, run: RailRun) -> Optional[PairOutcome]:
+        """None for a rail that says nothing about the link (no HCA for the rail, no RDMA
+        device on a node); else sane and every figure within its band."""
+        if isinstance(run, str) or any(no_rdma_device(result)
+                                       for result in (run.client_result, run.server_result)
+                                       if result is not None):
+            return None
+        report, why = judge(run)
+        if why:
+            return PairOutcome(False)
+        figures = self.figures(report)
+        within = all(figures.get(name) is not None and reference.admits(figures[name])
+                     for name, reference in self.references.items())
+        return PairOutcome(within, figures[self.main_metric])
+
+
+def hca_names(cluster_run) -> dict[str, list[str]]:
+    """Each node's HCA names, naturally ordered ([] when it lists none or did not answer)."""
+    names = {}
+    for node, result in cluster_run.gather(ibstat.STEP, ibstat.probe).items():
+        try:
+            names[node] = ibstat.natural_order(hca.name for hca in ibstat.parse_ibstat(result.stdout).hcas)
+        except ParseError:
+            names[node] = []
+    return names

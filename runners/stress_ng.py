@@ -114,7 +114,7 @@ def parse_stress_ng(text: str) -> StressNgRun:
                          "document with `metrics:`")
     failures = [f"{tag}: {message}" for tag, message in log if tag in ("fail", "error")]
     completed = None
-    for tag, message in log:
+    for _, message in log:
         if message.startswith("successful run completed"):
             completed = True
         elif message.startswith("unsuccessful run completed"):

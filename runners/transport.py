@@ -155,12 +155,16 @@ class Transport(ABC):
                  timeout: float) -> Result:
         """Run an already wrapped argv; return a Result, never raise for node-side trouble."""
 
+    @abstractmethod
     def close(self) -> None:
-        """Release connections; the default transport holds none."""
+        """Release the node's connections."""
 
 
 class LocalTransport(Transport):
     """This machine, through subprocess; needs no SSH library."""
+
+    def close(self) -> None:
+        """Nothing to release: every command is its own process."""
 
     def _execute(self, command, *, display, stdin, timeout):
         started = time.monotonic()

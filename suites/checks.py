@@ -10,8 +10,14 @@ import math
 from collections import Counter
 from typing import Callable, NoReturn, Optional, TypeVar
 
-from handover.failures import (CommandTimedOut, ExpectationFailure, NodeUnreachable, PerformanceFailure,
-                               SanityFailure, excerpt)
+from handover.failures import (
+    CommandTimedOut,
+    ExpectationFailure,
+    NodeUnreachable,
+    PerformanceFailure,
+    SanityFailure,
+    excerpt,
+)
 from inventory.model import Profile
 from runners.parsing import ParseError
 from runners.scratch import missing_tool, refusal

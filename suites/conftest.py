@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 
 from handover.plugin import acceptance_session
-from handover.recorder import (PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_PAIR_STATE, PROPERTY_RAW,
-                               PROPERTY_SERIES)
+from handover.recorder import PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_PAIR_STATE, PROPERTY_RAW, PROPERTY_SERIES
 from handover.session import AcceptanceSession
 from inventory.model import Cluster, Profile
 from runners.cluster import ClusterRun
@@ -30,13 +29,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(scope="session")
-def recorder(pytestconfig) -> AcceptanceSession:
+def acceptance(pytestconfig) -> AcceptanceSession:
     return acceptance_session(pytestconfig)
 
 
 @pytest.fixture(scope="session")
-def cluster(recorder) -> Cluster:
-    return recorder.cluster
+def cluster(acceptance) -> Cluster:
+    return acceptance.cluster
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +44,8 @@ def profile(cluster) -> Profile:
 
 
 @pytest.fixture(scope="session")
-def cluster_run(recorder) -> ClusterRun:
-    return recorder.cluster_run
+def cluster_run(acceptance) -> ClusterRun:
+    return acceptance.cluster_run
 
 
 class Evidence:

@@ -17,12 +17,12 @@ from typing import Optional
 
 import pytest
 
+from handover.failures import ExpectationFailure, SanityFailure, excerpt
 from runners import collectives, nccl_tests
 from runners.collectives import Figure, Plan, plan_for
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
-from handover.failures import ExpectationFailure, SanityFailure, excerpt
 from suites.checks import launch_failure, parsed, require
 
 pytestmark = [pytest.mark.training]
@@ -140,17 +140,17 @@ def record_curve(record, collective: str, figure: Figure) -> None:
 
 
 @pytest.mark.quick
-def test_allreduce(on_node, profile, measure_node, metrics, record, recorder, node):
+def test_allreduce(on_node, profile, measure_node, metrics, record, acceptance, node):
     """All-reduce busbw among this node's ranks (its GPUs, or two CPU ranks)."""
     probe = probe_of(on_node(PROBE_STEP, collectives.probe))
     plan, why = plan_for(probe, profile)
     if plan is None:
         unavailable(why, profile)
     if probe.torch:
-        recorder.record_tool(node, "torch", probe.torch)
+        acceptance.record_tool(node, "torch", probe.torch)
     figure = figure_of(plan, on_node(NODE_STEP, measure_node))
     if figure.nccl_version:
-        recorder.record_tool(node, "nccl", figure.nccl_version)
+        acceptance.record_tool(node, "nccl", figure.nccl_version)
     record_curve(record, "all_reduce", figure)
     record.note(figure.describe())
     metrics.judge(allreduce_busbw=(round(figure.busbw, 3), "GB/s"))
@@ -206,7 +206,7 @@ def test_allreduce_spread(cluster_run, profile, measure_node, record):
                 + ", ".join(f"{node} {busbw:.3f} GB/s" for node, busbw in slowest))
 
 
-def nccl_tests_across(cluster_run, nodes: list[str], gpus: int, root: bool, recorder,
+def nccl_tests_across(cluster_run, nodes: list[str], gpus: int, root: bool, acceptance,
                       record) -> Figure:
     """all_reduce_perf under mpirun from the first node, one rank per GPU; sanity, then busbw."""
     first = cluster_run.cluster.node(nodes[0])
@@ -217,11 +217,11 @@ def nccl_tests_across(cluster_run, nodes: list[str], gpus: int, root: bool, reco
     hosts = [cluster_run.cluster.node(node).address for node in nodes]
     result = nccl_tests.run_across(cluster_run.transport(first.name), launcher, hosts, gpus,
                                    timeout=NODE_TIMEOUT_S)
-    record.raw(recorder.ledger.save_raw(CLUSTER_STEP, first.name, result.stdout, result.stderr))
+    record.raw(acceptance.save_raw(CLUSTER_STEP, first.name, result.stdout, result.stderr))
     return figure_of(Plan("nccl-tests", gpus * len(nodes), True), result)
 
 
-def torch_across(cluster_run, nodes: list[str], plans: dict[str, Plan], recorder, record) -> Figure:
+def torch_across(cluster_run, nodes: list[str], plans: dict[str, Plan], acceptance, record) -> Figure:
     """The torch payload under torchrun on every node, rendezvous on the first."""
     ranks = plans[nodes[0]].ranks if plans[nodes[0]].gpu else 1
     transports = {node: cluster_run.transport(node) for node in nodes}
@@ -231,7 +231,7 @@ def torch_across(cluster_run, nodes: list[str], plans: dict[str, Plan], recorder
                                     socket_ifname=cluster_run.cluster.launch_interface)
     saved = []
     for node, result in launch.results.items():
-        saved += recorder.ledger.save_raw(CLUSTER_STEP, node, result.stdout, result.stderr)
+        saved += acceptance.save_raw(CLUSTER_STEP, node, result.stdout, result.stderr)
     record.raw(saved)
     if launch.first_failure is not None:
         launch_failure(launch)
@@ -247,7 +247,7 @@ def torch_across(cluster_run, nodes: list[str], plans: dict[str, Plan], recorder
 
 @pytest.mark.quick
 @pytest.mark.cluster
-def test_allreduce_cluster(cluster_run, profile, recorder, metrics, record):
+def test_allreduce_cluster(cluster_run, profile, acceptance, metrics, record):
     """All-reduce busbw across every selected node: nccl-tests under mpirun where every node has
     both, else torchrun on each node with the rendezvous on the first."""
     nodes = [node.name for node in cluster_run.nodes]
@@ -272,12 +272,12 @@ def test_allreduce_cluster(cluster_run, profile, recorder, metrics, record):
             raise ExpectationFailure("nodes have different GPU counts: " + ", ".join(
                 f"{node} {plan.ranks}" for node, plan in plans.items()))
         figure = nccl_tests_across(cluster_run, nodes, gpus.pop(), detected[nodes[0]].root,
-                                   recorder, record)
+                                   acceptance, record)
     elif missing_torch:
         unavailable(f"{missing_torch[0]}: torch is missing, and nccl-tests across nodes needs "
                     "all_reduce_perf and mpirun on every node", profile)
     else:
-        figure = torch_across(cluster_run, nodes, plans, recorder, record)
+        figure = torch_across(cluster_run, nodes, plans, acceptance, record)
     record_curve(record, "all_reduce", figure)
     record.note(f"{len(nodes)} node(s): " + figure.describe())
     metrics.judge(allreduce_busbw_cluster=(round(figure.busbw, 3), "GB/s"))

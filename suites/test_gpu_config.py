@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from runners import gpu_config
 from handover.failures import ExpectationFailure
+from runners import gpu_config
 from suites.checks import parsed
 
 pytestmark = [pytest.mark.system, pytest.mark.quick]

@@ -10,15 +10,13 @@ The kernel log is read last, so Xids the burn and bandwidth runs caused fall in 
 from __future__ import annotations
 
 import os
-from datetime import datetime
 
 import pytest
 
-from runners import burn, dcgmi, kernel_log, nvidia_smi, nvml, stress_ng
-from reports.ledger import read_ledger
-from runners.parsing import ParseError
 from handover.failures import ExpectationFailure, PerformanceFailure, SanityFailure, excerpt
-from suites.checks import odd_ones_out, Metrics, parsed, require
+from runners import burn, dcgmi, kernel_log, nvidia_smi, nvml, stress_ng
+from runners.parsing import ParseError
+from suites.checks import Metrics, odd_ones_out, parsed, require
 
 pytestmark = [pytest.mark.hardware]
 quick = pytest.mark.quick
@@ -52,9 +50,9 @@ def fail_on(problems: list[str], kind=ExpectationFailure) -> None:
 
 
 @quick
-def test_gpu_inventory(on_node, profile, recorder, node, record, metrics):
+def test_gpu_inventory(on_node, profile, acceptance, node, record, metrics):
     facts = gpu_facts_of(on_node, profile)
-    recorder.record_tool(node, "nvidia-driver", facts.driver)
+    acceptance.record_tool(node, "nvidia-driver", facts.driver)
     models = sorted({gpu.name for gpu in facts.gpus})
     firmware = nvml.firmware_set(facts)
     record.note(f"{len(facts.gpus)} GPU(s): {', '.join(models) or 'none'}; driver {facts.driver}, "
@@ -145,7 +143,7 @@ def stress_text(result) -> str:
 
 
 @quick
-def test_stress_ng(on_node, cluster_run, recorder, node, record, metrics):
+def test_stress_ng(on_node, cluster_run, acceptance, node, record, metrics):
     result = on_node(STRESS_STEP, stress_ng.stress)
     if result.exit_code == 127 and result.failure is None:
         pytest.skip("stress-ng is not installed (apt-get install stress-ng)")
@@ -157,7 +155,7 @@ def test_stress_ng(on_node, cluster_run, recorder, node, record, metrics):
         raise SanityFailure(f"{node}: stress-ng exited {result.exit_code} "
                             f"({stress_ng.exit_meaning(result.exit_code)}): {error}",
                             excerpt(result.stderr or result.stdout)) from None
-    recorder.record_tool(node, "stress-ng", run.version or "unknown")
+    acceptance.record_tool(node, "stress-ng", run.version or "unknown")
     if result.exit_code != 0 or not run.ok:
         details = run.failures or [f"{s.name}: {s.bogo_ops:g} bogo ops" for s in run.stressors]
         raise SanityFailure(f"{node}: stress-ng exited {result.exit_code} "
@@ -283,18 +281,13 @@ def test_pcie_bandwidth(on_node, profile, record, metrics):
                   d2h_bandwidth=(run.slowest("d2h_gbps"), "GB/s"))
 
 
-def run_started(recorder) -> datetime:
-    """When this acceptance run started (the ledger's header; a resumed run keeps its first start)."""
-    return datetime.fromisoformat(read_ledger(recorder.run_dir).header["started"])
-
-
 def describe_events(events: list[kernel_log.KernelEvent]) -> list[str]:
     return [f"{e.kind} {e.code if e.code is not None else ''} {e.device}: {e.meaning} -> "
             f"{e.action}".replace("  ", " ") for e in events]
 
 
 @quick
-def test_kernel_log(on_node, profile, recorder, record):
+def test_kernel_log(on_node, profile, acceptance, record):
     """Xid/SXid, PCIe AER and degraded links since boot, split at this run's start.
 
     Last in the module so the window covers the burn and bandwidth runs before it. A critical
@@ -302,7 +295,7 @@ def test_kernel_log(on_node, profile, recorder, record):
     reset or more either way); the note says which. Unreadable log: skip on a CPU-only profile,
     fail on a GPU profile.
     """
-    result = on_node(KERNEL_STEP, lambda transport: kernel_log.read(transport, run_started(recorder)))
+    result = on_node(KERNEL_STEP, lambda transport: kernel_log.read(transport, acceptance.started))
     require(result)
     log = parsed(kernel_log.parse_kernel_read, result)
     if not log.readable:

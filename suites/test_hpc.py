@@ -21,11 +21,11 @@ from typing import Callable, Optional
 
 import pytest
 
+from handover.failures import ExpectationFailure, SanityFailure, excerpt
 from runners import gemm_fft, hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
-from handover.failures import ExpectationFailure, SanityFailure, excerpt
 from suites.checks import parsed, require, require_scratch_run
 
 pytestmark = [pytest.mark.hpc]
@@ -165,12 +165,12 @@ def describe(run: hpl.HplRun) -> str:
 
 
 @pytest.mark.quick
-def test_hpl(on_node, cluster_run, cluster, profile, node, recorder, metrics, record):
+def test_hpl(on_node, cluster_run, cluster, profile, node, acceptance, metrics, record):
     """HPL on each node alone, small N: the FP64 path, MPI and the residual check work."""
     require(on_node(SYSTEM_STEP, system.probe))
     plan = node_plan(cluster_run, cluster, profile, node)  # skips or fails before any run
     run = sane(on_node(*quick_step(cluster_run, cluster, profile)), plan.timeout_note)
-    recorder.record_tool(node, run.flavour, run.version or "unknown")
+    acceptance.record_tool(node, run.flavour, run.version or "unknown")
     record.note(f"{describe(run)}: " + judge(run, profile, metrics, 1, "hpl"))
 
 
@@ -279,11 +279,11 @@ def test_gemm_fp64(on_node, profile, node, metrics, record):
 
 
 @pytest.mark.quick
-def test_fft(on_node, profile, recorder, node, metrics, record):
+def test_fft(on_node, profile, acceptance, node, metrics, record):
     """Batched 2D complex64 FFT (cuFFT), GFLOP/s at 5 N log2 N per transform; records torch's
     version (every check here reads the same run)."""
     report = measured(on_node, profile, node)
-    recorder.record_tool(node, "torch", report.torch)
+    acceptance.record_tool(node, "torch", report.torch)
     problems = [device.fft_problem() for device in report.devices if device.fft_problem()]
     if problems:
         raise SanityFailure("; ".join(problems))

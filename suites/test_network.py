@@ -10,35 +10,30 @@ pass (one implementation, runners.pairs.PairVerdicts and blame(), for iperf3 and
 rail), and names the suspect nodes and links with the evidence.
 
 Each tool is one PairCampaign (which pairs and rails, rounds, ports, raw outputs, both passes)
-with a small PairTool (Iperf3Tool; PerftestTool, with rails) for what differs: how one pair is
-measured and what its run says. Every pair test records its state for the heatmaps (ok, low,
-failed), judged once by runners.pairs.pair_state against its campaign's first-pass median: the
-rule attribution applies, so the two never disagree.
+with a small runners.pairs.PairTool (iperf3.Iperf3Tool; perftest.PerftestTool, with rails) for
+what differs: how one pair is measured and what its run says. Every pair test records its
+state for the heatmaps (ok, low, failed), judged once by runners.pairs.pair_state against its
+campaign's first-pass median: the rule attribution applies, so the two never disagree.
 """
 from __future__ import annotations
 
 import itertools
 import threading
-from abc import ABC, abstractmethod
-from typing import Callable, Optional, TypeVar, Union
+from typing import Callable, Optional, TypeVar
 
 import pytest
 
-from inventory.model import Expectations
-from runners import ibstat, iperf3, pairs, perftest
-from runners.parsing import ParseError
-from runners.pairs import Pair, PairRun, pair_id, pair_rail_id
-from handover.plugin import acceptance_session
 from handover.failures import CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure, excerpt
+from handover.plugin import acceptance_session
+from runners import ibstat, iperf3, pairs, perftest
+from runners.pairs import Pair, PairRun, PairTool, Rail, RailRun, pair_id, pair_rail_id
+from runners.parsing import ParseError
 from suites.checks import odd_ones_out, parsed
 
 pytestmark = [pytest.mark.network]
 
-IBSTAT_STEP = "ibstat"
-IPERF3_SECONDS = 2
 BASE_PORTS = {"iperf3": 5301, "ib_write_bw": 18515, "ib_write_lat": 19515}  # pair i of a round: base + i
 SECOND_PASS_BASE_PORTS = {"iperf3": 5401, "ib_write_bw": 23515, "ib_write_lat": 24515}
-PERFTEST_MAIN_METRICS = {"ib_write_bw": "ib_write_bw", "ib_write_lat": "ib_write_lat_typical"}
 RAIL_PORT_STRIDE = 100  # rail r of pair i in a round listens on base + r * stride + i
 COUNTERS_STEP = "ib_counters"
 NEEDS_TWO = "needs at least two nodes"
@@ -49,7 +44,7 @@ NEEDS_TWO = "needs at least two nodes"
 
 def devices_of(on_node, profile) -> ibstat.IbDevices:
     """This node's HCAs; no ibstat or no HCA is a skip, unless the profile expects HCAs."""
-    result = on_node(IBSTAT_STEP, ibstat.probe)
+    result = on_node(ibstat.STEP, ibstat.probe)
     absent = None
     if ibstat.tool_missing(result):
         absent = "ibstat is not installed (Debian/Ubuntu: infiniband-diags)"
@@ -65,40 +60,17 @@ def devices_of(on_node, profile) -> ibstat.IbDevices:
 
 
 @pytest.mark.quick
-def test_ib_ports(on_node, profile, record, recorder, node):
+def test_ib_ports(on_node, profile, record, acceptance, node):
     """HCA count and type, every port Active/LinkUp at the expected rate and link layer."""
     devices = devices_of(on_node, profile)
-    recorder.record_tool(node, "ibstat", "infiniband-diags")
+    acceptance.record_tool(node, "ibstat", "infiniband-diags")
     ports = [(hca, port) for hca in devices.hcas for port in hca.ports]
     record.note(f"{len(devices.hcas)} HCA(s): " + ", ".join(
         f"{hca.name}/{port.port} {port.state} {port.rate:g} Gb/s" if port.rate is not None
         else f"{hca.name}/{port.port} {port.state}" for hca, port in ports))
-    problems = port_problems(devices, profile.expect)
+    problems = ibstat.port_problems(devices, profile.expect)
     if problems:
         raise ExpectationFailure("; ".join(problems))
-
-
-def port_problems(devices: ibstat.IbDevices, expect: Expectations) -> list[str]:
-    """Every way the HCAs differ from the profile's expect block, in words."""
-    problems = []
-    count, ca_type = expect.ib_hcas, expect.ib_ca_type
-    rate, layer = expect.ib_rate, expect.ib_link_layer
-    if count is not None and len(devices.hcas) != count:
-        problems.append(f"{len(devices.hcas)} HCA(s), expected {count}")
-    for hca in devices.hcas:
-        if ca_type and hca.ca_type != ca_type:
-            problems.append(f"{hca.name}: CA type {hca.ca_type}, expected {ca_type}")
-        if not hca.ports:
-            problems.append(f"{hca.name}: no ports listed")
-        for port in hca.ports:
-            where = f"{hca.name} port {port.port}"
-            if not port.healthy:
-                problems.append(f"{where}: {port.state}/{port.physical_state}, expected Active/LinkUp")
-            if rate is not None and port.rate != rate:
-                problems.append(f"{where}: rate {port.rate} Gb/s, expected {rate:g}")
-            if layer and port.link_layer != layer:
-                problems.append(f"{where}: link layer {port.link_layer}, expected {layer}")
-    return problems
 
 
 @pytest.mark.quick
@@ -106,7 +78,7 @@ def port_problems(devices: ibstat.IbDevices, expect: Expectations) -> list[str]:
 def test_ib_firmware_uniformity(cluster_run, record):
     """Same HCA firmware on every node that has HCAs; odd ones out are named."""
     firmware = {}
-    for node, result in cluster_run.gather(IBSTAT_STEP, ibstat.probe).items():
+    for node, result in cluster_run.gather(ibstat.STEP, ibstat.probe).items():
         if result.ok and result.stdout.strip():
             try:
                 devices = ibstat.parse_ibstat(result.stdout)
@@ -147,8 +119,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """One test per pair, id 'a-b': ring pairs are quick and full, the other pairs full only."""
     if "pair" not in metafunc.fixturenames:
         return
-    recorder = acceptance_session(metafunc.config)
-    nodes = [node.name for node in recorder.cluster_run.nodes]
+    acceptance = acceptance_session(metafunc.config)
+    nodes = [node.name for node in acceptance.cluster_run.nodes]
     if len(nodes) < 2:
         names, single = ("pair, rail", (None, 0)) if "rail" in metafunc.fixturenames else ("pair", (None,))
         metafunc.parametrize(names, [pytest.param(*single, id="single-node",
@@ -160,42 +132,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return [pytest.mark.quick, pytest.mark.full] if pair in ring else [pytest.mark.full]
 
     if "rail" in metafunc.fixturenames:
-        rails = range(recorder.cluster.profile.expect.ib_hcas or 1)
+        rails = range(acceptance.cluster.profile.expect.ib_hcas or 1)
         metafunc.parametrize("pair, rail", [
             pytest.param(pair, rail, id=pair_rail_id(pair, rail), marks=marks(pair))
             for pair in itertools.combinations(nodes, 2) for rail in rails])
         return
     metafunc.parametrize("pair", [pytest.param(pair, id=pair_id(pair), marks=marks(pair))
                                   for pair in itertools.combinations(nodes, 2)])
-
-
-Rail = Optional[int]  # perftest's HCA index; None for a tool with one path per pair (iperf3)
-RailRun = Union[PairRun, str]  # the run, or why it could not start (e.g. a missing HCA)
-Measure = Callable[[Pair, Rail, int], RailRun]  # measure(pair, rail, port); never raises
-
-
-class PairTool(ABC):
-    """What a PairCampaign needs from one tool: how to measure one pair (one rail of it), what
-    a run says for attribution, and how its figures are named."""
-
-    name: str  # its pair test is test_<name>; its ports and raw steps are keyed by it
-    unit: str  # of the figure it is judged on
-    higher_is_better: bool = True  # False for latencies
-
-    @abstractmethod
-    def measurer(self, cluster_run) -> Measure:
-        """measure(pair, rail, port) for one pass over the cluster's selected nodes."""
-
-    @abstractmethod
-    def outcome(self, run: RailRun) -> Optional[pairs.PairOutcome]:
-        """The run for attribution; None when it says nothing about the link."""
-
-    def label(self, rail: Rail) -> str:
-        return self.name if rail is None else f"{self.name} rail {rail}"
-
-    def tally(self, rail: Rail, first: dict[Pair, pairs.PairOutcome]) -> str:
-        """How many pairs of this rail the first pass measured, for the attribution's note."""
-        return f"{self.label(rail)}: {len(first)} pair(s)"
 
 
 class PairCampaign:
@@ -207,11 +150,11 @@ class PairCampaign:
     second pass's under <tool>_second_pass/..., on ports of its own.
     """
 
-    def __init__(self, session: pytest.Session, cluster_run, recorder, tool: PairTool,
+    def __init__(self, session: pytest.Session, cluster_run, acceptance, tool: PairTool,
                  low_fraction: float):
         self._session = session
         self._cluster_run = cluster_run
-        self._recorder = recorder
+        self._acceptance = acceptance
         self.tool = tool
         self.low_fraction = low_fraction  # the profile's pair_low_fraction: low vs the median
         self._lock = threading.Lock()
@@ -268,7 +211,7 @@ class PairCampaign:
                 if isinstance(run, PairRun):
                     for result in (run.client_result, run.server_result):
                         if result is not None:
-                            saved += self._recorder.ledger.save_raw(
+                            saved += self._acceptance.save_raw(
                                 f"{step}/{pair_rail_id(pair, rail)}", result.node,
                                 result.stdout, result.stderr)
                 if second:
@@ -300,58 +243,22 @@ class PairCampaign:
 _CAMPAIGNS = pytest.StashKey[dict[str, PairCampaign]]()
 
 
-def _campaign(request, cluster_run, recorder, profile, tool: PairTool) -> PairCampaign:
+def _campaign(request, cluster_run, acceptance, profile, tool: PairTool) -> PairCampaign:
     """The session's one campaign of this tool."""
     campaigns = request.session.stash.setdefault(_CAMPAIGNS, {})
     if tool.name not in campaigns:
         low_fraction = (pairs.LOW_FRACTION if profile.expect.pair_low_fraction is None
                         else profile.expect.pair_low_fraction)
-        campaigns[tool.name] = PairCampaign(request.session, cluster_run, recorder, tool, low_fraction)
+        campaigns[tool.name] = PairCampaign(request.session, cluster_run, acceptance, tool, low_fraction)
     return campaigns[tool.name]
 
 
-class Iperf3Tool(PairTool):
-    """TCP throughput with iperf3 (client b, server a) over the data network: one rail, None."""
-
-    name, unit = "iperf3", "Gb/s"
-
-    def __init__(self, profile):
-        self._reference = profile.references.get("iperf3_bandwidth")
-
-    def measurer(self, cluster_run) -> Measure:
-        nodes = [node.name for node in cluster_run.nodes]
-        transports = {node: cluster_run.transport(node) for node in nodes}
-        # iperf3 measures the data network: a node's data_address when the inventory names one.
-        address = {node: cluster_run.cluster.node(node).data_address
-                   or cluster_run.cluster.node(node).address for node in nodes}
-
-        def measure(pair: Pair, rail: Rail, port: int) -> RailRun:
-            server, client = pair
-            return iperf3.run_pair(transports[server], transports[client], address[server], port,
-                                   IPERF3_SECONDS)
-
-        return measure
-
-    def outcome(self, run: RailRun) -> pairs.PairOutcome:
-        """Sane, and within the profile's band when it has one; the figure in Gb/s."""
-        report, why = iperf3.judge(run)
-        if why:
-            return pairs.PairOutcome(False)
-        return pairs.PairOutcome(self._reference is None or self._reference.admits(report.gbps),
-                                 report.gbps)
-
-    def tally(self, rail: Rail, first: dict[Pair, pairs.PairOutcome]) -> str:
-        failed = sorted(pair_id(pair) for pair, outcome in first.items() if not outcome.passed)
-        return (f"{super().tally(rail, first)}, {len(failed)} failed"
-                + (f" ({', '.join(failed)})" if failed else ""))
-
-
 @pytest.fixture(scope="session")
-def pairwise_iperf3(request, cluster_run, recorder, profile) -> PairCampaign:
-    return _campaign(request, cluster_run, recorder, profile, Iperf3Tool(profile))
+def pairwise_iperf3(request, cluster_run, acceptance, profile) -> PairCampaign:
+    return _campaign(request, cluster_run, acceptance, profile, iperf3.Iperf3Tool(profile))
 
 
-def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, recorder):
+def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, acceptance):
     """TCP throughput from one node to the other (client b, server a), sanity before figures."""
     if pair is None:
         pytest.skip(NEEDS_TWO)
@@ -367,7 +274,7 @@ def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, recorder
             raise CommandTimedOut(why, excerpt(result.stdout + result.stderr))
         raise SanityFailure(why, excerpt(result.stdout or result.stderr))
     for node in pair:
-        recorder.record_tool(node, "iperf3", report.version or "unknown")
+        acceptance.record_tool(node, "iperf3", report.version or "unknown")
     record.note(f"{run.client} -> {run.server}: {report.gbps:.2f} Gb/s, "
                 f"{report.retransmits} retransmits")
     metrics.judge(iperf3_bandwidth=(round(report.gbps, 3), "Gb/s"),
@@ -377,95 +284,14 @@ def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, recorder
 # ------------------------------------------------------------------------------ perftest pairs
 
 
-class PerftestTool(PairTool):
-    """One perftest tool (ib_write_bw, ib_write_lat), one rail at a time.
-
-    Rail r joins the r-th HCA ibstat lists on each node (rail-aligned, in natural name order:
-    mlx5_2 before mlx5_10); a node whose ibstat lists no HCA runs perftest without --ib-dev, so
-    perftest itself says whether it finds an RDMA device.
-    """
-
-    def __init__(self, profile, tool: str):
-        self.name = tool
-        self.unit = "Gb/s" if tool.endswith("_bw") else "us"
-        self.references = {name: ref for name, ref in profile.references.items() if ref.check == tool}
-        self.main_metric = PERFTEST_MAIN_METRICS[tool]
-        self.higher_is_better = tool.endswith("_bw")
-        self.mode = perftest.PerftestMode(
-            tool=tool,
-            size=perftest.LARGE_MESSAGE_BYTES if tool.endswith("_bw") else perftest.LATENCY_MESSAGE_BYTES,
-            bidirectional=bool(profile.expect.ib_bidirectional),
-            use_cuda=bool(profile.expect.ib_gpudirect))
-
-    def measurer(self, cluster_run) -> Measure:
-        nodes = [node.name for node in cluster_run.nodes]
-        transports = {node: cluster_run.transport(node) for node in nodes}
-        address = {node: cluster_run.cluster.node(node).address for node in nodes}
-        hcas = hca_names(cluster_run)
-
-        def device(node: str, rail: int) -> tuple[Optional[str], str]:
-            if not hcas[node]:
-                return None, ""
-            if rail >= len(hcas[node]):
-                return None, (f"{node} has {len(hcas[node])} HCA(s) ({', '.join(hcas[node])}): "
-                              f"no HCA for rail {rail}")
-            return hcas[node][rail], ""
-
-        def measure(pair: Pair, rail: Rail, port: int) -> RailRun:
-            server, client = pair
-            (server_device, server_problem), (client_device, client_problem) = (
-                device(server, rail), device(client, rail))
-            if server_problem or client_problem:
-                return server_problem or client_problem
-            return perftest.run_pair(
-                transports[server], transports[client], address[server], port, self.mode,
-                server_device, client_device, gpu=rail if self.mode.use_cuda else None)
-
-        return measure
-
-    def figures(self, report: perftest.PerftestReport) -> dict[str, Optional[float]]:
-        """The figures a rail is judged on: bandwidth at the largest message; latency typical
-        (median) and 99th percentile of the first (only) size."""
-        if self.higher_is_better:
-            return {self.main_metric: max(report.rows, key=lambda row: row["bytes"])["bw_avg_gbps"]}
-        row = report.rows[0]
-        return {self.main_metric: row.get("t_typical_us"), "ib_write_lat_p99": row.get("p99_us")}
-
-    def outcome(self, run: RailRun) -> Optional[pairs.PairOutcome]:
-        """None for a rail that says nothing about the link (no HCA for the rail, no RDMA
-        device on a node); else sane and every figure within its band."""
-        if isinstance(run, str) or any(perftest.no_rdma_device(result)
-                                       for result in (run.client_result, run.server_result)
-                                       if result is not None):
-            return None
-        report, why = perftest.judge(run)
-        if why:
-            return pairs.PairOutcome(False)
-        figures = self.figures(report)
-        within = all(figures.get(name) is not None and reference.admits(figures[name])
-                     for name, reference in self.references.items())
-        return pairs.PairOutcome(within, figures[self.main_metric])
-
-
-def hca_names(cluster_run) -> dict[str, list[str]]:
-    """Each node's HCA names, naturally ordered ([] when it lists none or did not answer)."""
-    names = {}
-    for node, result in cluster_run.gather(IBSTAT_STEP, ibstat.probe).items():
-        try:
-            names[node] = ibstat.natural_order(hca.name for hca in ibstat.parse_ibstat(result.stdout).hcas)
-        except ParseError:
-            names[node] = []
-    return names
+@pytest.fixture(scope="session")
+def pairwise_ib_write_bw(request, cluster_run, acceptance, profile) -> PairCampaign:
+    return _campaign(request, cluster_run, acceptance, profile, perftest.PerftestTool(profile, "ib_write_bw"))
 
 
 @pytest.fixture(scope="session")
-def pairwise_ib_write_bw(request, cluster_run, recorder, profile) -> PairCampaign:
-    return _campaign(request, cluster_run, recorder, profile, PerftestTool(profile, "ib_write_bw"))
-
-
-@pytest.fixture(scope="session")
-def pairwise_ib_write_lat(request, cluster_run, recorder, profile) -> PairCampaign:
-    return _campaign(request, cluster_run, recorder, profile, PerftestTool(profile, "ib_write_lat"))
+def pairwise_ib_write_lat(request, cluster_run, acceptance, profile) -> PairCampaign:
+    return _campaign(request, cluster_run, acceptance, profile, perftest.PerftestTool(profile, "ib_write_lat"))
 
 
 def measured_rail(pairwise: PairCampaign, pair: Optional[Pair], rail: int, profile,

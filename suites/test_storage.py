@@ -13,11 +13,11 @@ from typing import Callable, Optional
 
 import pytest
 
+from handover.failures import ExpectationFailure, PerformanceFailure, SanityFailure, excerpt
+from handover.plugin import acceptance_session
 from runners import fio, system
 from runners.parsing import ParseError
 from runners.transport import Result
-from handover.plugin import acceptance_session
-from handover.failures import ExpectationFailure, PerformanceFailure, SanityFailure, excerpt
 from suites.checks import parsed, require, require_scratch_run
 
 pytestmark = [pytest.mark.storage]
@@ -61,8 +61,8 @@ def skip_unless_declared(path: Optional[str], on_node, cluster, kind: str) -> No
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    recorder = acceptance_session(metafunc.config)
-    scratch = recorder.cluster.scratch
+    acceptance = acceptance_session(metafunc.config)
+    scratch = acceptance.cluster.scratch
     per_node = "node" in metafunc.fixturenames
     if "local_path" in metafunc.fixturenames:
         metafunc.parametrize("local_path", _scratch_params(scratch, "local", per_node))

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
+from handover.failures import ExpectationFailure
 from runners import system
 from runners.parsing import ParseError
-from handover.failures import ExpectationFailure
 from suites.checks import odd_ones_out, parsed
 
 pytestmark = [pytest.mark.system, pytest.mark.quick]
@@ -24,10 +24,10 @@ def facts_of(on_node) -> system.SystemFacts:
     return parsed(system.parse_system_facts, on_node(STEP, system.probe))
 
 
-def test_reachable(on_node, recorder, node, record):
+def test_reachable(on_node, acceptance, node, record):
     result = on_node(STEP, system.probe)
     found = parsed(system.parse_system_facts, result)
-    recorder.record_tool(node, "python", found.python)
+    acceptance.record_tool(node, "python", found.python)
     record.note(f"answered as {found.hostname} in {result.duration_s:.2f} s")
 
 

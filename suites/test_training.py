@@ -17,12 +17,20 @@ from typing import Callable, Optional
 
 import pytest
 
+from handover.failures import (
+    CheckFailure,
+    CommandTimedOut,
+    ExpectationFailure,
+    NodeUnreachable,
+    PerformanceFailure,
+    SanityFailure,
+    excerpt,
+)
 from reports import tensorboard
 from runners import collectives, training
 from runners.parsing import ParseError
 from runners.torchrun import Launch
 from runners.transport import Result, Transport
-from handover.failures import CheckFailure, CommandTimedOut, ExpectationFailure, NodeUnreachable, PerformanceFailure, SanityFailure, excerpt
 from suites.checks import launch_failure, parsed, require
 
 pytestmark = [pytest.mark.training]
@@ -129,7 +137,7 @@ def sane_report(result: Result, ranks: int) -> training.TrainingReport:
     return report
 
 
-def judge_run(report: training.TrainingReport, *, where: str, profile, metrics, record, recorder,
+def judge_run(report: training.TrainingReport, *, where: str, profile, metrics, record, acceptance,
               check: str) -> None:
     """The run's figures against the profile, its curves in the report, stragglers named."""
     steps = report.step_times()
@@ -152,7 +160,7 @@ def judge_run(report: training.TrainingReport, *, where: str, profile, metrics, 
                 + (f", NCCL {report.nccl_version}" if report.nccl_version else "")
                 + f"; loss {report.losses[0]:.3f} -> {report.losses[-1]:.3f} in {len(losses)} steps; "
                 + f"{report.tokens_per_s or 0:,.0f} tokens/s")
-    tensorboard.write_scalars(recorder.run_dir, f"{check}/{where}", {
+    tensorboard.write_scalars(acceptance.run_dir, f"{check}/{where}", {
         "loss": losses,
         "step_time_s": list(enumerate((max(r.step_times[i] for r in report.per_rank)
                                        for i in range(len(report.losses))), start=1)),
@@ -183,20 +191,20 @@ def run_on_every_node(request, cluster_run, cluster, profile, node, record) -> t
 
 
 @pytest.mark.quick
-def test_training(request, cluster_run, cluster, profile, node, metrics, record, recorder):
+def test_training(request, cluster_run, cluster, profile, node, metrics, record, acceptance):
     """A short DDP run on this node alone: sane, loss falling, tokens/s within the band."""
     report = run_on_every_node(request, cluster_run, cluster, profile, node, record)
-    recorder.record_tool(node, "torch", report.torch)
+    acceptance.record_tool(node, "torch", report.torch)
     judge_run(report, where=node, profile=profile, metrics=metrics, record=record,
-              recorder=recorder, check="training")
+              acceptance=acceptance, check="training")
 
 
 @pytest.mark.full
-def test_training_sustained(request, cluster_run, cluster, profile, node, metrics, record, recorder):
+def test_training_sustained(request, cluster_run, cluster, profile, node, metrics, record, acceptance):
     """Minutes of training on this node alone: throughput that holds, no straggler."""
     report = run_on_every_node(request, cluster_run, cluster, profile, node, record)
     judge_run(report, where=node, profile=profile, metrics=metrics, record=record,
-              recorder=recorder, check="training_sustained")
+              acceptance=acceptance, check="training_sustained")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,7 +225,7 @@ class ClusterRun:
 _cluster_runs: dict[str, ClusterRun] = {}  # depth and nodes -> the one launch every check reads
 
 
-def run_on_all_nodes(request, cluster_run, cluster, profile, recorder, record) -> ClusterRun:
+def run_on_all_nodes(request, cluster_run, cluster, profile, acceptance, record) -> ClusterRun:
     """All selected nodes in one DDP run (one launch per depth, shared by that depth's checks)."""
     depth = depth_of(request)
     nodes = [n.name for n in cluster_run.nodes]
@@ -228,7 +236,7 @@ def run_on_all_nodes(request, cluster_run, cluster, profile, recorder, record) -
         raise ExpectationFailure("nodes differ in GPU count: " + ", ".join(
             f"{node} {plan.ranks}" for node, plan in plans.items()))
     if key not in _cluster_runs:
-        _cluster_runs[key] = launch_on_all_nodes(cluster_run, cluster, profile, recorder, depth,
+        _cluster_runs[key] = launch_on_all_nodes(cluster_run, cluster, profile, acceptance, depth,
                                                  nodes, plans[nodes[0]])
     run = _cluster_runs[key]
     record.raw(run.raw)
@@ -237,7 +245,7 @@ def run_on_all_nodes(request, cluster_run, cluster, profile, recorder, record) -
     return run
 
 
-def launch_on_all_nodes(cluster_run, cluster, profile, recorder, depth: str, nodes: list[str],
+def launch_on_all_nodes(cluster_run, cluster, profile, acceptance, depth: str, nodes: list[str],
                         plan: Plan) -> ClusterRun:
     checkpoint_dir, where = checkpoint_path(cluster, nodes)
     if len(nodes) == 1:  # one node: its own run is the run on all nodes
@@ -252,7 +260,7 @@ def launch_on_all_nodes(cluster_run, cluster, profile, recorder, depth: str, nod
                                  socket_ifname=cluster.launch_interface)
     raw = []
     for node, result in launch.results.items():
-        raw += recorder.ledger.save_raw(f"training_cluster_{depth}", node, result.stdout, result.stderr)
+        raw += acceptance.save_raw(f"training_cluster_{depth}", node, result.stdout, result.stderr)
     return judged_launch(lambda: sane_launch(launch, plan.ranks * len(nodes)), where, len(nodes), raw)
 
 
@@ -279,30 +287,30 @@ def judged_launch(judge: Callable[[], training.TrainingReport], where: str, node
 
 @pytest.mark.quick
 @pytest.mark.cluster
-def test_training_cluster(request, cluster_run, cluster, profile, metrics, record, recorder):
+def test_training_cluster(request, cluster_run, cluster, profile, metrics, record, acceptance):
     """A short DDP run on all selected nodes together."""
-    run = run_on_all_nodes(request, cluster_run, cluster, profile, recorder, record)
+    run = run_on_all_nodes(request, cluster_run, cluster, profile, acceptance, record)
     judge_run(run.report, where="cluster", profile=profile, metrics=metrics, record=record,
-              recorder=recorder, check="training_cluster")
+              acceptance=acceptance, check="training_cluster")
 
 
 @pytest.mark.full
 @pytest.mark.cluster
-def test_training_cluster_sustained(request, cluster_run, cluster, profile, metrics, record, recorder):
+def test_training_cluster_sustained(request, cluster_run, cluster, profile, metrics, record, acceptance):
     """Minutes of DDP training on all selected nodes together."""
-    run = run_on_all_nodes(request, cluster_run, cluster, profile, recorder, record)
+    run = run_on_all_nodes(request, cluster_run, cluster, profile, acceptance, record)
     judge_run(run.report, where="cluster", profile=profile, metrics=metrics, record=record,
-              recorder=recorder, check="training_cluster_sustained")
+              acceptance=acceptance, check="training_cluster_sustained")
 
 
 @pytest.mark.quick
 @pytest.mark.cluster
-def test_training_scaling(request, cluster_run, cluster, profile, metrics, record, recorder):
+def test_training_scaling(request, cluster_run, cluster, profile, metrics, record, acceptance):
     """Tokens/s on all nodes over N times one node (the median node's own run)."""
     nodes = [n.name for n in cluster_run.nodes]
     if len(nodes) < 2:
         pytest.skip("scaling needs at least two nodes")
-    run = run_on_all_nodes(request, cluster_run, cluster, profile, recorder, record)
+    run = run_on_all_nodes(request, cluster_run, cluster, profile, acceptance, record)
     single = {}
     for node in nodes:
         result = cluster_run.gather("training_node_quick", node_step(cluster_run, profile, "quick", None))[node]
@@ -325,13 +333,13 @@ def test_training_scaling(request, cluster_run, cluster, profile, metrics, recor
 
 @pytest.mark.quick
 @pytest.mark.cluster
-def test_checkpoint(request, cluster_run, cluster, profile, metrics, record, recorder):
+def test_checkpoint(request, cluster_run, cluster, profile, metrics, record, acceptance):
     """The run's model and optimizer written to the shared filesystem by rank 0 and read back
     by every rank on every node: same digest, same tensors; write and read times."""
     nodes = [n.name for n in cluster_run.nodes]
     if checkpoint_path(cluster, nodes)[0] is None:
         pytest.skip(checkpoint_path(cluster, nodes)[1])
-    run = run_on_all_nodes(request, cluster_run, cluster, profile, recorder, record)
+    run = run_on_all_nodes(request, cluster_run, cluster, profile, acceptance, record)
     saved = [(rank, rank.checkpoint) for rank in run.report.per_rank]
     missing = [rank.rank for rank, checkpoint in saved if checkpoint is None]
     if missing:

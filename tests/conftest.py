@@ -5,7 +5,6 @@ import os
 import subprocess
 
 import pytest
-
 from netns import NamespaceCluster, netns_available
 
 

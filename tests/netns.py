@@ -234,16 +234,16 @@ class NamespaceCluster:
         self._veths = [f"hov{index}n{i}" for i in range(1, len(names) + 1)]
         self._create_network(addresses)
         self._write_shared_files(names, addresses)
-        for name, address in zip(names, addresses):
+        for name, address in zip(names, addresses, strict=True):
             self._write_sshd_config(name, address)
         self._generate_keys(names)
         self._write_keys_files(names, addresses)
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
-        for name, namespace in zip(names, self._namespaces):
+        for name, namespace in zip(names, self._namespaces, strict=True):
             self._sshds[name] = self._launch_sshd(name, namespace)
         self.nodes = [
             NsNode(name=name, address=address, namespace=namespace, veth_host=veth, sshd_pid=self._sshds[name].pid)
-            for name, address, namespace, veth in zip(names, addresses, self._namespaces, self._veths)
+            for name, address, namespace, veth in zip(names, addresses, self._namespaces, self._veths, strict=True)
         ]
         self._wait_until_listening()
 
@@ -272,7 +272,7 @@ class NamespaceCluster:
         """Bridge with an address (so this process reaches the nodes), one veth and namespace per node."""
         bridge_address = f"{self.subnet[BRIDGE_HOST_OCTET]}/{self.subnet.prefixlen}"
         lines = [f"addr add {bridge_address} dev {self._bridge}", f"link set {self._bridge} up"]
-        for namespace, veth in zip(self._namespaces, self._veths):
+        for namespace, veth in zip(self._namespaces, self._veths, strict=True):
             lines += [
                 f"netns add {namespace}",
                 f"link add {veth} type veth peer name eth0 netns {namespace}",
@@ -290,7 +290,7 @@ class NamespaceCluster:
             for namespace in self._namespaces
         ]
         failures = []
-        for namespace, address, proc in zip(self._namespaces, addresses, inside):
+        for namespace, address, proc in zip(self._namespaces, addresses, inside, strict=True):
             out, _ = proc.communicate(
                 f"link set lo up\naddr add {address}/{self.subnet.prefixlen} dev eth0\nlink set eth0 up\n"
             )
@@ -316,7 +316,7 @@ class NamespaceCluster:
                     text=True,
                 )
             )
-        failures = [f"{key}: {proc.communicate()[1].strip()}" for (key, _), proc in zip(targets, procs)
+        failures = [f"{key}: {proc.communicate()[1].strip()}" for (key, _), proc in zip(targets, procs, strict=True)
                     if proc.wait() != 0]
         if failures:
             raise RuntimeError("ssh-keygen failed: " + "; ".join(failures))
@@ -324,14 +324,14 @@ class NamespaceCluster:
     def _write_shared_files(self, names: list[str], addresses: list[str]) -> None:
         (self.workdir / "empty").write_text("")
         hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-        hosts += "".join(f"{address}\t{name}\n" for name, address in zip(names, addresses))
+        hosts += "".join(f"{address}\t{name}\n" for name, address in zip(names, addresses, strict=True))
         (self.workdir / "hosts").write_text(hosts)
 
     def _write_keys_files(self, names: list[str], addresses: list[str]) -> None:
         pubkey = self.identity_file.with_suffix(".pub").read_text()
         (self.workdir / "authorized_keys").write_text(pubkey)
         lines = []
-        for name, address in zip(names, addresses):
+        for name, address in zip(names, addresses, strict=True):
             keytype, blob = (self.node_dir(name) / "ssh_host_ed25519_key.pub").read_text().split()[:2]
             lines.append(f"{address} {keytype} {blob}\n")
         self.known_hosts.write_text("".join(lines))

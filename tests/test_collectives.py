@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_e2e import results_of, run_dir_of, run_suites
 
 from inventory.loader import load_profile
 from inventory.model import Node
@@ -14,7 +15,6 @@ from runners import collectives
 from runners.collectives import plan_for
 from runners.parsing import ParseError
 from runners.transport import LocalTransport
-from test_e2e import results_of, run_dir_of, run_suites
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
 

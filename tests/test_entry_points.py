@@ -133,7 +133,8 @@ def test_bad_options_are_one_line_in_either_form(operator_tree, sign_key, form, 
     assert message in done.stderr and "Traceback" not in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("selection", [["-m", "nosuchmarker"], ["--collect-only"]], ids=["nothing-selected", "collect-only"])
+@pytest.mark.parametrize("selection", [["-m", "nosuchmarker"], ["--collect-only"]],
+                         ids=["nothing-selected", "collect-only"])
 def test_nothing_to_run_leaves_no_run_behind(operator_tree, sign_key, selection):
     done = pytest_in(operator_tree["elsewhere"], *options(
         "space", inventory=operator_tree["inventory"], out=operator_tree["out"], sign_key=sign_key), *selection)

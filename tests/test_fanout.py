@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import time
 
+from nodes import ns_inventory, unique_sleep, wait_for_no_leftovers
+
 from runners.fanout import fan_out
 from runners.transport import make_transport
-from nodes import ns_inventory, unique_sleep, wait_for_no_leftovers
 
 
 def transports_for(cluster):

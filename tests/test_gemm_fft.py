@@ -10,12 +10,12 @@ import sys
 
 import pytest
 import yaml
+from test_e2e import ROOT, results_of, run_dir_of, run_suites
 
 from inventory.model import Node
 from runners import gemm_fft
 from runners.parsing import ParseError
 from runners.transport import LocalTransport
-from test_e2e import ROOT, results_of, run_dir_of, run_suites
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
 

@@ -9,12 +9,12 @@ import os
 
 import pytest
 import yaml
-
 from nodes import local_inventory_without_scratch, ns_inventory
+from test_e2e import ROOT, results_of, run_dir_of, run_suites
+
 from runners import hpl
 from runners.launchers import MpirunLauncher
 from runners.ssh import SshTransport
-from test_e2e import ROOT, results_of, run_dir_of, run_suites
 
 
 def hpl_checks(out, cluster: str) -> list[dict]:

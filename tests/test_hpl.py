@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from handover.failures import CommandTimedOut
 from inventory.model import Node, ScratchPath
 from runners import hpl, system
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.scratch import ScratchRefused, missing_tool, refusal
 from runners.transport import LocalTransport, Result
-from handover.failures import CommandTimedOut
 from suites.checks import require_scratch_run
 
 ROOT = Path(__file__).resolve().parent.parent

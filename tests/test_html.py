@@ -453,7 +453,7 @@ def heat_cells(section: Element) -> dict[tuple[str, str], Element]:
     cells = {}
     for tr in table.find("tbody").find_all("tr"):
         node = tr.find("th").text()
-        for column, td in zip(columns, [td for td in tr.find_all("td") if "bad" not in td.classes()]):
+        for column, td in zip(columns, [td for td in tr.find_all("td") if "bad" not in td.classes()], strict=True):
             cells[(node, column)] = next(e for e in td.iter() if "hc" in e.classes())
     return cells
 

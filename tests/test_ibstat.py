@@ -75,7 +75,7 @@ def test_rails_follow_the_hcas_in_natural_order_not_ibstats_string_order():
 
 def test_the_real_node_fails_an_ndr_profile_with_every_reason_named():
     """The real ibstat against the H100 profile's InfiniBand expectations (8x ConnectX-7 NDR 400)."""
-    from suites.test_network import port_problems
+    from runners.ibstat import port_problems
 
     expect = load_profile("h100-sxm-8gpu").expect
     problems = port_problems(ibstat.parse_ibstat((DATA / XE9780).read_text()), expect)

@@ -7,11 +7,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 import yaml
 
-from inventory.loader import (EXPECT_KEYS, EXPECT_READERS, PROFILES_DIR, InventoryError, known_profiles,
-                              load_inventory, load_profile)
+from inventory.loader import (
+    EXPECT_KEYS,
+    EXPECT_READERS,
+    PROFILES_DIR,
+    InventoryError,
+    known_profiles,
+    load_inventory,
+    load_profile,
+)
 from inventory.model import Expectations, Reference, ScratchPath, SshSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -332,7 +338,7 @@ def test_a_misspelt_expectation_is_an_error_not_a_silent_none():
     expect = load_profile("h200-sxm-8gpu").expect
     assert expect.gpu_count == 8
     with pytest.raises(AttributeError):
-        expect.gpu_cout
+        _ = expect.gpu_cout  # a misspelt fact is an error, not None
     with pytest.raises(TypeError):
         Expectations(gpu_cout=8)
 

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from nodes import ns_inventory, wait_for_no_leftovers
 
 from inventory.model import Node
-from nodes import ns_inventory, wait_for_no_leftovers
 from runners import iperf3, pairs
 from runners.parsing import ParseError
 from runners.transport import LocalTransport, make_transport

@@ -11,9 +11,8 @@ import pytest
 
 from reports.junit import JUNIT_FILE, render_junit, write_junit
 from reports.ledger import Ledger, now_iso, read_ledger
+from reports.results import METRICS_CSV, RESULTS_FILE, RESULTS_SCHEMA, build_results, write_metrics_csv, write_results
 from reports.schema import SchemaError
-from reports.results import (METRICS_CSV, RESULTS_FILE, RESULTS_SCHEMA, build_results,
-                             write_metrics_csv, write_results)
 
 MODULE = "suites/test_system.py"
 CLASSNAME = "suites.test_system"

@@ -3,11 +3,11 @@ namespace nodes: a hung rank is bounded by the transport's timeout and leaves no
 from __future__ import annotations
 
 import pytest
+from nodes import ns_inventory, unique_sleep, wait_for_no_leftovers
 
 from inventory.model import SshSettings
-from runners.launchers import LaunchError, Launcher, MpirunLauncher, ssh_options
+from runners.launchers import Launcher, LaunchError, MpirunLauncher, ssh_options
 from runners.ssh import SshTransport
-from nodes import ns_inventory, unique_sleep, wait_for_no_leftovers
 
 SSH = SshSettings(user="root", port=2222, identity_file="/keys/id_ed25519",
                   known_hosts="/keys/known_hosts", connect_timeout=5)

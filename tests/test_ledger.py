@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.ledger import (LEDGER_FILE, LEDGER_SCHEMA, RAW_DIR, Ledger, LedgerError, new_run_id,
-                            read_ledger, safe_name)
+from reports.ledger import LEDGER_FILE, LEDGER_SCHEMA, RAW_DIR, Ledger, LedgerError, new_run_id, read_ledger, safe_name
 
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
 HEADER = {"cluster": "testcluster", "profile": {"name": "p", "mandatory": [], "references": {}},

@@ -11,16 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from inventory.model import Node, SshSettings
 from nodes import ns_inventory, wait_for_no_leftovers
+
+from handover.failures import SanityFailure
+from inventory.model import Node, SshSettings
 from runners import collectives, nccl_tests, system
 from runners.cluster import ClusterRun
 from runners.launchers import LaunchError, MpirunLauncher
 from runners.parsing import ParseError
 from runners.ssh import SshTransport
 from runners.transport import LocalTransport, Result
-from handover.failures import SanityFailure
 from suites.checks import parsed, series_entry
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from netns import NamespaceCluster
 
 

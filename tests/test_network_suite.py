@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from test_e2e import results_of, run_dir_of, run_suites
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,9 +5,26 @@ import itertools
 
 import pytest
 
-from runners.pairs import (PairOutcome, PairVerdicts, attribute, by_kind, circle_rounds, greedy_rounds, kinds_by_pair,
-                           low_pairs, median_of, pair_id, pair_rail_id, pair_state, ports_for, ring_pairs,
-                           ring_rounds, run_rounds, schedule, second_pass_pairs)
+from runners.pairs import (
+    PairOutcome,
+    PairVerdicts,
+    attribute,
+    by_kind,
+    circle_rounds,
+    greedy_rounds,
+    kinds_by_pair,
+    low_pairs,
+    median_of,
+    pair_id,
+    pair_rail_id,
+    pair_state,
+    ports_for,
+    ring_pairs,
+    ring_rounds,
+    run_rounds,
+    schedule,
+    second_pass_pairs,
+)
 
 
 def names(count: int) -> list[str]:
@@ -171,7 +188,8 @@ def test_the_second_pass_clears_the_partner_and_confirms_the_bad_nodes():
     blame = verdicts.attribution()
     assert list(blame.suspect_nodes) == ["n03", "n05"] and not blame.suspect_links
     assert blame.suspect_nodes["n03"] == ("all 3 of its pairs failed or were low (with n02, n04, n01); "
-                                          "n02, n04, n01 passed with other nodes; failed again with n01 in the second pass")
+                                          "n02, n04, n01 passed with other nodes; "
+                                          "failed again with n01 in the second pass")
     # n02 and n06 passed with n01 in the first pass already: only n04 needed the second pass
     assert blame.cleared_nodes == {"n04": "failed with n03, n05, passed with n01 in the second pass"}
     assert "cleared n04: failed with n03, n05, passed with n01 in the second pass" in blame.summary()

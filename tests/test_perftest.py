@@ -111,6 +111,7 @@ def test_rail_argv_for_bandwidth_latency_bidirectional_and_gpudirect():
 def test_pair_without_an_rdma_device_ends_at_once_and_leaves_no_server():
     """The real no-device path through the pair runner: both sides exit 1 at once."""
     from nodes import wait_for_no_leftovers
+
     from runners.perftest import PerftestMode, judge, run_pair
 
     transport = LocalTransport(Node("localhost", "localhost", "local"))
@@ -137,13 +138,13 @@ def test_judge_puts_error_lines_before_figures():
 
 
 def test_a_rails_outcome_for_attribution_is_its_figure_against_the_profiles_bands():
-    """The real HDR200 loopback log judged as one rail of a pair (the suite's PerftestTool,
+    """The real HDR200 loopback log judged as one rail of a pair (runners.perftest's PerftestTool,
     which only needs the profile for this): below the NDR floor on H100, within band on A100;
     the real no-device run and a rail without an HCA say nothing about the link."""
     from inventory.loader import load_profile
     from runners.pairs import PairOutcome, PairRun
+    from runners.perftest import PerftestTool
     from runners.transport import Result
-    from suites.test_network import PerftestTool
 
     text = (DATA / "superbench_ib_loopback_8M_size.log").read_text()
     measured = PairRun("n1", "n2", 18515, Result("n2", "ib_write_bw ...", 0, text, "", 1.0), None)

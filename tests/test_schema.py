@@ -19,13 +19,19 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from handover import failures
-from inventory.loader import load_inventory
-from reports.ledger import LEDGER_FILE, LEDGER_SCHEMA, Ledger, now_iso, read_ledger
 from handover.recorder import AREAS, DEPTHS
 from handover.session import run_header
+from inventory.loader import load_inventory
+from reports.ledger import LEDGER_FILE, LEDGER_SCHEMA, Ledger, now_iso, read_ledger
 from reports.results import RESULTS_SCHEMA, build_results
-from reports.schema import (LEDGER_ENTRY_SCHEMA_FILE, RESULTS_SCHEMA_FILE, SCHEMA_DIR, SchemaError,
-                            validate_ledger_entry, validate_results)
+from reports.schema import (
+    LEDGER_ENTRY_SCHEMA_FILE,
+    RESULTS_SCHEMA_FILE,
+    SCHEMA_DIR,
+    SchemaError,
+    validate_ledger_entry,
+    validate_results,
+)
 from reports.verdict import CERTIFIED, INCOMPLETE, NOT_CERTIFIED
 from suites.checks import X_SCALES, Metrics, series_entry
 

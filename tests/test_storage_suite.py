@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_e2e import run_suites
 
 from inventory.model import Node, ScratchPath
 from runners import fio
 from runners.scratch import REFUSED_EXIT, ScratchRefused, refusal
 from runners.transport import LocalTransport
-from test_e2e import run_suites
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = fio.Plan("quick", size_bytes=32 * fio.MiB, runtime_s=1, ramp_s=0)
@@ -200,7 +200,8 @@ def test_quick_storage_on_four_nodes(ns_cluster, sign_key, tmp_path):
     [spread] = by_check["scratch_spread"]
     assert names_the_slowest(spread, "4 node(s): sequential read: slowest node")
     assert list(local_dir.iterdir()) == [] and list(shared_dir.iterdir()) == []
-    raw = tmp_path / "out" / "nscluster" / "latest" / "raw" / f"fio_local_quick_{str(local_dir).strip('/').replace('/', '_')}"
+    step = f"fio_local_quick_{str(local_dir).strip('/').replace('/', '_')}"
+    raw = tmp_path / "out" / "nscluster" / "latest" / "raw" / step
     parsed = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "fio", str(raw / "node3.stdout")],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert parsed.returncode == 0 and json.loads(parsed.stdout)["ok"] is True

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from nodes import ns_inventory
 
 from inventory.model import Node
-from nodes import ns_inventory
 from runners import stress_ng
 from runners.cluster import ClusterRun
 from runners.parsing import ParseError

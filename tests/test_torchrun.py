@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-
-import pytest
 from pathlib import Path
 
+import pytest
 from nodes import ns_inventory
+
 from runners import collectives, torchrun
 from runners.launchers import LaunchError
 from runners.ssh import SshTransport

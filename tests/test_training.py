@@ -12,14 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
-from inventory.model import Node
 from nodes import ns_inventory, wait_for_no_leftovers
+
+from handover.failures import SanityFailure
+from inventory.model import Node
 from runners import training
 from runners.parsing import ParseError
 from runners.ssh import SshTransport
 from runners.transport import LocalTransport
-from handover.failures import SanityFailure
 from suites.checks import launch_failure
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")

@@ -3,7 +3,6 @@ then results.json, the report's curves and the TensorBoard files, as an operator
 from __future__ import annotations
 
 import pytest
-
 from test_e2e import results_of, run_dir_of, run_suites
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")

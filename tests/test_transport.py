@@ -11,12 +11,12 @@ import threading
 import time
 
 import pytest
+from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
 
 from inventory.model import Node
 from runners import system
 from runners.parsing import ParseError
 from runners.transport import LocalTransport, make_transport
-from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
 
 
 @pytest.fixture(params=["local", "ssh"])
@@ -100,7 +100,9 @@ def test_kill_running_reaches_processes_that_left_the_process_group(transport):
     worker = threading.Thread(target=lambda: finished.append(
         transport.run(["sh", "-c", f"setsid {marker} & {marker}"], timeout=60)))
     worker.start()
-    sleepers = lambda: [line for line in leftovers(marker) if line.split(None, 1)[1] == marker]
+    def sleepers() -> list[str]:
+        return [line for line in leftovers(marker) if line.split(None, 1)[1] == marker]
+
     deadline = time.monotonic() + 10
     while len(sleepers()) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)

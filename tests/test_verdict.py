@@ -11,9 +11,9 @@ from typing import Optional
 
 import pytest
 
+from handover.session import run_header
 from inventory.loader import load_inventory
 from reports.ledger import Ledger, now_iso, read_ledger
-from handover.session import run_header
 from reports.results import build_results
 from reports.verdict import CERTIFIED, INCOMPLETE, NOT_CERTIFIED, Verdict, judge
 

@@ -88,7 +88,7 @@ def gemm(torch, device, timer, name, n, args):
     reference = a[:block].double() @ b[:, :block].double()
     error = float(torch.linalg.norm(out[:block, :block].double() - reference)
                   / torch.linalg.norm(reference))
-    del a, b, out
+    a = b = out = None  # free the device memory before the next dtype
     return rate / 1e12, error
 
 
@@ -102,7 +102,7 @@ def fft(torch, device, timer, shape, args):
     rate = best_rate(timer, lambda: torch.fft.fft2(data), flop, args)
     back = torch.fft.ifft2(torch.fft.fft2(data))
     error = float(torch.linalg.norm(back - data) / torch.linalg.norm(data))
-    del data, back
+    data = back = None  # free the device memory
     return rate / 1e9, error
 
 

@@ -66,7 +66,7 @@ def measure(index, device):
         target = torch.empty_like(source)
         seconds = timed_seconds(device, lambda: target.copy_(source))
         entry["hbm_copy_tbps"] = 2 * copy_bytes * args.iterations / seconds / 1e12
-        del source, target
+        source = target = None  # free the device memory before the pinned copies
         pinned = device.type == "cuda"
         host = torch.empty(pcie_bytes, dtype=torch.uint8, pin_memory=pinned)
         on_device = torch.empty(pcie_bytes, dtype=torch.uint8, device=device)

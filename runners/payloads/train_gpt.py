@@ -251,7 +251,8 @@ def main():
             "torch": torch.__version__,
             "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
             "parameters": parameters,
-            "config": {k: getattr(args, k) for k in ("vocab", "width", "layers", "heads", "seq", "batch", "steps", "lr")},
+            "config": {k: getattr(args, k)
+                       for k in ("vocab", "width", "layers", "heads", "seq", "batch", "steps", "lr")},
             "tokens_per_step": tokens_per_step * world,
             "tokens_per_s": tokens_per_step * world * len(measured) / wall if wall > 0 else None,
             "losses": [round(value, 5) if math.isfinite(value) else None for value in losses],
