@@ -19,7 +19,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, Union
 
 import hostlist
 import yaml
@@ -138,7 +138,7 @@ class _At:
 class _Setting(NamedTuple):
     """A parsed value and where it was written, kept so later cross-checks can point back at it."""
 
-    value: object
+    value: Any  # what the field's reader returned: its type is the reader's
     at: _At
 
 
@@ -163,7 +163,7 @@ def _wrong_type(at: _At, expected: str) -> InventoryError:
     return at.error(f"expected {expected}, got {_describe(at)}")
 
 
-def _scalar_value(at: _At) -> object:
+def _scalar_value(at: _At) -> Any:
     """The Python value of a scalar as the safe loader would build it."""
     construct = SafeConstructor.yaml_constructors.get(at.node.tag)
     if construct is None or not isinstance(at.node, yaml.ScalarNode):
@@ -380,7 +380,7 @@ def _display_path(path: Path) -> str:
 
 # How each Expectations field is read and validated, by name; the names a profile's `expect:`
 # may use are the dataclass's fields (EXPECT_KEYS).
-EXPECT_READERS: dict[str, Callable[[_At], object]] = {
+EXPECT_READERS: dict[str, Callable[[_At], Any]] = {
     "os_ids": _string_list,
     "kernel_min": _version,
     "cpu_model": _regex,
@@ -623,7 +623,7 @@ def _jump(at: _At) -> str:
     return value
 
 
-_SETTING_READERS: dict[str, Callable[[_At], object]] = {
+_SETTING_READERS: dict[str, Callable[[_At], Any]] = {
     "user": _string,
     "port": _port,
     "identity_file": _path_setting,
@@ -846,7 +846,7 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
             fields["references"], profile, raw_references, path.name
         )
 
-    cluster_fields = {key: fields[key] for key in ("python", "sudo") if key in fields}
+    cluster_fields: dict[str, _At] = {key: fields[key] for key in ("python", "sudo") if key in fields}
     if "ssh" in fields:
         # Checked for typos even with transport local, where it is then ignored.
         cluster_fields.update(_fields(fields["ssh"], SSH_KEYS))

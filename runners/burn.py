@@ -258,7 +258,7 @@ def throttle_problems(gpu: GpuBurn) -> list[str]:
     for bit, name in CLOCKS_EVENT_REASONS.items():
         if not bit & FAILING_REASONS:
             continue
-        hits = [s for s in burn if s.reasons & bit]
+        hits = [s for s in burn if s.reasons is not None and s.reasons & bit]
         if hits:
             problems.append(f"GPU {gpu.index}: clocks-event reason {name} (0x{bit:x}) in "
                             f"{len(hits)} of {len(burn)} samples, first at t={hits[0].t:g} s "

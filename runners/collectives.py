@@ -98,7 +98,7 @@ def parse_collectives(text: str) -> CollectivesReport:
             rows = [NcclRow(size=int(r["size"]), algbw=float(r["algbw"]), busbw=float(r["busbw"]),
                             busbw_inplace=None, wrong=int(r["wrong"])) for r in entry["rows"]]
             collectives[name] = rows
-            wrong += sum(row.wrong for row in rows)
+            wrong += sum(row.wrong or 0 for row in rows)
             if entry.get("unsupported"):
                 unsupported[name] = str(entry["unsupported"])
         report = CollectivesReport(
@@ -195,7 +195,7 @@ def nccl_tests_figure(result: Result, report: NcclTestsReport, ranks: int) -> tu
     (None, why) when the run did not report `ranks` ranks or its largest size has no busbw."""
     if report.ranks and report.ranks != ranks:
         return None, f"{result.node}: {report.ranks} rank(s) reported, expected {ranks}"
-    if report.peak_busbw is None:
+    if report.peak_busbw is None or report.largest_size is None:
         return None, f"{result.node}: no busbw at the largest size ({report.largest_size} B)"
     return Figure(report.peak_busbw, report.largest_size, ranks, report.nccl_version,
                   nccl_tests.nccl_env(result), "nccl-tests",
@@ -218,9 +218,11 @@ def torch_figure(where: str, report: CollectivesReport, collective: str = "all_r
     rows = report.collectives.get(collective) or []
     if not rows:
         return None, f"{where}: the payload measured no {collective}"
-    largest = report.largest(collective)
+    largest, busbw = report.largest(collective), nccl_tests.peak_busbw(rows)
+    if largest is None or busbw is None:
+        return None, f"{where}: the payload's {collective} has no busbw at its largest size"
     tool = f"torch {report.torch} {report.backend}"
-    return Figure(nccl_tests.peak_busbw(rows), largest.size, report.ranks, report.nccl_version,
+    return Figure(busbw, largest.size, report.ranks, report.nccl_version,
                   {**report.env}, tool, report.note,
                   {tool: [(row.size, row.busbw) for row in rows]}), ""
 

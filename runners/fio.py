@@ -231,4 +231,5 @@ def parse_mount(text: str) -> MountFacts:
         raise ParseError("mount facts lack 'path' and a boolean 'exists'")
     if data["exists"] and not all(isinstance(data.get(k), str) for k in ("mount_point", "fstype")):
         raise ParseError("mount facts of an existing path lack 'mount_point' and 'fstype'")
-    return MountFacts(**{name: data.get(name) for name in MountFacts.__dataclass_fields__})
+    return MountFacts(path=str(data["path"]), exists=data["exists"], resolved=data.get("resolved"),
+                      mount_point=data.get("mount_point"), fstype=data.get("fstype"), source=data.get("source"))

@@ -88,7 +88,7 @@ class GemmFftReport:
 
     def slowest_fft(self) -> Optional[DeviceFigures]:
         measured = [d for d in self.devices if d.fft_c64_gflops is not None]
-        return min(measured, key=lambda d: d.fft_c64_gflops) if measured else None
+        return min(measured, key=lambda d: d.fft_c64_gflops or 0.0) if measured else None
 
 
 def per_device(report: GemmFftReport, slowest: DeviceFigures, figure: Callable[[DeviceFigures], float],

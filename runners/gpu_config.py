@@ -87,7 +87,9 @@ def probe(transport: Transport) -> Result:
 
 def parse_fabric_states(text: str) -> list[FabricState]:
     """Per GPU, the State and Status of the Fabric block of `nvidia-smi -q` text."""
-    states, bus_id, in_fabric, found = [], "", False, {}
+    states: list[FabricState] = []
+    found: dict[str, str] = {}
+    bus_id, in_fabric = "", False
     for line in text.splitlines():
         gpu = re.match(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", line)
         if gpu:

@@ -331,7 +331,7 @@ def parse_hpl(text: str) -> HplRun:
     return HplRun(
         flavour=flavour, version=_version(flavour, clean), results=run,
         threshold=float(threshold.group(1)) if threshold else None,
-        success={"1": True, "0": False}.get(summary.get("Success")) if summary else None,
+        success={"1": True, "0": False}.get(summary.get("Success") or "") if summary else None,
         hpl_tflops=_float_or_none(summary.get("HPL_Tflops")),
         problems=problems, ok=not problems)
 

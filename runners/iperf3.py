@@ -139,11 +139,12 @@ class Iperf3Tool(PairTool):
 
     def outcome(self, run: RailRun) -> PairOutcome:
         """Sane, and within the profile's band when it has one; the figure in Gb/s."""
-        report, why = judge(run)
-        if why:
+        if isinstance(run, str):  # it could not start
             return PairOutcome(False)
-        return PairOutcome(self._reference is None or self._reference.admits(report.gbps),
-                                 report.gbps)
+        report, why = judge(run)
+        if why or report is None:
+            return PairOutcome(False)
+        return PairOutcome(self._reference is None or self._reference.admits(report.gbps), report.gbps)
 
     def tally(self, rail: Rail, first: dict[Pair, PairOutcome]) -> str:
         failed = sorted(pair_id(pair) for pair, outcome in first.items() if not outcome.passed)

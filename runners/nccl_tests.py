@@ -76,7 +76,8 @@ def _wrong(text) -> Optional[int]:
 
 
 def _sum_wrong(values: list[Optional[int]]) -> Optional[int]:
-    return None if any(v is None for v in values) else sum(values)
+    counted = [value for value in values if value is not None]
+    return sum(counted) if len(counted) == len(values) else None
 
 
 def _strip(line: str) -> str:
@@ -144,7 +145,8 @@ def _parse_text(text: str) -> NcclTestsReport:
             continue  # more fields than the header names: not this table's row
         out = dict(zip(placement, fields[-2 * width:-width], strict=True))
         inplace = dict(zip(placement, fields[-width:], strict=True))
-        wrongs = [_wrong(out.get(wrong_name)), _wrong(inplace.get(wrong_name))] if wrong_name else [None]
+        wrongs: list[Optional[int]] = ([_wrong(out.get(wrong_name)), _wrong(inplace.get(wrong_name))]
+                                       if wrong_name else [None])
         rows.append(NcclRow(size=int(fields[0]), algbw=_number(out["algbw"]),
                             busbw=_number(out["busbw"]), busbw_inplace=_number(inplace["busbw"]),
                             wrong=_sum_wrong(wrongs)))

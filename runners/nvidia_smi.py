@@ -90,8 +90,7 @@ def _uncorrectable(ecc_errors: Optional[ET.Element], scope: str) -> Optional[int
     block = ecc_errors.find(scope) if ecc_errors is not None else None
     if block is None:
         return None
-    values = [_integer(_text(block, name)) for name in _UNCORRECTABLE]
-    values = [v for v in values if v is not None]
+    values = [value for name in _UNCORRECTABLE if (value := _integer(_text(block, name))) is not None]
     return sum(values) if values else None
 
 
@@ -179,7 +178,8 @@ def parse_topo(text: str) -> Topology:
     columns = [cell for cell in _CELLS.split(lines[header_at].strip()) if cell]
     devices = [cell for cell in columns if _DEVICE.match(cell)]
     extra = columns[len(devices):]
-    links, numa = {}, {}
+    links: dict[str, dict[str, str]] = {}
+    numa: dict[str, str] = {}
     for line in lines[header_at + 1:]:
         cells = [cell.strip() for cell in _CELLS.split(line.strip())]
         if not cells or not _DEVICE.match(cells[0]):

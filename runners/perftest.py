@@ -228,7 +228,7 @@ class PerftestTool(PairTool):
         def measure(pair: Pair, rail: Rail, port: int) -> RailRun:
             server, client = pair
             (server_device, server_problem), (client_device, client_problem) = (
-                device(server, rail), device(client, rail))
+                device(server, rail or 0), device(client, rail or 0))
             if server_problem or client_problem:
                 return server_problem or client_problem
             return run_pair(
@@ -253,7 +253,7 @@ class PerftestTool(PairTool):
                                        if result is not None):
             return None
         report, why = judge(run)
-        if why:
+        if why or report is None:
             return PairOutcome(False)
         figures = self.figures(report)
         within = all(figures.get(name) is not None and reference.admits(figures[name])

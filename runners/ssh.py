@@ -99,7 +99,7 @@ class SshTransport(Transport):
     def _new_connection(self, host: str, user: Optional[str], port: Optional[int]) -> Connection:
         ssh = self.node.ssh
         timeout = ssh.connect_timeout
-        connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout,
+        connect_kwargs: dict[str, object] = {"banner_timeout": timeout, "auth_timeout": timeout,
                           "channel_timeout": timeout}
         if ssh.identity_file:
             connect_kwargs["key_filename"] = [ssh.identity_file]

@@ -88,7 +88,8 @@ def stress(transport: Transport, plan: StressPlan = QUICK) -> Result:
 
 
 def exit_meaning(code: Optional[int]) -> str:
-    return EXIT_MEANINGS.get(code, "not an exit status stress-ng documents")
+    known = EXIT_MEANINGS.get(code) if code is not None else None
+    return known or "not an exit status stress-ng documents"
 
 
 class _StringLoader(yaml.SafeLoader):

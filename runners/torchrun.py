@@ -179,7 +179,7 @@ def find_leftovers(transports: Mapping[str, Transport], marker: str,
 def route_interface(transport: Transport, peer_address: str) -> Optional[str]:
     """The interface this node uses toward a peer (`ip -o route get`), None when unknown."""
     try:
-        address = socket.getaddrinfo(peer_address, None)[0][4][0]
+        address = str(socket.getaddrinfo(peer_address, None)[0][4][0])
     except (socket.gaierror, IndexError):
         return None
     result = transport.run(["ip", "-o", "route", "get", address], timeout=15)

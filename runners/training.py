@@ -166,10 +166,11 @@ def loss_falls(losses: Sequence[Optional[float]], fraction: float) -> Optional[s
     """
     if not losses:
         return "no step finished"
-    if any(value is None for value in losses):
+    finite = [value for value in losses if value is not None]
+    if len(finite) < len(losses):
         first_bad = next(i for i, value in enumerate(losses) if value is None) + 1
         return f"the loss is not a finite number from step {first_bad}"
-    first, last = losses[0], losses[-1]
+    first, last = finite[0], finite[-1]
     if last > first * fraction:
         return (f"the loss fell from {first:.4g} to {last:.4g} in {len(losses)} steps; "
                 f"a healthy run reaches {fraction:.0%} of its first value or less")
@@ -277,7 +278,7 @@ def root_cause(stderr_by_node: Mapping[str, str]) -> Optional[tuple[str, FailedR
               for failed in failed_ranks(text) if failed.root_cause]
     died = [(node, failed) for node, failed in causes
             if failed.exit_code is not None and failed.exit_code < 0 and failed.exit_code != -15]
-    return (died or causes or [None])[0]
+    return (died or causes)[0] if died or causes else None
 
 
 def launch_cause(launch: Launch, ranks: int) -> Optional[tuple[str, str]]:
