@@ -1,1 +1,2 @@
-"""Results ledger, verdict, renderings (HTML, JUnit), signing and the handover CLI."""
+"""From a run's ledger to its documents: verdict, results.json (schema-checked), HTML, JUnit,
+CSV, and their signatures. Data in, documents out: nothing here runs a check."""

@@ -226,7 +226,7 @@ def test_the_two_node_run_is_judged_on_all_sixteen_ranks_with_every_row_as_a_cur
 def test_handover_parse_prints_the_busbw_the_suite_judges(path):
     """One definition: `handover parse nccl-tests FILE`'s peak_busbw is the figure's busbw, the
     better placement at the largest size (the in-place one in the all-to-all file)."""
-    done = subprocess.run([sys.executable, "-m", "reports.cli", "parse", "nccl-tests", str(path)],
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "nccl-tests", str(path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)

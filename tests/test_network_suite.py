@@ -9,21 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from test_e2e import results_of, run_dir_of, run_suites
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = str(ROOT / "suites" / "test_network.py")
-
-
-@pytest.fixture(scope="module")
-def sign_key(tmp_path_factory):
-    import subprocess
-
-    key = tmp_path_factory.mktemp("key") / "operator"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops@example.com",
-                    "-f", str(key)], check=True)
-    return key
 
 
 PAIR_STATES = ("ok", "low", "failed")
