@@ -9,6 +9,7 @@ form (`--opt value`, `--opt=value`); without a test path it runs the installed s
 """
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -105,6 +106,15 @@ class SessionHooks:
         self.session = session
         self._skipped_as_done = 0  # checks a resumed run already has results for
 
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """A misspelt marker in -m (`-m quik`) is a usage error, never a run that quietly
+        selects nothing, whichever ini file pytest found (or none)."""
+        unknown = unknown_markers(session.config.option.markexpr, session.config)
+        if unknown:
+            raise pytest.UsageError(f"-m {session.config.option.markexpr!r}: unknown marker(s) "
+                                    f"{', '.join(unknown)}; known: {', '.join(MARKERS)} "
+                                    "(pytest --markers lists all)")
+
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """When resuming, leave out what the run already has a result for."""
         done = self.session.already_done()
@@ -148,6 +158,13 @@ class SessionHooks:
         terminalreporter.write_line(f"report: {rendered.report}")
         terminalreporter.write_line(f"signed by {self.session.key.fingerprint}; check with: "
                                     f"handover verify {self.session.run_dir}")
+
+
+def unknown_markers(expression: str, config: pytest.Config) -> list[str]:
+    """The names in a -m expression that no plugin or ini file registered as a marker."""
+    registered = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    names = set(re.findall(r"[A-Za-z_]\w*", re.sub(r"\([^)]*\)", "", expression or "")))
+    return sorted(names - registered - {"and", "or", "not"})
 
 
 class ProgressDisplay:

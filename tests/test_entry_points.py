@@ -133,7 +133,7 @@ def test_bad_options_are_one_line_in_either_form(operator_tree, sign_key, form, 
     assert message in done.stderr and "Traceback" not in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("selection", [["-m", "nosuchmarker"], ["--collect-only"]],
+@pytest.mark.parametrize("selection", [["-k", "nosuchcheck"], ["--collect-only"]],
                          ids=["nothing-selected", "collect-only"])
 def test_nothing_to_run_leaves_no_run_behind(operator_tree, sign_key, selection):
     done = pytest_in(operator_tree["elsewhere"], *options(
@@ -141,3 +141,13 @@ def test_nothing_to_run_leaves_no_run_behind(operator_tree, sign_key, selection)
     assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: pytest's "no tests ran"
     assert list(operator_tree["out"].iterdir()) == []
     assert "verdict:" not in done.stdout
+
+
+@pytest.mark.parametrize("where", ["checkout", "elsewhere"])
+def test_a_misspelt_marker_is_a_usage_error_not_an_empty_run(operator_tree, sign_key, where):
+    cwd = ROOT if where == "checkout" else operator_tree["elsewhere"]
+    done = pytest_in(cwd, *options("space", inventory=operator_tree["inventory"], out=operator_tree["out"],
+                                   sign_key=sign_key), "-m", "quik and system")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "quik" in done.stderr and "Traceback" not in done.stdout + done.stderr
+    assert list(operator_tree["out"].iterdir()) == []
