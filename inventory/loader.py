@@ -45,7 +45,9 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
 NAME_RULE = "use letters, digits, '.', '_' and '-'"
 
 SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "host_keys", "jump", "connect_timeout")
-NODE_SETTING_KEYS = SSH_KEYS + ("python", "sudo")
+# Where a node sits in the fabric (rack, leaf switch): pair schedules and collectives group by them.
+PLACEMENT_KEYS = ("rack", "leaf")
+NODE_SETTING_KEYS = SSH_KEYS + ("python", "sudo") + PLACEMENT_KEYS
 # These may be set to null in a group or node mapping to undo a cluster-wide value (e.g. no jump).
 NULLABLE_SETTINGS = ("user", "port", "identity_file", "known_hosts", "jump")
 
@@ -633,6 +635,8 @@ _SETTING_READERS: dict[str, Callable[[_At], Any]] = {
     "connect_timeout": _timeout,
     "python": _string,
     "sudo": _boolean,
+    "rack": lambda at: _name(at, "rack name"),
+    "leaf": lambda at: _name(at, "leaf name"),
 }
 
 
@@ -874,6 +878,8 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
                 sudo=settings["sudo"].value if "sudo" in settings else False,
                 groups=tuple(sorted(g.name for g in groups if entry.name in g.members)),
                 data_address=entry.data_address,
+                rack=settings["rack"].value if "rack" in settings else None,
+                leaf=settings["leaf"].value if "leaf" in settings else None,
             )
         )
 

@@ -33,6 +33,9 @@ class Node:
     groups: tuple[str, ...] = ()
     # Where the node's data (Ethernet) network reaches it, for iperf3 between nodes; None: address.
     data_address: Optional[str] = None
+    # Where it sits (inventory `rack:`/`leaf:`, on the node or its group); None: not said.
+    rack: Optional[str] = None
+    leaf: Optional[str] = None
 
 
 @dataclass(frozen=True)

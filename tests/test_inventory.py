@@ -137,6 +137,30 @@ def test_precedence_cluster_then_group_then_node(tmp_path, key):
     assert cluster.groups == {"venv-nodes": ("gpu002", "gpu003", "gpu004"), "ops": ("gpu003", "gpu004")}
 
 
+def test_rack_and_leaf_come_from_groups_or_the_node(tmp_path, key):
+    """Where a node sits is a setting like any other: a rack's group says it, a node may differ."""
+    path = write(tmp_path, f"""
+        cluster: demo
+        profile: cpu-only
+        ssh: {{identity_file: {key}}}
+        nodes:
+          - gpu[001-003]
+          - {{name: gpu004, rack: r2, leaf: leaf-b}}
+        groups:
+          rack1: {{nodes: "gpu[001-003]", rack: r1, leaf: leaf-a}}
+          odd: {{nodes: [gpu003], leaf: leaf-c}}
+        """)
+    with pytest.raises(InventoryError, match=r":9: .*leaf.* is in both groups"):
+        load_inventory(path)
+    path.write_text(path.read_text().replace("leaf: leaf-c", "rack: r1"))
+    placed = [(node.name, node.rack, node.leaf) for node in load_inventory(path).nodes]
+    assert placed == [("gpu001", "r1", "leaf-a"), ("gpu002", "r1", "leaf-a"), ("gpu003", "r1", "leaf-a"),
+                      ("gpu004", "r2", "leaf-b")]
+    path.write_text(path.read_text().replace("rack: r2", "rack: 'r 2'"))
+    with pytest.raises(InventoryError, match=r":6: nodes\[1\]\.rack: invalid rack name 'r 2'"):
+        load_inventory(path)
+
+
 def test_groups_that_agree_or_are_settled_by_the_node_are_fine(tmp_path, key):
     path = write(tmp_path, minimal(key, """
         groups:
