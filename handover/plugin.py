@@ -118,6 +118,8 @@ class SessionHooks:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """When resuming, leave out what the run already has a result for."""
         done = self.session.already_done()
+        if not done:
+            return
         deselected = [item for item in items if test_id(item) in done]
         if deselected:
             config.hook.pytest_deselected(items=deselected)

@@ -1,10 +1,11 @@
 """The adapter from pytest's reports to ledger entries: one line per check outcome, as it completes.
 
 Checks hand over their evidence through item.user_properties (metrics, notes, raw output paths,
-curves, a pair's state), as pytest's record_property does; the record fixture writes them.
+curves, a node's pairs), as pytest's record_property does; the record fixture writes them.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import cast
 
@@ -16,7 +17,7 @@ from reports.ledger import now_iso
 AREAS = ("system", "hardware", "network", "storage", "hpc", "training")
 DEPTHS = ("quick", "full")
 PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_RAW = "handover_metrics", "handover_note", "handover_raw"
-PROPERTY_SERIES, PROPERTY_PAIR_STATE = "handover_series", "handover_pair_state"
+PROPERTY_SERIES, PROPERTY_PAIRS = "handover_series", "handover_pairs"
 # The suites ship beside this package (in a checkout and installed alike); found, not imported.
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 
@@ -47,10 +48,18 @@ def test_id(item: pytest.Item) -> str:
     that holds the suites package (suites/test_system.py::test_os[gpu017]), so the id is the
     same whichever directory pytest ran from, and --resume finds it again."""
     _, _, rest = item.nodeid.partition("::")
-    path = Path(item.path).resolve()
-    if path.is_relative_to(SUITES_DIR):
-        return f"{SUITES_DIR.name}/{path.relative_to(SUITES_DIR).as_posix()}::{rest}"
-    return item.nodeid
+    module = _suite_file(str(item.path))
+    return f"{module}::{rest}" if module else item.nodeid
+
+
+@functools.lru_cache(maxsize=None)
+def _suite_file(path: str) -> str:
+    """'suites/test_system.py' for a file of the suites, else ''; once per file, not per test
+    (tens of thousands of tests on a big cluster share a dozen files)."""
+    resolved = Path(path).resolve()
+    if resolved.is_relative_to(SUITES_DIR):
+        return f"{SUITES_DIR.name}/{resolved.relative_to(SUITES_DIR).as_posix()}"
+    return ""
 
 
 def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> dict:
@@ -94,14 +103,11 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
     series = [curve for key, curve in report.user_properties if key == PROPERTY_SERIES]
     if series:  # curves (busbw against size, loss against step) for the report's charts
         entry["series"] = series
-    pair = params.get("pair")
-    if pair:  # a test between two nodes: the report places it without parsing test ids
-        entry["pair"] = list(pair)
-        if "rail" in params:
-            entry["rail"] = params["rail"]
-        if PROPERTY_PAIR_STATE in props:  # judged once by the suite, drawn by the heatmaps
-            entry["pair_state"] = props[PROPERTY_PAIR_STATE]["state"]
-            entry["pair_median"] = props[PROPERTY_PAIR_STATE]["median"]
+    if "rail" in params:  # perftest: the HCA index this check tested
+        entry["rail"] = params["rail"]
+    if PROPERTY_PAIRS in props:  # a node's pairs with their states, judged once by the suite
+        entry["pairs"] = props[PROPERTY_PAIRS]["pairs"]
+        entry["pair_median"] = props[PROPERTY_PAIRS]["median"]
     return entry
 
 

@@ -294,6 +294,14 @@ def _integer(at: _At) -> int:
     return _scalar_value(at)
 
 
+def _pair_count(at: _At) -> int:
+    """A count of nodes or partners for pair schedules: a pair needs two."""
+    value = _integer(at)
+    if value < 2:
+        raise at.error(f"{value} is too few; a pair needs at least 2")
+    return value
+
+
 def _number(at: _At) -> float:
     if not isinstance(at.node, yaml.ScalarNode) or at.node.tag not in (_INT, _FLOAT):
         raise _wrong_type(at, "a number")
@@ -426,6 +434,8 @@ EXPECT_READERS: dict[str, Callable[[_At], Any]] = {
     "ib_bidirectional": _boolean,
     "ib_gpudirect": _boolean,
     "pair_low_fraction": _number,
+    "pair_all_max_nodes": _pair_count,
+    "pair_sample_partners": _pair_count,
 }
 EXPECT_KEYS = tuple(item.name for item in dataclasses.fields(Expectations))
 

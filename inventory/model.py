@@ -157,6 +157,8 @@ class Expectations:
     ib_bidirectional: Optional[bool] = None  # ib_write_bw pairs run with -b (both directions at once)
     ib_gpudirect: Optional[bool] = None  # perftest pairs use --use_cuda=<rail>: buffers on the rail's GPU
     pair_low_fraction: Optional[float] = None  # a pair this far below the median of all pairs is low (default 0.25)
+    pair_all_max_nodes: Optional[int] = None  # full depth tests all pairs up to this many nodes (default 64)
+    pair_sample_partners: Optional[int] = None  # above it, each node's partners across the fleet (default 8)
 
     def declared(self) -> dict:
         """The declared facts only, as JSON holds them (lists for tuples): the run header's form."""

@@ -282,12 +282,13 @@ class Heatmap:
     rows: list[HeatRow]
     compact: bool  # too many nodes to print figures in the cells
     counts: dict  # state -> number of pairs
+    matrix: bool = True  # node x node; False for a fleet: only the nodes with bad pairs
 
 
 @dataclass
 class PairSection:
     heatmaps: list[Heatmap]
-    skipped: list[str]  # pair checks that only skipped, with the reason
+    skipped: list[str]  # pair tools (rails) that only skipped, with the reason
     attribution: Optional[dict]  # the attribution check's outcome and message
     low_percent: str = ""  # how far from the median a figure is amber, e.g. "25%"
 
@@ -424,19 +425,11 @@ def _column_order(frame: pd.DataFrame) -> list[Column]:
 
 
 def _where(check: dict) -> str:
-    """The node, the pair ('a ↔ b', with its rail) of a test between two nodes, or the cluster."""
-    pair = _pair(check)
-    if pair:
-        rail = check.get("rail")
-        return f"{pair[0]} ↔ {pair[1]}" + (f" rail {text(rail)}" if rail is not None else "")
-    return CLUSTER_ROW if check.get("node") is None else text(check.get("node"))
-
-
-def _pair(check: dict) -> Optional[tuple[str, str]]:
-    pair = check.get("pair")
-    if isinstance(pair, (list, tuple)) and len(pair) == 2:
-        return text(pair[0]), text(pair[1])
-    return None
+    """The node (with its rail, for a perftest check), or the cluster."""
+    if check.get("node") is None:
+        return CLUSTER_ROW
+    rail = check.get("rail")
+    return text(check.get("node")) + (f" rail {text(rail)}" if rail is not None else "")
 
 
 def _outcome(check: dict) -> str:
@@ -770,23 +763,24 @@ def _label_step(names: list[str], slot: float) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Pairs: an N x N heatmap per pair check (and per rail)
+# Pairs: a node x node heatmap per pair tool (and rail), from each node's `pairs`
 
-PAIR_STATES = {"ok": "ok", "low": "low", "failed": "fail"}  # results' pair_state -> cell state
+PAIR_STATES = {"ok": "ok", "low": "low", "failed": "fail"}  # a pair's state -> cell state
 COMPACT_NODES = 16  # above this many nodes the cells are bare squares (figures in tooltips)
+MATRIX_MAX_NODES = 64  # above it, only the nodes with bad pairs, and those pairs: linear in nodes
 ATTRIBUTION_CHECK = "network_attribution"
 
 
 def _pair_section(checks: list[dict], layout: Layout,
                   low_fraction: Optional[float] = None) -> Optional[PairSection]:
-    """Heatmaps of every pair check's main figure, node against node, from the checks' `pair`.
+    """Heatmaps of every pair tool's pairs, node against node, from the node checks' `pairs`.
 
-    Each cell is coloured by the pair's `pair_state`, judged by the network suite against the
-    median of its campaign; low_fraction, the profile's pair_low_fraction, only names the rule.
+    Each cell is coloured by the pair's state, judged by the network suite against the median
+    of its campaign; low_fraction, the profile's pair_low_fraction, only names the rule.
     """
     groups: dict[tuple[str, Optional[str]], list[int]] = {}
     for index, check in enumerate(checks):
-        if _pair(check):
+        if isinstance(check.get("pairs"), list):
             rail = check.get("rail")
             key = (text(check.get("check")) or "unnamed", None if rail is None else text(rail))
             groups.setdefault(key, []).append(index)
@@ -797,10 +791,10 @@ def _pair_section(checks: list[dict], layout: Layout,
         if all(_outcome(checks[i]) == "skipped" for i in members):
             reasons = [_first_line(checks[i].get("message")) for i in members]
             # "no RDMA device on node2" and "... on node4" are one reason: compare without nodes
-            kinds = {_without_nodes(reason, _pair(checks[i]) or ("", ""))
+            kinds = {reason.replace(text(checks[i].get("node")), "")
                      for reason, i in zip(reasons, members, strict=True)}
             where = f"{name}" + (f" rail {rail}" if rail is not None else "")
-            skipped.append(f"{where}: all {len(members)} pair(s) skipped — {reasons[0]}"
+            skipped.append(f"{where}: skipped on all {len(members)} node(s) — {reasons[0]}"
                            + (f" (and {len(kinds) - 1} other reason(s))" if len(kinds) > 1 else ""))
             continue
         heatmaps.append(_heatmap(f"pairs-{number}", name, rail, [(i, checks[i]) for i in members],
@@ -812,14 +806,8 @@ def _pair_section(checks: list[dict], layout: Layout,
                        low_percent=f"{low_fraction * 100:g}%" if low_fraction else "")
 
 
-def _without_nodes(reason: str, pair: tuple[str, str]) -> str:
-    for node in sorted(pair, key=len, reverse=True):
-        reason = reason.replace(node, "")
-    return reason
-
-
 def _main_metric(members: list[tuple[int, dict]]) -> Optional[dict]:
-    """The figure a pair check is judged on: its first metric with a reference, else its first."""
+    """The figure a pair tool is judged on: its first metric with a reference, else its first."""
     first = None
     for _, check in members:
         for metric in check.get("metrics") or []:
@@ -834,56 +822,55 @@ def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, 
     main = _main_metric(members)
     metric_name = text(main.get("name")) if main else ""
     unit = text(main.get("unit")) if main else ""
-
-    def figure(check: dict) -> tuple[Optional[float], Optional[dict]]:
-        metric = next((m for m in check.get("metrics") or [] if text(m.get("name")) == metric_name), None)
-        return (_number(metric.get("value")) if metric else None), metric
-
     median = next((m for m in (_number(c.get("pair_median")) for _, c in members) if m), None)
-    pairs = {index: _pair(check) or ("", "") for index, check in members}  # members all have a pair
-    seen = {n for pair in pairs.values() for n in pair}
-    nodes = [n for n in layout.nodes if n in seen] + sorted(seen - set(layout.nodes))
-    cells: dict[tuple[str, str], HeatCell] = {}
+    on_rail = f" rail {rail}" if rail is not None else ""
+    cells: dict[str, dict[str, HeatCell]] = {}  # node -> peer -> cell
+    counted: set[tuple[str, str]] = set()
     counts: dict[str, int] = {}
     for index, check in members:
-        a, b = pairs[index]
-        value, metric = figure(check)
-        outcome = _outcome(check)
-        if outcome == "skipped":
-            state = "skipped"
-        elif value is None:
-            state = "broken" if outcome in FAILED_OUTCOMES else "none"
-        else:
-            state = PAIR_STATES.get(text(check.get("pair_state")), "")
-            if not state:  # a ledger from before pair states: the outcome alone
-                failed = outcome in FAILED_OUTCOMES or _ok(metric.get("ok") if metric else None) is False
-                state = "fail" if failed else "ok"
-        counts[state] = counts.get(state, 0) + 1
-        lines = [f"{a} ↔ {b}" + (f" rail {rail}" if rail is not None else "") + f": {outcome}"]
-        if value is not None and metric is not None:
-            lines.append(f"{metric_name} = {_with_unit(value, unit)}"
-                         + (f" (criterion {text(metric.get('criterion'))}, margin "
-                            f"{format_margin(_number(metric.get('margin')))})" if metric.get("criterion") else ""))
-            if median:
-                lines.append(f"{format_margin((value - median) / median)} vs the median "
-                             f"{_with_unit(median, unit)} of its campaign")
-        message = _first_line(check.get("message"))
-        if message:
-            lines.append(message)
-        label = {"broken": SYMBOLS["failed"], "skipped": SYMBOLS["skipped"]}.get(state, _short_figure(value))
-        cell = HeatCell(state, label, _tooltip(lines), _anchor(index, outcome))
-        cells[(a, b)] = cells[(b, a)] = cell
+        node = text(check.get("node"))
+        anchor = _anchor(index, _outcome(check))
+        links = cells.setdefault(node, {})
+        for link in check.get("pairs") or []:
+            peer = text(link.get("peer"))
+            value = _number(link.get("figure"))
+            state = PAIR_STATES.get(text(link.get("state")), "fail")
+            if state == "fail" and value is None:
+                state = "broken"
+            second = link.get("pass") == 2
+            if (peer, node) not in counted:  # each pair is in both its nodes' checks
+                counted.add((node, peer))
+                counts[state] = counts.get(state, 0) + 1
+            lines = [f"{node} ↔ {peer}{on_rail}: {text(link.get('state'))}"
+                     + (" (second pass)" if second else "")]
+            if value is not None:
+                lines.append(f"{metric_name} = {_with_unit(value, unit)}")
+                if median:
+                    lines.append(f"{format_margin((value - median) / median)} vs the median "
+                                 f"{_with_unit(median, unit)} of its campaign")
+            label = SYMBOLS["failed"] if state == "broken" else _short_figure(value)
+            links[peer] = HeatCell(state, label, _tooltip(lines), anchor)
+    seen = set(cells) | {peer for row in cells.values() for peer in row}
+    nodes = [n for n in layout.nodes if n in seen] + sorted(seen - set(layout.nodes))
+    matrix = len(nodes) <= MATRIX_MAX_NODES
     rows = []
     for node in nodes:
-        row = [HeatCell("self", "", f"{node}") if other == node else
-               cells.get((node, other), HeatCell("none", "", f"{node} ↔ {other}: not measured"))
-               for other in nodes]
-        rows.append(HeatRow(node, row, bad=sum(c.state in ("fail", "broken", "low") for c in row),
-                            measured=sum(c.state not in ("none", "self") for c in row)))
+        mine = cells.get(node, {})
+        bad = sum(cell.state in ("fail", "broken", "low") for cell in mine.values())
+        if matrix:
+            row = [HeatCell("self", "", node) if other == node else
+                   mine.get(other, HeatCell("none", "", f"{node} ↔ {other}: not measured"))
+                   for other in nodes]
+        elif bad:  # a fleet: the nodes with bad pairs, each with those pairs, peers named
+            row = [HeatCell(cell.state, peer, cell.tooltip, cell.anchor)
+                   for peer, cell in mine.items() if cell.state in ("fail", "broken", "low")]
+        else:
+            continue
+        rows.append(HeatRow(node, row, bad=bad, measured=len(mine)))
     criterion = text(main.get("criterion")) if main and main.get("criterion") else ""
     return Heatmap(key=key, check=name, rail=rail, metric=metric_name, unit=unit,
                    criterion=criterion, median=_with_unit(median, unit), nodes=nodes, rows=rows,
-                   compact=len(nodes) > COMPACT_NODES, counts=counts)
+                   compact=len(nodes) > COMPACT_NODES, counts=counts, matrix=matrix)
 
 
 def _short_figure(value: Optional[float]) -> str:

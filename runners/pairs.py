@@ -15,7 +15,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence, TypeVar, Union
+from typing import Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
 from runners.transport import Result, Transport
 
@@ -48,14 +48,15 @@ def circle_rounds(nodes: Sequence[str]) -> list[list[Pair]]:
     if len(players) % 2:
         players.append(None)
     count = len(players)
+    position = {node: index for index, node in enumerate(nodes)}
     rounds = []
     for _ in range(count - 1):
         pairs = []
         for i in range(count // 2):
             a, b = players[i], players[count - 1 - i]
             if a is not None and b is not None:
-                pairs.append(_ordered(a, b, nodes))
-        rounds.append(sorted(pairs, key=lambda p: nodes.index(p[0])))
+                pairs.append(_ordered_by(a, b, position))
+        rounds.append(sorted(pairs, key=lambda p: position[p[0]]))
         players = [players[0], players[-1], *players[1:-1]]
     return rounds
 
@@ -70,7 +71,55 @@ def ring_pairs(nodes: Sequence[str]) -> list[Pair]:
         return []
     if len(nodes) == 2:
         return [(nodes[0], nodes[1])]
-    return [_ordered(nodes[i], nodes[(i + 1) % len(nodes)], nodes) for i in range(len(nodes))]
+    position = {node: index for index, node in enumerate(nodes)}
+    return [_ordered_by(nodes[i], nodes[(i + 1) % len(nodes)], position) for i in range(len(nodes))]
+
+
+ALL_PAIRS_MAX_NODES = 64  # full depth measures every pair up to this many nodes (N-1 rounds)
+SAMPLE_PARTNERS = 8  # above it, each node is paired with about this many partners
+
+
+def placement_order(nodes: Sequence[str], placement: Mapping[str, tuple]) -> list[str]:
+    """The nodes grouped by placement ((leaf, rack) from the inventory), groups in order of
+    first appearance, inventory order within: ring neighbours then mostly share a leaf, and the
+    sample's long strides cross leaves."""
+    groups: dict[tuple, list[str]] = {}
+    for node in nodes:
+        groups.setdefault(tuple(placement.get(node, ())), []).append(node)
+    return [node for members in groups.values() for node in members]
+
+
+def sample_pairs(nodes: Sequence[str], partners: int = SAMPLE_PARTNERS) -> list[Pair]:
+    """Each node paired with about `partners` others spread over the whole list: linear in nodes.
+
+    A circulant graph: stride 1 (the ring, within a leaf when the nodes are in placement_order)
+    and strides evenly spread up to half the list, each giving a node two partners. Every node
+    has the same number of pairs, so attribution weighs every node alike, and a slow node meets
+    partners from every part of the fabric.
+    """
+    count = len(nodes)
+    if count < 2:
+        return []
+    strides = {1} | {max(1, round(count * j / partners)) for j in range(1, partners // 2)}
+    position = {node: index for index, node in enumerate(nodes)}
+    chosen: dict[Pair, None] = {}
+    for stride in sorted(s for s in strides if s <= count // 2):
+        for index, node in enumerate(nodes):
+            peer = nodes[(index + stride) % count]
+            if peer != node:
+                chosen[_ordered_by(node, peer, position)] = None
+    return list(chosen)
+
+
+def pair_schedule(nodes: Sequence[str], depth: str, all_pairs_max: int = ALL_PAIRS_MAX_NODES,
+                  partners: int = SAMPLE_PARTNERS) -> list[Pair]:
+    """Which pairs a depth measures: quick the ring; full every pair up to all_pairs_max nodes,
+    above it the bounded sample (so the work stays linear in the nodes)."""
+    if depth == "quick":
+        return ring_pairs(nodes)
+    if len(nodes) <= all_pairs_max:
+        return [pair for round_pairs in circle_rounds(nodes) for pair in round_pairs]
+    return sample_pairs(nodes, partners)
 
 
 def ring_rounds(nodes: Sequence[str]) -> list[list[Pair]]:
@@ -96,7 +145,8 @@ def greedy_rounds(pairs: Iterable[Pair]) -> list[list[Pair]]:
 
 def schedule(nodes: Sequence[str], wanted: Iterable[Pair]) -> list[list[Pair]]:
     """The wanted pairs in rounds: the circle's rounds when they are all pairs, else first fit."""
-    wanted = list(dict.fromkeys(_ordered(a, b, nodes) for a, b in wanted))
+    position = {node: index for index, node in enumerate(nodes)}
+    wanted = list(dict.fromkeys(_ordered_by(a, b, position) for a, b in wanted))
     if len(wanted) == len(nodes) * (len(nodes) - 1) // 2:
         return circle_rounds(nodes)
     return greedy_rounds(wanted)
@@ -107,8 +157,8 @@ def ports_for(round_pairs: Sequence[Pair], base_port: int) -> dict[Pair, int]:
     return {pair: base_port + index for index, pair in enumerate(round_pairs)}
 
 
-def _ordered(a: str, b: str, nodes: Sequence[str]) -> Pair:
-    return (a, b) if nodes.index(a) < nodes.index(b) else (b, a)
+def _ordered_by(a: str, b: str, position: Mapping[str, int]) -> Pair:
+    return (a, b) if position[a] < position[b] else (b, a)
 
 
 def run_rounds(rounds: Sequence[Sequence[Pair]], base_port: int,
@@ -303,23 +353,26 @@ def second_pass_pairs(passed: dict[Pair, bool], nodes: Sequence[str]) -> list[Pa
     cleared, and a node that fails again with a known-good node is confirmed. Pairs already
     measured are not repeated; good partners are used in turn to spread the load.
     """
-    involved = {node for pair in passed for node in pair}
-    good = [n for n in nodes if n in involved
-            and all(ok for pair, ok in passed.items() if n in pair)]
-    failing = [n for n in nodes if any(not ok and n in pair for pair, ok in passed.items())]
+    verdicts_of: dict[str, list[bool]] = {}
+    for pair, ok in passed.items():
+        for node in pair:
+            verdicts_of.setdefault(node, []).append(ok)
+    good = [n for n in nodes if n in verdicts_of and all(verdicts_of[n])]
+    failing = [n for n in nodes if n in verdicts_of and not all(verdicts_of[n])]
     if not good:
         return []
-    chosen: list[Pair] = []
+    position = {node: index for index, node in enumerate(nodes)}
+    chosen: dict[Pair, None] = {}
     turn = 0
     for node in failing:
         for step in range(len(good)):
             partner = good[(turn + step) % len(good)]
-            pair = _ordered(node, partner, nodes)
+            pair = _ordered_by(node, partner, position)
             if pair not in passed and pair not in chosen:
-                chosen.append(pair)
+                chosen[pair] = None
                 turn = (turn + step + 1) % len(good)
                 break
-    return chosen
+    return list(chosen)
 
 
 # ------------------------------------------------------------------------------ both passes
@@ -417,8 +470,9 @@ class PairVerdicts:
             if again:
                 suspects[node] += f"; failed again with {', '.join(again)} in the second pass"
         failed_first = {node for pair, ok in first.items() if not ok for node in pair}
+        order = {node: index for index, node in enumerate(self._nodes())}
         cleared = {}
-        for node in sorted(failed_first - suspects.keys(), key=list(self._nodes()).index):
+        for node in sorted(failed_first - suspects.keys(), key=order.__getitem__):
             partners = [other(pair, node) for pair, ok in second.items() if node in pair and ok]
             if partners:
                 failed_with = [other(pair, node) for pair, ok in first.items() if node in pair and not ok]
@@ -428,6 +482,44 @@ class PairVerdicts:
 
     def _nodes(self) -> dict[str, None]:
         return dict.fromkeys(node for pair in [*self.first, *self.second] for node in pair)
+
+    def links_by_node(self) -> dict[str, list[Link]]:
+        """Every node's pairs of both passes, with their states: each node's evidence, built in
+        one sweep (a node's links looked up one by one would cost nodes x pairs)."""
+        median = self.median
+        found: dict[str, list[Link]] = {}
+        for second, outcomes in ((False, self.first), (True, self.second)):
+            for pair, outcome in outcomes.items():
+                state = pair_state(outcome, median, self.fraction, self.higher_is_better)
+                for node in pair:
+                    found.setdefault(node, []).append(Link(other(pair, node), state, outcome.figure, second))
+        return found
+
+
+@dataclass(frozen=True)
+class Link:
+    """One pair a node was measured in, as that node's evidence."""
+
+    peer: str
+    state: str  # pair_state(): ok, low or failed
+    figure: Optional[float]
+    second_pass: bool = False
+
+    def as_dict(self) -> dict:
+        """The form results keep in the node's entry (`pairs`)."""
+        return {"peer": self.peer, "state": self.state, "figure": self.figure,
+                "pass": 2 if self.second_pass else 1}
+
+
+def findings(attribution: Attribution) -> dict[str, str]:
+    """What attribution holds against each node: its suspicion, or the suspect links it ends
+    (a link fails both its ends: the fix, a cable or a port, is on one of them)."""
+    held: dict[str, list[str]] = {node: [f"suspect node: {why}"]
+                                  for node, why in attribution.suspect_nodes.items()}
+    for pair, why in attribution.suspect_links.items():
+        for node in pair:
+            held.setdefault(node, []).append(f"suspect link {pair_id(pair)}: {why}")
+    return {node: "; ".join(words) for node, words in held.items()}
 
 
 # ---------------------------------------------------------------- a tool measured between pairs

@@ -10,6 +10,8 @@ import math
 from collections import Counter
 from typing import Callable, NoReturn, Optional, TypeVar
 
+from _pytest.mark.expression import Expression  # how -m is evaluated; pytest has no public API for it
+
 from handover.failures import (
     CommandTimedOut,
     ExpectationFailure,
@@ -25,6 +27,17 @@ from runners.torchrun import Launch
 from runners.transport import Result
 
 T = TypeVar("T")
+
+
+def depth_of_selection(markexpr: str, area: str) -> str:
+    """The depth of a check marked both quick and full that scales its work by depth (the pair
+    schedules): full when -m would select a check of `area` marked full alone, or when there is
+    no -m; else quick. Read from the expression as pytest evaluates -m."""
+    if not markexpr:
+        return "full"
+    full_only = {area, "full"}
+    selected = Expression.compile(markexpr).evaluate(lambda name, **kwargs: not kwargs and name in full_only)
+    return "full" if selected else "quick"
 
 
 def require(result: Result, timeout_note: str = "") -> Result:

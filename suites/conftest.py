@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from handover.plugin import acceptance_session
-from handover.recorder import PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_PAIR_STATE, PROPERTY_RAW, PROPERTY_SERIES
+from handover.recorder import PROPERTY_METRICS, PROPERTY_NOTE, PROPERTY_PAIRS, PROPERTY_RAW, PROPERTY_SERIES
 from handover.session import AcceptanceSession
 from inventory.model import Cluster, Profile
 from runners.cluster import ClusterRun
@@ -22,6 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
     acceptance_session(config)
 
 
+@pytest.hookimpl(tryfirst=True)  # before a module's own parameters: ids read gpu017-rail3
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "node" in metafunc.fixturenames:
         names = [node.name for node in acceptance_session(metafunc.config).nodes]
@@ -69,10 +70,10 @@ class Evidence:
         self._properties.append((PROPERTY_SERIES, series_entry(
             name, x=x, y=y, lines=lines, x_scale=x_scale)))
 
-    def pair_state(self, state: str, median: float | None) -> None:
-        """A pair test's state for the heatmaps (ok, low, failed), judged once against the
-        median of its campaign."""
-        self._properties.append((PROPERTY_PAIR_STATE, {"state": state, "median": median}))
+    def pairs(self, links: list[dict], median: float | None) -> None:
+        """A node's pairs with a tool (peer, state, figure, pass) for the heatmaps, judged once
+        against the median of the tool's campaign."""
+        self._properties.append((PROPERTY_PAIRS, {"pairs": links, "median": median}))
 
 
 @pytest.fixture

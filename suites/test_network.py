@@ -1,34 +1,43 @@
-"""Network: InfiniBand port health on every node; perftest (rail-aligned) and iperf3 between node
-pairs in rounds; and blame.
+"""Network: InfiniBand port health on every node; iperf3 and perftest (rail-aligned) between
+node pairs in rounds, judged per node; and blame.
 
 Per-node checks cannot see a bad cable: a link only shows up in a test between its two ends.
-Pairs run in rounds of disjoint pairs (runners.pairs); `-m quick` runs a ring (every node in two
-pairs), `-m full` every pair. perftest tests one rail at a time per pair test (HCA i of one node
-to HCA i of the other, all rails of a pair at once). The cluster-wide summary compares every
-pair's figure with the median of all pairs, re-pairs failing nodes with passing ones in a second
-pass (one implementation, runners.pairs.PairVerdicts and blame(), for iperf3 and every perftest
-rail), and names the suspect nodes and links with the evidence.
+So each tool measures pairs of nodes in rounds of disjoint pairs (runners.pairs) once per run,
+and every node's check (test_iperf3[gpu017], test_ib_write_bw[gpu017-rail3]) judges that node by
+its pairs: its best pair against the band, and what attribution holds against it after a
+second pass that re-paired failing nodes with good ones. The pairs (peer, state, figure) are
+the check's evidence in the results and the report's heatmaps, so the checks stay one per node
+(and rail) however many pairs a schedule has.
 
-Each tool is one PairCampaign (which pairs and rails, rounds, ports, raw outputs, both passes)
-with a small runners.pairs.PairTool (iperf3.Iperf3Tool; perftest.PerftestTool, with rails) for
-what differs: how one pair is measured and what its run says. Every pair test records its
-state for the heatmaps (ok, low, failed), judged once by runners.pairs.pair_state against its
-campaign's first-pass median: the rule attribution applies, so the two never disagree.
+Schedules, by the depth -m selects (suites.checks.depth_of_selection): quick is a ring in
+placement order (every node in two pairs, neighbours mostly on one leaf); full is every pair
+in N-1 rounds up to the profile's pair_all_max_nodes, above it a bounded sample of
+pair_sample_partners per node across the fleet.
+Each tool is one PairCampaign (pairs, rails, rounds, ports, raw outputs, both passes) with a
+small runners.pairs.PairTool (iperf3.Iperf3Tool; perftest.PerftestTool) for what differs.
 """
 from __future__ import annotations
 
-import itertools
 import threading
-from typing import Callable, Optional, TypeVar
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import pytest
 
-from handover.failures import CommandTimedOut, ExpectationFailure, NodeUnreachable, SanityFailure, excerpt
+from handover.failures import (
+    CommandTimedOut,
+    ExpectationFailure,
+    NodeUnreachable,
+    PerformanceFailure,
+    SanityFailure,
+    excerpt,
+)
 from handover.plugin import acceptance_session
 from runners import ibstat, iperf3, pairs, perftest
 from runners.pairs import Pair, PairRun, PairTool, Rail, RailRun, pair_id, pair_rail_id
 from runners.parsing import ParseError
-from suites.checks import odd_ones_out, parsed
+from runners.transport import Result
+from suites.checks import depth_of_selection, odd_ones_out, parsed
 
 pytestmark = [pytest.mark.network]
 
@@ -116,74 +125,111 @@ def test_ib_counters(on_node, profile, record):
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """One test per pair, id 'a-b': ring pairs are quick and full, the other pairs full only."""
-    if "pair" not in metafunc.fixturenames:
-        return
-    acceptance = acceptance_session(metafunc.config)
-    nodes = [node.name for node in acceptance.cluster_run.nodes]
-    if len(nodes) < 2:
-        names, single = ("pair, rail", (None, 0)) if "rail" in metafunc.fixturenames else ("pair", (None,))
-        metafunc.parametrize(names, [pytest.param(*single, id="single-node",
-                                                  marks=[pytest.mark.quick, pytest.mark.full])])
-        return
-    ring = set(pairs.ring_pairs(nodes))
-
-    def marks(pair: Pair) -> list:
-        return [pytest.mark.quick, pytest.mark.full] if pair in ring else [pytest.mark.full]
-
+    """perftest checks: one per node and rail, id 'gpu017-rail3' (the node comes from conftest)."""
     if "rail" in metafunc.fixturenames:
-        rails = range(acceptance.cluster.profile.expect.ib_hcas or 1)
-        metafunc.parametrize("pair, rail", [
-            pytest.param(pair, rail, id=pair_rail_id(pair, rail), marks=marks(pair))
-            for pair in itertools.combinations(nodes, 2) for rail in rails])
-        return
-    metafunc.parametrize("pair", [pytest.param(pair, id=pair_id(pair), marks=marks(pair))
-                                  for pair in itertools.combinations(nodes, 2)])
+        rails = list(range(acceptance_session(metafunc.config).cluster.profile.expect.ib_hcas or 1))
+        metafunc.parametrize("rail", rails, ids=[f"rail{rail}" for rail in rails])
+
+
+@dataclass(frozen=True)
+class NodeLinks:
+    """One node's part of a campaign for one rail: its pairs of both passes with their states,
+    what attribution holds against it, their runs and raw outputs."""
+
+    links: list[pairs.Link]
+    finding: str
+    runs: list[RailRun]
+    raw: list[str]
+    median: Optional[float]
 
 
 class PairCampaign:
-    """One tool's every selected pair test (a pair, or a rail of it), measured once in rounds
-    when the first of them asks; the second pass; the outcomes, medians and states by rail.
+    """One tool's pairs, measured once when the first of its checks asks: the schedule of the
+    run's depth among the nodes whose checks are selected, every selected rail of a pair at
+    once, then the second pass that re-pairs failing nodes with good ones, then attribution.
 
     Pair i of a round listens on the tool's base port + i, rail r of it RAIL_PORT_STRIDE * r
-    above; every rail of a pair runs at once. Raw outputs go under <tool>/<a-b[-railR]>, the
-    second pass's under <tool>_second_pass/..., on ports of its own.
+    above. Raw outputs go under <tool>_<a-b[-railR]>, the second pass's under
+    <tool>_second_pass_..., on ports of its own.
     """
 
-    def __init__(self, session: pytest.Session, cluster_run, acceptance, tool: PairTool,
-                 low_fraction: float):
+    def __init__(self, session: pytest.Session, cluster_run, acceptance, tool: PairTool, profile):
         self._session = session
         self._cluster_run = cluster_run
         self._acceptance = acceptance
         self.tool = tool
-        self.low_fraction = low_fraction  # the profile's pair_low_fraction: low vs the median
+        expect = profile.expect
+        self.low_fraction = pairs.LOW_FRACTION if expect.pair_low_fraction is None else expect.pair_low_fraction
+        self.all_pairs_max = expect.pair_all_max_nodes or pairs.ALL_PAIRS_MAX_NODES
+        self.partners = expect.pair_sample_partners or pairs.SAMPLE_PARTNERS
+        self.depth = depth_of_selection(session.config.option.markexpr, "network")
         self._lock = threading.Lock()
+        self._measured = False
         self.runs: dict[tuple[Pair, Rail], RailRun] = {}
-        self.raw: dict[tuple[Pair, Rail], list[str]] = {}
+        self.second_runs: dict[tuple[Pair, Rail], RailRun] = {}
+        self.raw: dict[tuple[Pair, Rail], list[str]] = {}  # both passes
         self.second_raw: list[str] = []  # the second pass's raw outputs, evidence of the attribution
-        self._outcomes: dict[tuple[Pair, Rail], Optional[pairs.PairOutcome]] = {}
-        self._medians: dict[Rail, Optional[float]] = {}
+        self.verdicts: dict[Rail, pairs.PairVerdicts] = {}
+        self.attributions: dict[Rail, pairs.Attribution] = {}
+        self._links: dict[Rail, dict[str, list[pairs.Link]]] = {}
+        self._findings: dict[Rail, dict[str, str]] = {}
+        self._pairs_of: dict[tuple[str, Rail], list[Pair]] = {}  # (node, rail) -> its pairs
 
-    def run(self, pair: Pair, rail: Rail = None) -> RailRun:
+    @property
+    def nodes(self) -> list[str]:
+        """The cluster's selected nodes in placement order (rack, leaf), which the ring follows."""
+        cluster = self._cluster_run.cluster
+        return pairs.placement_order([node.name for node in self._cluster_run.nodes],
+                                     {name: (cluster.node(name).leaf, cluster.node(name).rack)
+                                      for name in (node.name for node in self._cluster_run.nodes)})
+
+    def node(self, node: str, rail: Rail = None) -> NodeLinks:
+        """This node's links on a rail, measuring the whole campaign first if no check has yet."""
+        self.measure()
+        mine = self._pairs_of.get((node, rail), [])  # first pass, then second
+        return NodeLinks(links=self._links.get(rail, {}).get(node, []),
+                         finding=self._findings.get(rail, {}).get(node, ""),
+                         runs=[self.runs.get((pair, rail)) or self.second_runs[(pair, rail)] for pair in mine],
+                         raw=[path for pair in mine for path in self.raw.get((pair, rail), [])],
+                         median=self.verdicts[rail].median if rail in self.verdicts else None)
+
+    def measure(self) -> None:
         with self._lock:
-            if (pair, rail) not in self.runs:
-                done = self._run_all(self._selected() or {pair: [rail]}, second=False)
-                self.runs.update(done)
-                self._outcomes.update((key, self.tool.outcome(run)) for key, run in done.items())
-                self._medians = {kind: pairs.median_of({p: o.figure for p, o in first.items()})
-                                 for kind, first in self.first_pass().items()}
-            return self.runs[(pair, rail)]
+            if self._measured:
+                return
+            self._measured = True
+            order = self.nodes
+            selected = self._selected()
+            planned = pairs.pair_schedule(order, self.depth, self.all_pairs_max, self.partners)
+            wanted = {pair: sorted(selected.get(pair[0], set()) | selected.get(pair[1], set()),
+                                   key=lambda rail: rail or 0)
+                      for pair in planned if pair[0] in selected or pair[1] in selected}
+            first = self._run_all(wanted, second=False)
+            by_rail = pairs.by_kind({key: self.tool.outcome(run) for key, run in first.items()})
+            self.verdicts = {rail: pairs.PairVerdicts(outcomes, self.low_fraction, self.tool.higher_is_better)
+                             for rail, outcomes in sorted(by_rail.items(), key=lambda entry: entry[0] or 0)}
+            again = {rail: verdicts.second_pass_pairs(order) for rail, verdicts in self.verdicts.items()}
+            again = {rail: chosen for rail, chosen in again.items() if chosen}
+            if again:
+                second = self._run_all(pairs.kinds_by_pair(again), second=True)
+                for rail, outcomes in pairs.by_kind({key: self.tool.outcome(run)
+                                                     for key, run in second.items()}).items():
+                    self.verdicts[rail].second = outcomes
+            for rail, verdicts in self.verdicts.items():
+                self._links[rail] = verdicts.links_by_node()
+                self.attributions[rail] = verdicts.attribution()
+                self._findings[rail] = pairs.findings(self.attributions[rail])
 
-    def _selected(self) -> dict[Pair, list[Rail]]:
-        chosen: dict[Pair, list[Rail]] = {}
+    def _selected(self) -> dict[str, set[Rail]]:
+        """The rails of this tool's selected checks, by node."""
+        chosen: dict[str, set[Rail]] = {}
         for item in self._session.items:
             callspec = getattr(item, "callspec", None)
-            if item.originalname == f"test_{self.tool.name}" and callspec and callspec.params.get("pair"):
-                chosen.setdefault(callspec.params["pair"], []).append(callspec.params.get("rail"))
+            if item.originalname == f"test_{self.tool.name}" and callspec and "node" in callspec.params:
+                chosen.setdefault(callspec.params["node"], set()).add(callspec.params.get("rail"))
         return chosen
 
     def _run_all(self, wanted: dict[Pair, list[Rail]], *, second: bool) -> dict[tuple[Pair, Rail], RailRun]:
-        nodes = [node.name for node in self._cluster_run.nodes]
         measure = self.tool.measurer(self._cluster_run)
         step = f"{self.tool.name}_second_pass" if second else self.tool.name
         base_port = (SECOND_PASS_BASE_PORTS if second else BASE_PORTS)[self.tool.name]
@@ -204,9 +250,11 @@ class PairCampaign:
             return {rail: done[rail] for rail in wanted[pair]}
 
         runs: dict[tuple[Pair, Rail], RailRun] = {}
-        for pair, rails in pairs.run_rounds(pairs.schedule(nodes, wanted), base_port, run_pair).items():
+        for pair, rails in pairs.run_rounds(pairs.schedule(self.nodes, wanted), base_port, run_pair).items():
             for rail, run in rails.items():
                 runs[(pair, rail)] = run
+                for node in pair:
+                    self._pairs_of.setdefault((node, rail), []).append(pair)
                 saved = []
                 if isinstance(run, PairRun):
                     for result in (run.client_result, run.server_result):
@@ -214,30 +262,13 @@ class PairCampaign:
                             saved += self._acceptance.save_raw(
                                 f"{step}/{pair_rail_id(pair, rail)}", result.node,
                                 result.stdout, result.stderr)
+                self.raw[(pair, rail)] = saved
                 if second:
                     self.second_raw += saved
+                    self.second_runs[(pair, rail)] = run
                 else:
-                    self.raw[(pair, rail)] = saved
+                    self.runs[(pair, rail)] = run
         return runs
-
-    def first_pass(self) -> dict[Rail, dict[Pair, pairs.PairOutcome]]:
-        """Every measured pair test's outcome by rail (in rail order), those that say nothing
-        about a link left out."""
-        return dict(sorted(pairs.by_kind(self._outcomes).items(), key=lambda entry: entry[0] or 0))
-
-    def state(self, pair: Pair, rail: Rail = None) -> tuple[str, Optional[float]]:
-        """(state, median) of a measured pair test for the heatmaps: pairs.pair_state against
-        the first pass's median of its rail, as attribution judges it. A rail attribution leaves
-        out (no HCA for it, no RDMA device) is failed: its test fails whenever it does not skip."""
-        median = self._medians.get(rail)
-        outcome = self._outcomes[(pair, rail)] or pairs.PairOutcome(False)
-        return pairs.pair_state(outcome, median, self.low_fraction, self.tool.higher_is_better), median
-
-    def second_pass(self, wanted: dict[Rail, list[Pair]]) -> dict[Rail, dict[Pair, pairs.PairOutcome]]:
-        """Every rail's second-pass pairs at once (a pair's rails together), on their own ports."""
-        with self._lock:
-            done = self._run_all(pairs.kinds_by_pair(wanted), second=True)
-        return pairs.by_kind({key: self.tool.outcome(run) for key, run in done.items()})
 
 
 _CAMPAIGNS = pytest.StashKey[dict[str, PairCampaign]]()
@@ -247,41 +278,13 @@ def _campaign(request, cluster_run, acceptance, profile, tool: PairTool) -> Pair
     """The session's one campaign of this tool."""
     campaigns = request.session.stash.setdefault(_CAMPAIGNS, {})
     if tool.name not in campaigns:
-        low_fraction = (pairs.LOW_FRACTION if profile.expect.pair_low_fraction is None
-                        else profile.expect.pair_low_fraction)
-        campaigns[tool.name] = PairCampaign(request.session, cluster_run, acceptance, tool, low_fraction)
+        campaigns[tool.name] = PairCampaign(request.session, cluster_run, acceptance, tool, profile)
     return campaigns[tool.name]
 
 
 @pytest.fixture(scope="session")
 def pairwise_iperf3(request, cluster_run, acceptance, profile) -> PairCampaign:
     return _campaign(request, cluster_run, acceptance, profile, iperf3.Iperf3Tool(profile))
-
-
-def test_iperf3(pair: Optional[Pair], pairwise_iperf3, metrics, record, acceptance):
-    """TCP throughput from one node to the other (client b, server a), sanity before figures."""
-    if pair is None:
-        pytest.skip(NEEDS_TWO)
-    run = pairwise_iperf3.run(pair)
-    record.raw(pairwise_iperf3.raw.get((pair, None), []))
-    record.pair_state(*pairwise_iperf3.state(pair))
-    result = run.client_result
-    report, why = iperf3.judge(run)
-    if why:
-        if result.failure in ("unreachable", "auth", "host-key"):
-            raise NodeUnreachable(why)
-        if result.timed_out:
-            raise CommandTimedOut(why, excerpt(result.stdout + result.stderr))
-        raise SanityFailure(why, excerpt(result.stdout or result.stderr))
-    for node in pair:
-        acceptance.record_tool(node, "iperf3", report.version or "unknown")
-    record.note(f"{run.client} -> {run.server}: {report.gbps:.2f} Gb/s, "
-                f"{report.retransmits} retransmits")
-    metrics.judge(iperf3_bandwidth=(round(report.gbps, 3), "Gb/s"),
-                  iperf3_retransmits=(report.retransmits, "count"))
-
-
-# ------------------------------------------------------------------------------ perftest pairs
 
 
 @pytest.fixture(scope="session")
@@ -294,114 +297,167 @@ def pairwise_ib_write_lat(request, cluster_run, acceptance, profile) -> PairCamp
     return _campaign(request, cluster_run, acceptance, profile, perftest.PerftestTool(profile, "ib_write_lat"))
 
 
-def measured_rail(pairwise: PairCampaign, pair: Optional[Pair], rail: int, profile,
-                  record) -> perftest.PerftestReport:
-    """The rail's perftest report, sanity first: no RDMA device skips (cpu-only) or fails.
-    Every rail that does not skip records its pair state first."""
-    if pair is None:
+LINKS_NAMED = 8  # a note names this many of a node's low or failed pairs, then counts the rest
+
+
+def node_links(campaign: PairCampaign, node: str, rail: Rail, record) -> NodeLinks:
+    """This node's links, recorded as its evidence (pairs with states, raw outputs) before any
+    verdict; a node in no measured pair skips."""
+    if len(campaign.nodes) < 2:
         pytest.skip(NEEDS_TWO)
-    run = pairwise.run(pair, rail)
-    record.raw(pairwise.raw.get((pair, rail), []))
-    if isinstance(run, str):
-        record.pair_state(*pairwise.state(pair, rail))
-        raise ExpectationFailure(run)
-    results = [r for r in (run.client_result, run.server_result) if r is not None]
-    absent = next((r for r in results if perftest.no_rdma_device(r)), None)
+    found = campaign.node(node, rail)
+    if not found.links and not found.runs:
+        pytest.skip(f"{node} is in no {campaign.depth} pair of the selected nodes")
+    record.raw(found.raw)
+    record.pairs([link.as_dict() for link in found.links], found.median)
+    return found
+
+
+def own_result(run: PairRun, node: str) -> Optional[Result]:
+    return run.client_result if run.client == node else run.server_result
+
+
+def sane_runs(found: NodeLinks, node: str, judge: Callable, finding: str):
+    """[(run, report)] of the node's sane pairs; none sane fails the check as its first broken
+    pair says (unreachable, timed out, or not sane), with attribution's words."""
+    sane, broken = [], []
+    for run in found.runs:
+        report, why = judge(run)
+        (broken if why else sane).append((run, report if not why else why))
+    if sane:
+        return sane
+    run, why = broken[0]
+    mine = own_result(run, node)
+    blamed = f"{why}" + (f"; {finding}" if finding else "")
+    if mine is not None and mine.failure in ("unreachable", "auth", "host-key"):
+        raise NodeUnreachable(mine.explain())
+    if run.client_result.failure in ("unreachable", "auth", "host-key"):
+        raise NodeUnreachable(blamed)
+    if run.client_result.timed_out:
+        raise CommandTimedOut(blamed, excerpt(run.client_result.stdout + run.client_result.stderr))
+    raise SanityFailure(blamed, excerpt(run.client_result.stdout + run.client_result.stderr))
+
+
+def links_note(found: NodeLinks, depth: str, best: str) -> str:
+    """'4 pair(s) (full): best 9.3 Gb/s with node2; low or failed: node4 failed, ...'"""
+    bad = [link for link in found.links if link.state != pairs.PAIR_OK]
+    named = ", ".join(f"{link.peer} {link.state}" + (" (2nd pass)" if link.second_pass else "")
+                      for link in bad[:LINKS_NAMED])
+    more = f" and {len(bad) - LINKS_NAMED} more" if len(bad) > LINKS_NAMED else ""
+    return (f"{len(found.links)} pair(s) ({depth}): best {best}"
+            + (f"; low or failed: {named}{more}" if bad else ""))
+
+
+def judge_links(metrics, figures: dict[str, tuple[Optional[float], str]], finding: str) -> None:
+    """The node's best pair against the bands, then what attribution holds against it."""
+    try:
+        metrics.judge(**figures)
+    except PerformanceFailure as miss:
+        raise PerformanceFailure(f"{miss}; {finding}" if finding else str(miss)) from None
+    if finding:
+        raise PerformanceFailure(finding)
+
+
+@pytest.mark.quick
+@pytest.mark.full
+def test_iperf3(node, pairwise_iperf3, metrics, record, acceptance):
+    """TCP throughput of this node's links (the ring; at full depth every pair, or a sample of
+    partners across the fleet): its best pair against the band, and it fails when its links
+    point at it after the second pass (or at a link it ends)."""
+    found = node_links(pairwise_iperf3, node, None, record)
+    sane = sane_runs(found, node, iperf3.judge, found.finding)
+    run, best = max(sane, key=lambda entry: entry[1].gbps)
+    for _, report in sane:
+        acceptance.record_tool(node, "iperf3", report.version or "unknown")
+    peer = run.server if run.client == node else run.client
+    record.note(links_note(found, pairwise_iperf3.depth,
+                           f"{best.gbps:.2f} Gb/s with {peer}, {best.retransmits} retransmits"))
+    judge_links(metrics, {"iperf3_bandwidth": (round(best.gbps, 3), "Gb/s"),
+                          "iperf3_retransmits": (best.retransmits, "count")}, found.finding)
+
+
+def rail_links(pairwise: PairCampaign, node: str, rail: int, profile, record) -> tuple[NodeLinks, list]:
+    """The node's links on one rail and its sane perftest reports: a rail it has no HCA for
+    fails, no RDMA device skips (cpu-only) or fails when the profile expects HCAs."""
+    found = node_links(pairwise, node, rail, record)
+    started = [run for run in found.runs if isinstance(run, PairRun)]
+    if not started:
+        raise ExpectationFailure(str(found.runs[0]))
+    mine = [own_result(run, node) for run in started]
+    absent = next((result for result in mine if result is not None and perftest.no_rdma_device(result)), None)
     if absent is not None:
         said = next(m for m in perftest.NO_DEVICE_MARKERS if m in absent.stdout + absent.stderr)
-        reason = f"no RDMA device: {pairwise.tool.name} on {absent.node} says {said!r}"
+        reason = f"no RDMA device: {pairwise.tool.name} on {node} says {said!r}"
         expected = profile.expect.ib_hcas
         if expected:
-            record.pair_state(*pairwise.state(pair, rail))
             raise ExpectationFailure(f"{reason}, but profile {profile.name} expects {expected} HCA(s)",
                                      excerpt(absent.stderr or absent.stdout))
         pytest.skip(reason)
-    record.pair_state(*pairwise.state(pair, rail))
-    report, why = perftest.judge(run)
-    if why:
-        result = run.client_result
-        if result.failure in ("unreachable", "auth", "host-key"):
-            raise NodeUnreachable(why)
-        if result.timed_out:
-            raise CommandTimedOut(why, excerpt(result.stdout + result.stderr))
-        raise SanityFailure(why, excerpt(result.stdout + result.stderr))
-    return report
+    found = NodeLinks(found.links, found.finding, started, found.raw, found.median)
+    return found, sane_runs(found, node, perftest.judge, found.finding)
 
 
-def test_ib_write_bw(pair: Optional[Pair], rail: int, pairwise_ib_write_bw, profile, metrics,
-                     record):
-    """RDMA write bandwidth of one rail between two nodes, large messages, in Gb/s per port."""
-    report = measured_rail(pairwise_ib_write_bw, pair, rail, profile, record)
-    largest = max(report.rows, key=lambda row: row["bytes"])
-    mode = pairwise_ib_write_bw.tool.mode
-    record.note(f"rail {rail}: {largest['bw_avg_gbps']:.2f} Gb/s at {largest['bytes']} B"
-                + (" bidirectional" if mode.bidirectional else "") + (" GPUDirect" if mode.use_cuda else ""))
-    metrics.judge(**{name: (value, "Gb/s")
-                     for name, value in pairwise_ib_write_bw.tool.figures(report).items()})
+def best_figures(tool: perftest.PerftestTool, sane: list) -> tuple[PairRun, dict[str, Optional[float]]]:
+    """The run and figures of the node's best pair on the tool's main metric."""
+    measured = [(run, tool.figures(report)) for run, report in sane]
+    usable = [entry for entry in measured if entry[1].get(tool.main_metric) is not None] or measured
+    pick = max if tool.higher_is_better else min
+    return pick(usable, key=lambda entry: entry[1].get(tool.main_metric) or 0.0)
 
 
-def test_ib_write_lat(pair: Optional[Pair], rail: int, pairwise_ib_write_lat, profile, metrics,
-                      record):
-    """RDMA write latency of one rail between two nodes: typical (median) and 99th percentile."""
-    report = measured_rail(pairwise_ib_write_lat, pair, rail, profile, record)
-    figures = pairwise_ib_write_lat.tool.figures(report)
-    record.note(f"rail {rail}: typical {figures['ib_write_lat_typical']} us, "
-                f"p99 {figures['ib_write_lat_p99']} us at {report.rows[0]['bytes']} B")
-    metrics.judge(**{name: (value, "us") for name, value in figures.items()})
+@pytest.mark.quick
+@pytest.mark.full
+def test_ib_write_bw(node, rail: int, pairwise_ib_write_bw, profile, metrics, record):
+    """RDMA write bandwidth of this node's rail (HCA i to HCA i of its partners), large messages,
+    in Gb/s per port: its best pair against the band; it fails when its links point at it."""
+    found, sane = rail_links(pairwise_ib_write_bw, node, rail, profile, record)
+    tool = pairwise_ib_write_bw.tool
+    run, figures = best_figures(tool, sane)
+    peer = run.server if run.client == node else run.client
+    mode = (" bidirectional" if tool.mode.bidirectional else "") + (" GPUDirect" if tool.mode.use_cuda else "")
+    record.note(f"rail {rail}{mode}: " + links_note(
+        found, pairwise_ib_write_bw.depth, f"{figures[tool.main_metric]:.2f} Gb/s with {peer}"))
+    judge_links(metrics, {name: (value, "Gb/s") for name, value in figures.items()}, found.finding)
 
 
-Kind = TypeVar("Kind")
-
-
-def blame(kinds: dict[Kind, tuple[str, str, pairs.PairVerdicts]], nodes: list[str],
-          second_pass: Callable[[dict[Kind, list[Pair]]], dict[Kind, dict[Pair, pairs.PairOutcome]]]
-          ) -> tuple[list[str], list[str]]:
-    """(suspects, low pairs) in words for kinds of pair test (iperf3; a perftest tool's rails).
-
-    The one second pass for every tool: each kind names the pairs to re-measure (failing nodes
-    with good ones), `second_pass` measures them all at once, and each kind blames on both passes.
-    kinds: key -> (label, unit, verdicts).
-    """
-    wanted = {key: verdicts.second_pass_pairs(nodes) for key, (_, _, verdicts) in kinds.items()}
-    wanted = {key: again for key, again in wanted.items() if again}
-    if wanted:
-        for key, outcomes in second_pass(wanted).items():
-            kinds[key][2].second = outcomes
-    suspects, lows = [], []
-    for label, unit, verdicts in kinds.values():
-        found = verdicts.attribution()
-        if not found.clean:
-            suspects.append(f"{label}: {found.summary()}")
-        lows += [f"{label} {pair_id(pair)}: {why} {unit}" for pair, why in verdicts.low.items()]
-    return suspects, lows
+@pytest.mark.quick
+@pytest.mark.full
+def test_ib_write_lat(node, rail: int, pairwise_ib_write_lat, profile, metrics, record):
+    """RDMA write latency of this node's rail: typical (median) and 99th percentile of its best
+    pair against the bands; it fails when its links point at it."""
+    found, sane = rail_links(pairwise_ib_write_lat, node, rail, profile, record)
+    tool = pairwise_ib_write_lat.tool
+    run, figures = best_figures(tool, sane)
+    peer = run.server if run.client == node else run.client
+    record.note(f"rail {rail}: " + links_note(
+        found, pairwise_ib_write_lat.depth,
+        f"typical {figures['ib_write_lat_typical']} us, p99 {figures['ib_write_lat_p99']} us with {peer}"))
+    judge_links(metrics, {name: (value, "us") for name, value in figures.items()}, found.finding)
 
 
 @pytest.mark.quick
 @pytest.mark.full
 @pytest.mark.cluster
-def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, pairwise_ib_write_lat, cluster_run,
-                             record):
-    """Which nodes or links the failed or low pairs point at, after a second pass that re-pairs
-    every failing node with nodes that passed (iperf3, and each rail of ib_write_bw/ib_write_lat)."""
+def test_network_attribution(pairwise_iperf3, pairwise_ib_write_bw, pairwise_ib_write_lat, record):
+    """The suspect nodes and links of every tool and rail in one place, after the second pass
+    that re-paired every failing node with nodes that passed; the pair counts of each."""
     suspects, lows, counts = [], [], []
-    nodes = [node.name for node in cluster_run.nodes]
     campaigns = (pairwise_iperf3, pairwise_ib_write_bw, pairwise_ib_write_lat)
     for campaign in campaigns:
-        by_rail = campaign.first_pass().items()
-        if not by_rail:
-            continue
+        campaign.measure()
         tool = campaign.tool
-        kinds = {rail: (tool.label(rail), tool.unit,
-                        pairs.PairVerdicts(first, campaign.low_fraction, tool.higher_is_better))
-                 for rail, first in by_rail}
-        found = blame(kinds, nodes, campaign.second_pass)
-        suspects += found[0]
-        lows += found[1]
-        counts += [tool.tally(rail, first) for rail, first in by_rail]
+        for rail, verdicts in campaign.verdicts.items():
+            found = campaign.attributions[rail]
+            if not found.clean:
+                suspects.append(f"{tool.label(rail)}: {found.summary()}")
+            lows += [f"{tool.label(rail)} {pair_id(pair)}: {why} {tool.unit}" for pair, why in verdicts.low.items()]
+            counts.append(tool.tally(rail, verdicts.first))
     if not counts:
         pytest.skip(f"no pair measured ({NEEDS_TWO}, no RDMA device, or none selected)")
     record.raw([path for campaign in campaigns for path in campaign.second_raw])
-    record.note("; ".join(counts) + (f"; far from the median: {'; '.join(lows)}" if lows else ""))
+    shown = lows[:LINKS_NAMED * 4]
+    far = "; ".join(shown) + (f"; and {len(lows) - len(shown)} more" if len(lows) > len(shown) else "")
+    record.note("; ".join(counts) + (f"; far from the median: {far}" if lows else ""))
     if suspects:
         raise ExpectationFailure("suspects: " + "; ".join(suspects)
-                                 + (f" (far from the median: {'; '.join(lows)})" if lows else ""))
+                                 + (f" (far from the median: {far})" if lows else ""))

@@ -12,6 +12,7 @@ import pytest
 from reports.html import format_margin, format_number, render_html, write_html
 from reports.results import outliers
 from reports.verdict import cluster_status
+from runners.pairs import sample_pairs
 
 SCRIPT = "<script>alert(1)</script>"
 ATTRIBUTE_BREAK = '"><img src=x onerror=alert(2)>'
@@ -428,22 +429,29 @@ def test_terminal_colour_codes_are_stripped_from_logs():
 # Pair heatmaps
 
 
-def pair_check(a: str, b: str, value: Optional[float], outcome: str = "passed", *,
-               name: str = "iperf3", floor: float = 1.0, rail: Optional[int] = None,
-               message: str = "", state: Optional[str] = None, median: Optional[float] = None) -> dict:
-    """A pair test's entry as the recorder writes it: node None, `pair` [a, b], maybe `rail`,
-    and the state the network suite judged (ok, low, failed) against its campaign's median."""
-    entry = check(None, name, outcome, area="network", message=message,
-                  metrics=(metric(f"{name}_bandwidth", value, floor=floor, unit="Gb/s"),)
-                  if value is not None else ())
-    entry["test_id"] = f"suites/test_network.py::test_{name}[{a}-{b}]"
-    entry["pair"] = [a, b]
-    if rail is not None:
-        entry["rail"] = rail
-    if value is not None:
-        entry["pair_state"] = state or ("failed" if outcome == "failed" else "ok")
-        entry["pair_median"] = median
-    return entry
+def link_checks(nodes: list[str], links: dict[tuple[str, str], tuple[Optional[float], str]], *,
+                name: str = "iperf3", floor: float = 1.0, rail: Optional[int] = None,
+                median: Optional[float] = None, outcomes: Optional[dict[str, str]] = None,
+                messages: Optional[dict[str, str]] = None) -> list[dict]:
+    """Each node's entry of a pair tool as the recorder writes it: the node (and rail), its best
+    pair's metric, and its pairs (peer, state, figure, pass) with the campaign's median, from
+    `links` {(a, b): (figure, state)} as the network suite judged them."""
+    entries = []
+    for node in nodes:
+        mine = [{"peer": b if a == node else a, "state": state, "figure": figure, "pass": 1}
+                for (a, b), (figure, state) in links.items() if node in (a, b)]
+        figures = [link["figure"] for link in mine if link["figure"] is not None]
+        outcome = (outcomes or {}).get(node, "passed")
+        entry = check(node, name, outcome, area="network", message=(messages or {}).get(node, ""),
+                      metrics=(metric(f"{name}_bandwidth", max(figures), floor=floor, unit="Gb/s"),)
+                      if figures else ())
+        where = node if rail is None else f"{node}-rail{rail}"
+        entry["test_id"] = f"suites/test_network.py::test_{name}[{where}]"
+        if rail is not None:
+            entry["rail"] = rail
+        entry["pairs"], entry["pair_median"] = mine, median
+        entries.append(entry)
+    return entries
 
 
 def heat_cells(section: Element) -> dict[tuple[str, str], Element]:
@@ -460,12 +468,10 @@ def heat_cells(section: Element) -> dict[tuple[str, str], Element]:
 
 def test_pair_heatmap_draws_each_pairs_judged_state():
     nodes = ["n1", "n2", "n3", "n4"]
-    median = 8.5
-    checks = [pair_check("n1", "n2", 9.0, median=median),
-              pair_check("n1", "n3", 2.0, state="low", median=median),  # in band, far below median
-              pair_check("n1", "n4", 0.5, "failed", median=median),  # below the 1 Gb/s floor
-              pair_check("n2", "n3", None, "failed", message="n3 unreachable"),
-              pair_check("n2", "n4", 9.5, median=median), pair_check("n3", "n4", 8.0, median=median)]
+    links = {("n1", "n2"): (9.0, "ok"), ("n1", "n3"): (2.0, "low"),  # in band, far below the median
+             ("n1", "n4"): (0.5, "failed"),  # below the 1 Gb/s floor
+             ("n2", "n3"): (None, "failed"), ("n2", "n4"): (9.5, "ok"), ("n3", "n4"): (8.0, "ok")}
+    checks = link_checks(nodes, links, median=8.5, outcomes={"n3": "failed"}, messages={"n3": "n3 unreachable"})
     checks.append(check(None, "network_attribution", "failed", area="network",
                         message="suspects: iperf3: link n1-n4: failed"))
     root = parse(render_html(results(nodes, checks, status="NOT CERTIFIED")))
@@ -478,34 +484,37 @@ def test_pair_heatmap_draws_each_pairs_judged_state():
     assert state[("n1", "n1")] == "hc-self"
     assert cells[("n1", "n2")].text() == "9.00"
     tooltip = cells[("n4", "n1")].attrs["title"]
-    assert "n1 ↔ n4: failed" in tooltip and "0.500 Gb/s" in tooltip and ">= 1 Gb/s" in tooltip
-    assert "vs the median" in tooltip
-    assert cells[("n3", "n2")].attrs["href"].startswith("#fail-")
-    assert "n3 unreachable" in cells[("n3", "n2")].attrs["title"]
+    assert "n4 ↔ n1: failed" in tooltip and "0.500 Gb/s" in tooltip and "vs the median" in tooltip
+    assert cells[("n3", "n2")].attrs["href"].startswith("#fail-")  # n3's row: its failed check
+    assert "href" not in cells[("n2", "n3")].attrs  # n2's check passed: nothing to link to
+    assert ">= 1 Gb/s" in section.find("div", "stats").text()
     assert "link n1-n4" in root.find("div", "attribution").text()
     bad = {tr.find("th").text(): tr.find("td", "bad").text() for tr in section.find("tbody").find_all("tr")}
     assert bad == {"n1": "2/3", "n2": "1/3", "n3": "2/3", "n4": "1/3"}
+    stats = section.find("div", "stats").text()  # each pair counted once, though in two nodes' checks
+    assert "3 within" in stats and "1 low vs median" in stats and "1 outside the band" in stats
 
 
-def test_one_heatmap_per_rail_and_skipped_pair_checks_are_one_line():
+def test_one_heatmap_per_rail_and_skipped_pair_tools_are_one_line():
     nodes = ["n1", "n2", "n3"]
-    checks = [pair_check(a, b, 390.0 - rail, name="ib_write_bw", floor=380.0, rail=rail)
-              for rail in (0, 1) for a, b in [("n1", "n2"), ("n1", "n3"), ("n2", "n3")]]
-    checks += [pair_check(a, b, None, "skipped", name="ib_write_lat", rail=0,
-                          message=f"no RDMA device: ib_write_lat on {b} says so")
-               for a, b in [("n1", "n2"), ("n1", "n3"), ("n2", "n3")]]
+    pairs = [("n1", "n2"), ("n1", "n3"), ("n2", "n3")]
+    checks = [entry for rail in (0, 1) for entry in link_checks(
+        nodes, {pair: (390.0 - rail, "ok") for pair in pairs}, name="ib_write_bw", floor=380.0, rail=rail)]
+    checks += link_checks(nodes, {}, name="ib_write_lat", rail=0, outcomes=dict.fromkeys(nodes, "skipped"),
+                          messages={n: f"no RDMA device: ib_write_lat on {n} says so" for n in nodes})
     root = parse(render_html(results(nodes, checks)))
     titles = [s.find("h3").text() for s in root.find_all("section", "heatmap")]
     assert [t.split(" ·")[0:2] for t in titles] == [["ib_write_bw", " rail 0"], ["ib_write_bw", " rail 1"]]
     section = root.by_id("pairs").parent.text()
-    assert "ib_write_lat rail 0: all 3 pair(s) skipped — no RDMA device: ib_write_lat on n2 says so" in section
+    assert "ib_write_lat rail 0: skipped on all 3 node(s) — no RDMA device: ib_write_lat on n1 says so" in section
     assert "other reason" not in section
 
 
 def test_pair_heatmap_escapes_node_names_and_messages():
     evil = SCRIPT + ATTRIBUTE_BREAK
-    checks = [pair_check(evil, "n2", 5.0, message=evil), pair_check(evil, "n3", None, "failed", message=evil),
-              pair_check("n2", "n3", 5.0)]
+    checks = link_checks([evil, "n2", "n3"], {(evil, "n2"): (5.0, "ok"), (evil, "n3"): (None, "failed"),
+                                             ("n2", "n3"): (5.0, "ok")},
+                         outcomes={evil: "failed"}, messages={evil: evil})
     output = render_html(results([evil, "n2", "n3"], checks, status="NOT CERTIFIED"))
     assert "<script" not in output.lower() and "<img" not in output.lower()
     root = parse(output)
@@ -515,9 +524,9 @@ def test_pair_heatmap_escapes_node_names_and_messages():
 
 def test_sixty_four_node_heatmap_renders_fast_and_compact():
     nodes = [f"gpu{i:03d}" for i in range(1, 65)]
-    checks = [pair_check(a, b, 2.0, state="low", median=9.0) if "gpu017" in (a, b) else
-              pair_check(a, b, 9.0, median=9.0) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
-    document = results(nodes, checks)
+    links = {(a, b): (2.0, "low") if "gpu017" in (a, b) else (9.0, "ok")
+             for i, a in enumerate(nodes) for b in nodes[i + 1:]}
+    document = results(nodes, link_checks(nodes, links, median=9.0))
     started = time.perf_counter()
     output = render_html(document)
     elapsed = time.perf_counter() - started
@@ -530,13 +539,31 @@ def test_sixty_four_node_heatmap_renders_fast_and_compact():
     assert len(output.encode()) < 5_000_000
 
 
+def test_a_fleet_lists_the_nodes_with_bad_pairs_instead_of_a_matrix():
+    """512 nodes with eight partners each (the full depth's sample): no 512 x 512 table, but the
+    slow node and its partners, each with its bad pairs; the report grows with the pairs."""
+    nodes = [f"gpu{i:04d}" for i in range(1, 513)]
+    slow = "gpu0100"
+    links = {pair: (2.0, "low") if slow in pair else (9.0, "ok") for pair in sample_pairs(nodes, 8)}
+    output = render_html(results(nodes, link_checks(nodes, links, median=9.0)))
+    section = parse(output).find("section", "heatmap")
+    table = section.find("table", "heat")
+    assert "fleet" in table.classes()
+    rows = {tr.find("th").text(): tr for tr in table.find("tbody").find_all("tr")}
+    partners = {b if a == slow else a for a, b in links if slow in (a, b)}
+    assert set(rows) == {slow} | partners and len(partners) == 8
+    assert rows[slow].find("td", "bad").text() == "8/8" and "suspect" in rows[slow].find("th").classes()
+    assert {e.text() for e in rows[slow].iter() if "hc-low" in e.classes()} == partners
+    assert len(output.encode()) < 2_000_000
+
+
 @pytest.mark.parametrize("fraction", [None, 0.25, 0.75])
 def test_heatmap_amber_is_the_suites_low_state_and_the_legend_names_the_runs_fraction(fraction):
     """Amber where the suite judged a pair low (runners.pairs' rule, tested in test_pairs.py);
     the legend names the profile's pair_low_fraction when results.json's run carries one."""
     nodes = ["n1", "n2", "n3"]
-    checks = [pair_check("n1", "n2", 9.0, median=9.0), pair_check("n1", "n3", 3.0, state="low", median=9.0),
-              pair_check("n2", "n3", 9.5, median=9.0)]
+    checks = link_checks(nodes, {("n1", "n2"): (9.0, "ok"), ("n1", "n3"): (3.0, "low"),
+                                 ("n2", "n3"): (9.5, "ok")}, median=9.0)
     run = {} if fraction is None else {"pair_low_fraction": fraction}
     document = render_html(results(nodes, checks, **run))
     cells = heat_cells(parse(document).by_id("pairs").parent.find("section", "heatmap"))
@@ -546,14 +573,3 @@ def test_heatmap_amber_is_the_suites_low_state_and_the_legend_names_the_runs_fra
     else:
         percent = f"{fraction * 100:g}%"
         assert f"low vs median (over {percent} off)" in document and f"more than {percent} from the median" in document
-
-
-def test_heatmap_without_pair_states_colours_by_outcome_alone():
-    """A ledger written before pair states: failed pairs red, the rest green, nothing amber."""
-    checks = [pair_check("n1", "n2", 9.0), pair_check("n1", "n3", 1.5), pair_check("n2", "n3", 0.5, "failed")]
-    for entry in checks:
-        entry.pop("pair_state")
-    root = parse(render_html(results(["n1", "n2", "n3"], checks)))
-    cells = heat_cells(root.by_id("pairs").parent.find("section", "heatmap"))
-    states = {key: next(c for c in cell.classes() if c.startswith("hc-")) for key, cell in cells.items()}
-    assert states[("n1", "n2")] == states[("n1", "n3")] == "hc-ok" and states[("n2", "n3")] == "hc-fail"

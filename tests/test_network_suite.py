@@ -1,27 +1,44 @@
 """The network suite end to end: pytest against real namespace nodes, then results.json read back.
 
-Ring (quick) and all pairs (full) of iperf3, a node whose link is down named as the suspect,
-a node slowed by a token bucket whose pairs are low or failed, port health that skips without an
-HCA on cpu-only and fails on a profile expecting HCAs; every pair check's state (pair_state,
-pair_median) as the suite judged it once.
+Ring (quick) and all pairs (full) of iperf3, judged per node with the node's pairs as evidence:
+a node whose link is down named as the suspect while its partners pass, a node slowed by a
+token bucket whose pairs are low or failed, port health that skips without an HCA on cpu-only
+and fails on a profile expecting HCAs; every node's pairs (peer, state, figure, pass) and the
+median they were judged against, as the suite judged them once.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from test_e2e import results_of, run_dir_of, run_suites
+
+from suites.checks import depth_of_selection
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = str(ROOT / "suites" / "test_network.py")
 
 
-PAIR_STATES = ("ok", "low", "failed")
-
 
 def checks(results: dict, name: str) -> dict:
-    """{pair or node id, or the function name for a cluster-wide check: check}."""
+    """{node (or node-railR) id, or the function name for a cluster-wide check: check}."""
     return {c["test_id"].split("::")[-1].split("[")[-1].rstrip("]"): c
             for c in results["checks"] if c["check"] == name}
+
+
+def peers(check: dict, state: str | None = None, second: bool = False) -> set[str]:
+    """The peers of a node's pairs (of one state), first pass or second."""
+    return {link["peer"] for link in check["pairs"]
+            if (state is None or link["state"] == state) and link["pass"] == (2 if second else 1)}
+
+
+@pytest.mark.parametrize("markexpr, depth", [
+    ("", "full"), ("quick", "quick"), ("full", "full"), ("network", "full"), ("network and quick", "quick"),
+    ("not full", "quick"), ("full and not quick", "full"), ("system or full", "full"), ("not quick", "full"),
+])
+def test_the_pair_schedule_follows_the_depth_minus_m_selects(markexpr, depth):
+    """Pair checks are marked quick and full; -m decides whether a full-only check would run."""
+    assert depth_of_selection(markexpr, "network") == depth
 
 
 def test_quick_runs_the_ring_and_passes_on_four_nodes(ns_cluster, sign_key, tmp_path):
@@ -30,32 +47,34 @@ def test_quick_runs_the_ring_and_passes_on_four_nodes(ns_cluster, sign_key, tmp_
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     run_dir = run_dir_of(tmp_path / "out", "nscluster")
     results = results_of(run_dir)
-    pairs = checks(results, "iperf3")
-    assert sorted(pairs) == ["node1-node2", "node1-node4", "node2-node3", "node3-node4"]
-    for check in pairs.values():
-        assert check["outcome"] == "passed", check
+    nodes = checks(results, "iperf3")
+    assert sorted(nodes) == ["node1", "node2", "node3", "node4"]  # one check per node, not per pair
+    for check in nodes.values():
+        assert check["outcome"] == "passed" and check["node"] in nodes, check
         bandwidth = next(m for m in check["metrics"] if m["name"] == "iperf3_bandwidth")
         assert bandwidth["unit"] == "Gb/s" and bandwidth["value"] > 0 and bandwidth["ok"]
+        assert all(link["state"] == "ok" and link["figure"] > 0 for link in check["pairs"]), check
+        assert "2 pair(s) (quick): best" in check["message"]
+    assert peers(nodes["node1"]) == {"node2", "node4"} and peers(nodes["node3"]) == {"node2", "node4"}
     assert (run_dir / "raw" / "iperf3_node1-node2" / "node2.stdout").is_file()
-    assert {c["pair_state"] for c in pairs.values()} == {"ok"}
-    medians = {c["pair_median"] for c in pairs.values()}  # one median of the ring, 4 figures
+    assert "raw/iperf3_node1-node2/node2.stdout" in nodes["node1"]["raw"]
+    assert not any("node3-node4" in path for path in nodes["node1"]["raw"])  # only its own pairs
+    medians = {c["pair_median"] for c in nodes.values()}  # one median of the ring, 4 figures
     assert len(medians) == 1 and next(iter(medians)) > 0
     ports = checks(results, "ib_ports")
     assert {c["outcome"] for c in ports.values()} == {"skipped"}
     assert "no InfiniBand/RoCE device" in next(iter(ports.values()))["message"]
     assert checks(results, "network_attribution")["test_network_attribution"]["outcome"] == "passed"
-    assert all(c["pair"] == pair.split("-") for pair, c in pairs.items())
     counters = checks(results, "ib_counters")
     assert {c["outcome"] for c in counters.values()} == {"skipped"} and len(counters) == 4
     assert "/sys/class/infiniband does not exist" in counters["node1"]["message"]
     for tool in ("ib_write_bw", "ib_write_lat"):
         rails = checks(results, tool)
-        assert sorted(rails) == [f"{pair}-rail0" for pair in sorted(pairs)]
+        assert sorted(rails) == [f"{node}-rail0" for node in sorted(nodes)]
         for check in rails.values():
             # the real no-device path: perftest ran on the nodes and exited 1
             assert check["outcome"] == "skipped" and check["rail"] == 0, check
             assert "Unable to find the Infiniband/RoCE device" in check["message"]
-            assert "pair_state" not in check and "pair_median" not in check  # skipped: no state
     assert (run_dir / "raw" / "ib_write_bw_node1-node2-rail0" / "node2.stderr").is_file()
     # cpu-only's pair_low_fraction reaches the report: heatmap and attribution share the threshold
     assert results["run"]["pair_low_fraction"] == 0.75
@@ -69,17 +88,22 @@ def test_full_with_a_dead_link_names_the_node_and_spares_its_partners(ns_cluster
     done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-m", "full", "-k", "iperf3 or attribution")
     assert done.returncode == 1, done.stdout[-3000:]
     results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
-    outcome = {pair: c["outcome"] for pair, c in checks(results, "iperf3").items()}
-    assert len(outcome) == 6
-    assert {p for p, o in outcome.items() if o == "failed"} == {"node1-node4", "node2-node4", "node3-node4"}
-    state = {pair: c["pair_state"] for pair, c in checks(results, "iperf3").items()}
-    assert state == {pair: "failed" if "node4" in pair else "ok" for pair in outcome}  # recorded before raising
-    assert {c["pair_median"] for c in checks(results, "iperf3").values()} != {None}  # 3 figures: a median
+    found = checks(results, "iperf3")
+    assert {node: c["outcome"] for node, c in found.items()} == {
+        "node1": "passed", "node2": "passed", "node3": "passed", "node4": "failed"}
+    assert found["node4"]["kind"] == "unreachable", found["node4"]
+    for node in ("node1", "node2", "node3"):  # every pair at full depth; the one with node4 failed
+        assert peers(found[node]) == {"node1", "node2", "node3", "node4"} - {node}
+        assert peers(found[node], "failed") == {"node4"}, found[node]["pairs"]
+        assert "low or failed: node4 failed" in found[node]["message"]
+    assert peers(found["node4"], "failed") == {"node1", "node2", "node3"}  # recorded before raising
+    assert {c["pair_median"] for c in found.values()} != {None}  # 3 figures: a median
     summary = checks(results, "network_attribution")["test_network_attribution"]
     assert summary["outcome"] == "failed" and "node node4" in summary["message"]
     assert "link" not in summary["message"].replace("all 3", "")
     report = (run_dir_of(tmp_path / "out", "nscluster") / "report.html").read_text()
-    assert 'id="pairs"' in report and report.count('class="hc hc-broken" href') == 6  # 3 pairs, both halves
+    assert 'id="pairs"' in report and report.count('class="hc hc-broken" ') == 6  # 3 pairs, both halves
+    assert report.count('class="hc hc-broken" href') == 3  # node4's row links to its failed check
     assert '<th scope="row" title="node4" class="suspect">node4</th>' in report
 
 
@@ -101,10 +125,9 @@ def test_profile_expecting_hcas_fails_where_there_are_none(ns_cluster, sign_key,
     assert checks(results, "ib_counters")["node2"]["outcome"] == "failed"
     for tool in ("ib_write_bw", "ib_write_lat"):
         rails = checks(results, tool)
-        assert sorted(rails) == ["node1-node2-rail0", "node1-node2-rail1"]
+        assert sorted(rails) == ["node1-rail0", "node1-rail1", "node2-rail0", "node2-rail1"]
         for rail in rails.values():
             assert rail["outcome"] == "failed" and rail["kind"] == "expectation", rail
-            assert rail["pair_state"] == "failed" and rail["pair_median"] is None, rail
             assert "Unable to find the Infiniband/RoCE device" in rail["message"]
             assert "expects 2 HCA(s)" in rail["message"]
 
@@ -119,7 +142,7 @@ def test_iperf3_uses_the_data_address_the_inventory_names(ns_cluster, sign_key, 
     done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-k", "iperf3 or ib_ports")
     assert done.returncode == 0, done.stdout[-3000:]
     run_dir = run_dir_of(tmp_path / "out", "nscluster")
-    assert checks(results_of(run_dir), "iperf3")["node1-node2"]["outcome"] == "passed"
+    assert {c["outcome"] for c in checks(results_of(run_dir), "iperf3").values()} == {"passed"}
     client = (run_dir / "raw" / "iperf3_node1-node2" / "node2.stdout").read_text()
     assert '"host":\t"node1"' in client or '"host": "node1"' in client, client[:600]
 
@@ -137,8 +160,11 @@ def test_quick_second_pass_clears_the_node_between_two_dead_ones(ns_cluster_fact
     assert done.returncode == 1, done.stdout[-3000:]
     run_dir = run_dir_of(tmp_path / "out", "nscluster")
     results = results_of(run_dir)
-    failed = {pair for pair, c in checks(results, "iperf3").items() if c["outcome"] == "failed"}
-    assert failed == {"node2-node3", "node3-node4", "node4-node5", "node5-node6"}
+    found = checks(results, "iperf3")
+    assert {node for node, c in found.items() if c["outcome"] == "failed"} == {"node3", "node5"}
+    assert peers(found["node4"], "failed") == {"node3", "node5"}  # both its ring pairs failed...
+    assert peers(found["node4"], "ok", second=True) == {"node1"}  # ...and it passed with node1
+    assert peers(found["node2"], "failed") == {"node3"} and peers(found["node2"], "ok") == {"node1"}
     summary = checks(results, "network_attribution")["test_network_attribution"]
     message = summary["message"]
     assert summary["outcome"] == "failed" and "node node3: all 3 of its pairs" in message, message
@@ -149,6 +175,7 @@ def test_quick_second_pass_clears_the_node_between_two_dead_ones(ns_cluster_fact
     assert (second / "node4.stdout").is_file() and (second / "node1.stdout").is_file()
     assert not (run_dir / "raw" / "iperf3_second_pass_node1-node2").exists()  # measured in the first pass
     assert "raw/iperf3_second_pass_node1-node4/node4.stdout" in summary["raw"]
+    assert "raw/iperf3_second_pass_node1-node4/node4.stdout" in found["node4"]["raw"]
 
 
 def test_quick_a_slow_node_makes_its_pairs_low_or_failed_and_the_others_ok(ns_cluster_factory, sign_key, tmp_path):
@@ -156,8 +183,9 @@ def test_quick_a_slow_node_makes_its_pairs_low_or_failed_and_the_others_ok(ns_cl
     node5 is the iperf3 client (the sender) of both its ring pairs, so they measure a fraction
     of the others. The median of the ring's five figures is then one of the three unshaped
     pairs, so theirs are ok whatever the machine's speed; node5's are low (within the smoke
-    floor, far below the median) or failed (below the floor). Every pair check carries the one
-    median it was judged against, and attribution, judging by the same rule, names node5."""
+    floor, far below the median) or failed (below the floor). node5's check fails, its partners'
+    pass on their other pair; every node carries the one median its pairs were judged against,
+    and attribution, judging by the same rule, names node5."""
     nodes = ns_cluster_factory(5)
     inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
     shaped = nodes.node_exec("node5", ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "200mbit",
@@ -166,17 +194,14 @@ def test_quick_a_slow_node_makes_its_pairs_low_or_failed_and_the_others_ok(ns_cl
     done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-m", "quick", "-k", "iperf3 or attribution")
     assert done.returncode == 1, done.stdout[-3000:]
     results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
-    ring = checks(results, "iperf3")
-    assert sorted(ring) == ["node1-node2", "node1-node5", "node2-node3", "node3-node4", "node4-node5"]
-    assert {c["pair_state"] for c in ring.values()} <= set(PAIR_STATES)
-    medians = {c["pair_median"] for c in ring.values()}
+    found = checks(results, "iperf3")
+    assert {node: c["outcome"] for node, c in found.items()} == {
+        "node1": "passed", "node2": "passed", "node3": "passed", "node4": "passed", "node5": "failed"}
+    assert found["node5"]["kind"] == "performance" and "suspect node" in found["node5"]["message"]
+    assert {link["state"] for link in found["node5"]["pairs"]} <= {"low", "failed"}, found["node5"]
+    assert peers(found["node1"], "ok") == {"node2"} and peers(found["node4"], "ok") == {"node3"}
+    assert peers(found["node3"], "ok") == {"node2", "node4"}  # the first pass; a second may run slower
+    medians = {c["pair_median"] for c in found.values()}
     assert len(medians) == 1 and next(iter(medians)) > 0, medians
-    for pair, check in ring.items():
-        if "node5" in pair:
-            assert check["pair_state"] in ("low", "failed"), check
-            # low: passed its own band, only the median says otherwise; failed: it did not
-            assert check["outcome"] == ("passed" if check["pair_state"] == "low" else "failed"), check
-        else:
-            assert check["pair_state"] == "ok" and check["outcome"] == "passed", check
     summary = checks(results, "network_attribution")["test_network_attribution"]
     assert summary["outcome"] == "failed" and "node node5" in summary["message"], summary["message"]

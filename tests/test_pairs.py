@@ -1,4 +1,5 @@
-"""The round schedule (circle and ring), port allocation, attribution and the second pass: pure."""
+"""The schedules (circle, ring, sample), port allocation, attribution, the second pass and each
+node's links: pure."""
 from __future__ import annotations
 
 import itertools
@@ -6,22 +7,28 @@ import itertools
 import pytest
 
 from runners.pairs import (
+    Attribution,
+    Link,
     PairOutcome,
     PairVerdicts,
     attribute,
     by_kind,
     circle_rounds,
+    findings,
     greedy_rounds,
     kinds_by_pair,
     low_pairs,
     median_of,
     pair_id,
     pair_rail_id,
+    pair_schedule,
     pair_state,
+    placement_order,
     ports_for,
     ring_pairs,
     ring_rounds,
     run_rounds,
+    sample_pairs,
     schedule,
     second_pass_pairs,
 )
@@ -278,3 +285,74 @@ def test_outcomes_group_by_rail_and_a_second_pass_runs_a_pairs_rails_together():
     assert by_kind(outcomes) == {0: {("a", "b"): PairOutcome(True, 1.0), ("a", "c"): PairOutcome(False)}}
     assert by_kind({(("a", "b"), None): PairOutcome(True, 9.0)}) == {None: {("a", "b"): PairOutcome(True, 9.0)}}
     assert pair_rail_id(("a", "b"), None) == "a-b" and pair_rail_id(("a", "b"), 3) == "a-b-rail3"
+
+
+# ------------------------------------------------------------------------------ fleet schedules
+
+
+@pytest.mark.parametrize("count", [65, 100, 257, 1024, 4096])
+def test_the_sample_gives_every_node_the_same_partners_and_grows_linearly(count):
+    nodes = names(count)
+    chosen = sample_pairs(nodes, 8)
+    partners: dict[str, set[str]] = {}
+    for a, b in chosen:
+        assert a != b
+        partners.setdefault(a, set()).add(b)
+        partners.setdefault(b, set()).add(a)
+    assert len(chosen) == len(set(chosen)) == 4 * count  # 8 partners each, every pair once
+    assert {len(p) for p in partners.values()} == {8} and len(partners) == count
+    rounds = schedule(nodes, chosen)
+    assert_disjoint(rounds)
+    assert len(rounds) <= 12  # a handful of rounds, whatever the size
+    assert sorted(p for r in rounds for p in r) == sorted(chosen)
+
+
+def test_the_sample_reaches_across_the_fleet_and_the_ring_stays_on_a_leaf():
+    """Nodes in placement order, 32 per leaf: stride 1 keeps ring pairs on a leaf; the other
+    strides give every node partners on other leaves, spread over the fleet."""
+    nodes = names(256)
+    leaf = {node: f"leaf{index // 32}" for index, node in enumerate(nodes)}
+    chosen = sample_pairs(nodes, 8)
+    for node in nodes:
+        mine = [b if a == node else a for a, b in chosen if node in (a, b)]
+        leaves = {leaf[peer] for peer in mine}
+        assert len(leaves - {leaf[node]}) >= 3, (node, mine)
+    ring = pair_schedule(nodes, "quick")
+    assert sum(leaf[a] == leaf[b] for a, b in ring) == 256 - 8  # only the hop to the next leaf crosses
+
+
+def test_placement_order_groups_nodes_by_leaf_and_rack_keeping_inventory_order_within():
+    nodes = ["a1", "b1", "a2", "c1", "b2", "a3"]
+    placement = {"a1": ("L1", "r1"), "a2": ("L1", "r1"), "a3": ("L1", "r1"),
+                 "b1": ("L2", "r2"), "b2": ("L2", "r2")}
+    assert placement_order(nodes, placement) == ["a1", "a2", "a3", "b1", "b2", "c1"]
+    assert placement_order(nodes, {}) == nodes  # nothing said: the inventory's order
+
+
+def test_pair_schedules_by_depth():
+    small, big = names(10), names(80)
+    assert pair_schedule(small, "quick") == ring_pairs(small)
+    assert sorted(pair_schedule(small, "full")) == sorted(itertools.combinations(small, 2))
+    assert len(pair_schedule(big, "full")) == 4 * 80  # above 64 nodes: the sample
+    assert len(pair_schedule(big, "full", all_pairs_max=80)) == 80 * 79 // 2
+    assert len(pair_schedule(big, "full", partners=4)) == 2 * 80
+
+
+def test_each_nodes_links_carry_both_passes_and_their_states():
+    first = {("n1", "n2"): PairOutcome(True, 9.0), ("n2", "n3"): PairOutcome(False),
+             ("n3", "n4"): PairOutcome(True, 8.8), ("n1", "n4"): PairOutcome(True, 2.0)}
+    verdicts = PairVerdicts(first, 0.25)
+    verdicts.second = {("n1", "n3"): PairOutcome(True, 9.1)}
+    links = verdicts.links_by_node()
+    assert links["n1"] == [Link("n2", "ok", 9.0), Link("n4", "low", 2.0), Link("n3", "ok", 9.1, True)]
+    assert links["n2"][1] == Link("n3", "failed", None)
+    assert Link("n3", "ok", 9.1, True).as_dict() == {"peer": "n3", "state": "ok", "figure": 9.1, "pass": 2}
+
+
+def test_findings_hold_a_suspect_node_and_both_ends_of_a_suspect_link():
+    blame = Attribution(suspect_nodes={"n3": "all 3 of its pairs failed"},
+                        suspect_links={("n1", "n2"): "failed while both nodes passed with other partners"})
+    held = findings(blame)
+    assert held == {"n3": "suspect node: all 3 of its pairs failed",
+                    "n1": "suspect link n1-n2: failed while both nodes passed with other partners",
+                    "n2": "suspect link n1-n2: failed while both nodes passed with other partners"}

@@ -71,7 +71,7 @@ def entry(test_id: str, check: str, outcome: str = "passed", *, node: Optional[s
 
 def varied_entries() -> list[dict]:
     """One of each shape: judged metrics in and out of band and unmeasured, an unreferenced
-    metric, a failure with its kind, a skip, a cluster-wide check with curves, a pair on a rail."""
+    metric, a failure with its kind, a skip, a cluster-wide check with curves, a node's pairs on a rail."""
     busbw = series_entry("allreduce busbw", x=("message size", "B"), y=("busbw", "GB/s"),
                          lines={"localhost": [(1024, 0.5), (2048, float("nan")), (4096, 1.5)]},
                          x_scale="log2")
@@ -91,8 +91,9 @@ def varied_entries() -> list[dict]:
               message="no NVIDIA GPU on localhost"),
         entry("suites/test_collectives.py::test_allreduce_cluster", "allreduce_cluster", node=None,
               series=[busbw, loss]),
-        entry("suites/test_network.py::test_ib_write_bw[a-b-rail1]", "ib_write_bw", node=None,
-              pair=["a", "b"], rail=1),
+        entry("suites/test_network.py::test_ib_write_bw[localhost-rail1]", "ib_write_bw", rail=1,
+              pairs=[{"peer": "b", "state": "low", "figure": 180.5, "pass": 1},
+                     {"peer": "c", "state": "failed", "figure": None, "pass": 2}], pair_median=390.0),
     ]
 
 
@@ -230,20 +231,22 @@ def test_an_interrupted_run_without_a_signer_validates(tmp_path):
 
 
 def test_the_keys_being_added_in_version_1_validate(tmp_path):
-    """band on metric rows, pair_state/pair_median on pair tests, outliers, verdict.cluster_checks."""
+    """band on metric rows, pairs/pair_median on a node's pair checks, outliers, verdict.cluster_checks."""
     run_dir = write_run(tmp_path, varied_entries())
     results = results_of(run_dir)
     memory = results["checks"][0]
     memory["metrics"][0]["band"] = [2.0, None]
-    pair = next(c for c in results["checks"] if c.get("pair"))
-    pair.update(pair_state="low", pair_median=None)
+    links = next(c for c in results["checks"] if c.get("pairs"))
+    links.update(pair_median=None)
     results["verdict"]["cluster_checks"] = "passed"
     results["outliers"] = [{"check": "memory", "metric": "memory_total", "node": "localhost",
                             "value": 23.5, "unit": "GiB", "median": 47.0, "deviation": -0.5,
                             "rule": "more than 25% below the median of 4 nodes"}]
     validate_results(results)
-    entry_line = next(line for line in ledger_lines(run_dir) if line.get("pair"))
-    validate_ledger_entry({**entry_line, "pair_state": "ok", "pair_median": 7.8})
+    entry_line = next(line for line in ledger_lines(run_dir) if line.get("pairs"))
+    validate_ledger_entry({**entry_line, "pair_median": 7.8})
+    with pytest.raises(SchemaError, match=r"pairs\[0\]\.pass: 3 is not one of \[1, 2\]"):
+        validate_ledger_entry({**entry_line, "pairs": [{**entry_line["pairs"][0], "pass": 3}]})
 
 
 def test_keys_the_schema_does_not_know_yet_are_admitted(tmp_path):
@@ -288,16 +291,16 @@ def broken(document: dict, change) -> dict:
      "results.json: checks[5].series[0].x_scale: 'log10' is not one of ['linear', 'log2']"),
     (lambda d: d["checks"][5]["series"][0]["lines"][0]["points"].append([1.0]),
      "results.json: checks[5].series[0].lines[0].points[2]: [1.0] is too short"),
-    (lambda d: d["checks"][0].update(rail=0),
-     "results.json: checks[0]: 'pair' is a dependency of 'rail'"),
-    (lambda d: d["checks"][6].update(pair_state="slow"),
-     "results.json: checks[6].pair_state: 'slow' is not one of ['ok', 'low', 'failed']"),
+    (lambda d: d["checks"][6]["pairs"][0].update(state="slow"),
+     "results.json: checks[6].pairs[0].state: 'slow' is not one of ['ok', 'low', 'failed']"),
+    (lambda d: d["checks"][6]["pairs"][1].pop("peer"),
+     "results.json: checks[6].pairs[1].peer: required, but missing"),
     (lambda d: d.update(outliers=[{"check": "memory"}]),
      "results.json: outliers[0].metric: required, but missing"),
     (lambda d: d["run"].update(run_id="yesterday"),
      "results.json: run.run_id: 'yesterday' does not match '^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$'"),
 ], ids=["outcome", "no-verdict", "schema", "metric-value-string", "status", "node-status", "ok-null",
-        "x-scale", "point", "rail-without-pair", "pair-state", "outlier", "run-id"])
+        "x-scale", "point", "pair-state", "pair-peer", "outlier", "run-id"])
 def test_a_broken_results_document_fails_naming_the_path(valid_results, change, message):
     validate_results(valid_results)
     assert refusal(validate_results, broken(valid_results, change)) == message
