@@ -1,0 +1,183 @@
+"""Benchmark: the system suite on N real sshd nodes, against `xargs -P ssh` doing the same work.
+
+For each cluster size N this starts N sshd nodes in network namespaces (tests/netns.py), then,
+in the same run and on the same nodes:
+
+  harness   `pytest --inventory CLUSTER.yaml -m system`: the whole acceptance run (start-up,
+            collection, the fan-outs, the ledger, the signed report), in its own process
+  xargs     what an operator would type instead: `xargs -P N` running, per node, `ssh node
+            python3 - < payload` for each payload the system suite ships (system_facts,
+            gpu_config), with OpenSSH
+
+and reports each one's wall-clock seconds, and the harness's own CPU seconds and peak memory
+(getrusage of its process: all its threads; the sshd sessions and remote commands, which on a
+real cluster run on the nodes, are not in it). From the smallest and largest size it projects
+the harness's CPU and memory to a 1,024-node system suite, linearly per extra node.
+
+Each figure is the median of --repeat runs; a harness run counts only if pytest passed, an
+xargs run only if every ssh exited 0. Run as root from the repository root:
+`.venv/bin/python bench/system_suite.py` (the nodes are namespaces on this machine's cores).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py by path
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from fanout import log, machine, positive_int, sizes_arg  # noqa: E402
+from netns import NamespaceCluster, netns_available  # noqa: E402
+
+from inventory.loader import load_inventory  # noqa: E402
+from runners import payloads  # noqa: E402
+
+PAYLOADS = ("system_facts", "gpu_config")  # what `-m system` ships to every node
+PROJECT_TO = 1024
+
+
+def timed(argv: list[str], *, stdin: Optional[int] = None, cwd: Optional[Path] = None) -> tuple[float, float, int, int]:
+    """(wall s, CPU s, peak RSS in KiB, exit status) of one command, from its own rusage."""
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd)
+    _, status, usage = os.wait4(process.pid, 0)
+    elapsed = time.perf_counter() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0 and process.stderr is not None:
+        log(process.stderr.read().decode(errors="replace")[-2000:])
+    return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, process.returncode
+
+
+def harness_run(inventory: Path, out: Path) -> tuple[float, float, int]:
+    wall, cpu, rss, status = timed([sys.executable, "-m", "pytest", "--inventory", str(inventory),
+                                    "-m", "system", "--out", str(out), "-q", "-p", "no:cacheprovider"],
+                                   cwd=ROOT)
+    if status != 0:
+        raise RuntimeError(f"the system suite exited {status} on {inventory}")
+    return wall, cpu, rss
+
+
+def xargs_script(inventory: Path, workdir: Path) -> tuple[Path, Path]:
+    """A file of node addresses and the per-node script xargs runs: one ssh per payload."""
+    cluster = load_inventory(inventory)
+    first = cluster.nodes[0]
+    ssh = ["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={first.ssh.known_hosts}",
+           "-o", "StrictHostKeyChecking=yes", "-i", str(first.ssh.identity_file), "-l", "root"]
+    lines = ["#!/bin/sh", "set -e"]
+    for name in PAYLOADS:
+        payload = workdir / f"{name}.py"
+        payload.write_text(payloads.load(name))
+        lines.append(f'{shlex.join(ssh)} "$1" {shlex.quote(first.python)} - < {shlex.quote(str(payload))} > /dev/null')
+    script = workdir / "per-node.sh"
+    script.write_text("\n".join(lines) + "\n")
+    script.chmod(0o755)
+    hosts = workdir / "hosts"
+    hosts.write_text("".join(f"{node.address}\n" for node in cluster.nodes))
+    return hosts, script
+
+
+def xargs_run(hosts: Path, script: Path, n: int) -> float:
+    with hosts.open("rb") as listed:
+        wall, _, _, status = timed(["xargs", "-P", str(n), "-n", "1", str(script)], stdin=listed.fileno())
+    if status != 0:
+        raise RuntimeError(f"xargs -P ssh exited {status}")
+    return wall
+
+
+def measure(n: int, *, repeat: int, workdir: Path) -> dict:
+    cluster = NamespaceCluster(workdir / f"n{n}", n)
+    try:
+        log(f"N={n}: starting {n} sshd node(s)")
+        cluster.start()
+        inventory = cluster.write_inventory(workdir / f"n{n}" / "inventory.yaml")
+        hosts, script = xargs_script(inventory, workdir / f"n{n}")
+        harness, xargs = [], []
+        for run in range(repeat):
+            harness.append(harness_run(inventory, workdir / f"n{n}" / "out"))
+            xargs.append(xargs_run(hosts, script, n))
+            log(f"N={n}: run {run + 1}/{repeat}: harness {harness[-1][0]:.2f} s "
+                f"(CPU {harness[-1][1]:.2f} s, {harness[-1][2] / 1024:.0f} MiB), xargs -P ssh {xargs[-1]:.2f} s")
+    finally:
+        log(f"N={n}: stopping the nodes")
+        cluster.stop()
+    return {"nodes": n,
+            "harness_s": statistics.median(run[0] for run in harness),
+            "harness_cpu_s": statistics.median(run[1] for run in harness),
+            "harness_peak_mib": statistics.median(run[2] for run in harness) / 1024,
+            "xargs_s": statistics.median(xargs),
+            "runs": {"harness": harness, "xargs_s": xargs}}
+
+
+def projection(rows: list[dict]) -> dict:
+    """The harness's CPU and memory per extra node, smallest to largest size, and at PROJECT_TO."""
+    first, last = rows[0], rows[-1]
+    extra = last["nodes"] - first["nodes"]
+    cpu_per_node = (last["harness_cpu_s"] - first["harness_cpu_s"]) / extra if extra else 0.0
+    mib_per_node = (last["harness_peak_mib"] - first["harness_peak_mib"]) / extra if extra else 0.0
+    return {"cpu_ms_per_node": 1000 * cpu_per_node, "mib_per_node": mib_per_node,
+            "cpu_s_at": first["harness_cpu_s"] + cpu_per_node * (PROJECT_TO - first["nodes"]),
+            "mib_at": first["harness_peak_mib"] + mib_per_node * (PROJECT_TO - first["nodes"])}
+
+
+def table(rows: list[dict]) -> str:
+    base = rows[0]
+    header = ("N", "harness s", "xargs -P ssh s", "harness / xargs", f"harness vs N={base['nodes']}",
+              "harness CPU s", "harness peak MiB")
+    lines = [header] + [(
+        str(row["nodes"]), f"{row['harness_s']:.2f}", f"{row['xargs_s']:.2f}",
+        f"{row['harness_s'] / row['xargs_s']:.1f}x", f"{row['harness_s'] / base['harness_s']:.2f}x",
+        f"{row['harness_cpu_s']:.2f}", f"{row['harness_peak_mib']:.0f}") for row in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = ["| " + " | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) + " |"
+           for line in lines]
+    out.insert(1, "|" + "|".join("-" * (width + 1) + ":" for width in widths) + "|")
+    return "\n".join(out)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg("1,8,32,64"),
+                        help="cluster sizes to measure, comma-separated (default 1,8,32,64)")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="runs per measurement; the median is reported (default 3)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures to FILE")
+    args = parser.parse_args(argv)
+    available, reason = netns_available()
+    if not available:
+        log(f"system suite bench: cannot start namespace nodes: {reason}")
+        return 2
+    when = datetime.now(timezone.utc)
+    with tempfile.TemporaryDirectory(prefix="handover-bench-") as tmp:
+        rows = [measure(n, repeat=args.repeat, workdir=Path(tmp)) for n in sorted(set(args.sizes))]
+    info, ahead = machine(), projection(rows)
+    print(f"`pytest -m system` against `xargs -P ssh` on namespace sshd nodes; median of {args.repeat} runs; "
+          f"{info['cpus']} CPUs, {when:%Y-%m-%d %H:%M} UTC")
+    print(table(rows))
+    print(f"Harness per extra node: {ahead['cpu_ms_per_node']:.1f} ms CPU, {ahead['mib_per_node']:.2f} MiB; "
+          f"projected to {PROJECT_TO} nodes: {ahead['cpu_s_at']:.1f} s CPU, {ahead['mib_at']:.0f} MiB peak.")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"date": when.isoformat(timespec="seconds"), "machine": info,
+                                         "repeat": args.repeat, "results": rows, "projection": ahead},
+                                        indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("system suite bench: interrupted; its nodes were stopped")
+        sys.exit(130)
