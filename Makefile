@@ -32,6 +32,8 @@ test: setup
 bench: setup
 	$(PY) bench/fanout.py
 	$(PY) bench/pairs.py
+	$(PY) bench/collect.py
+	$(PY) bench/system_suite.py
 
 setup: debs $(STAMP)
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import IO, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py by path
@@ -48,10 +48,12 @@ PAYLOADS = ("system_facts", "gpu_config")  # what `-m system` ships to every nod
 PROJECT_TO = 1024
 
 
-def timed(argv: list[str], *, stdin: Optional[int] = None, cwd: Optional[Path] = None) -> tuple[float, float, int, int]:
+def timed(argv: list[str], *, stdin: Optional[int] = None, cwd: Optional[Path] = None,
+          stdout: Optional[IO[bytes]] = None) -> tuple[float, float, int, int]:
     """(wall s, CPU s, peak RSS in KiB, exit status) of one command, from its own rusage."""
     started = time.perf_counter()
-    process = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd)
+    process = subprocess.Popen(argv, stdin=stdin, stdout=stdout or subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               cwd=cwd)
     _, status, usage = os.wait4(process.pid, 0)
     elapsed = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)
