@@ -315,3 +315,62 @@ def test_a_command_killed_by_a_signal_on_a_live_connection_is_not_unreachable(ns
         assert transport.loss is None and transport.run(["true"], timeout=10).ok
     finally:
         transport.close()
+
+
+def processes_named(name: str, namespace: str) -> list[int]:
+    inode = os.stat(f"/run/netns/{namespace}").st_ino
+    found = []
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == name and os.stat(comm.parent / "ns" / "net").st_ino == inode:
+                found.append(int(comm.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_an_acceptance_run_with_a_link_cut_during_hpl_goes_on_and_says_what_was_lost(
+        ns_cluster_factory, sign_key, tmp_path):
+    """The issue's run: node2's link goes down while hpcc runs there. The run ends in about the
+    time HPL takes, node2's HPL is unreachable with a short message, its system checks (from
+    facts taken at the start) say the facts predate the loss, and the report renders."""
+    from test_e2e import results_of, run_dir_of, run_suites
+
+    nodes = ns_cluster_factory(2)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml",
+                                      extra={"scratch": [{"path": str(scratch), "kind": "local"}]})
+    namespace = nodes.node("node2").namespace
+    cut = threading.Event()
+
+    def cut_during_hpl():
+        deadline = time.monotonic() + 240
+        while not processes_named("hpcc", namespace) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        nodes.link_down("node2")
+        cut.set()
+
+    cutter = threading.Thread(target=cut_during_hpl, daemon=True)
+    cutter.start()
+    try:
+        done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system or (hpc and quick)",
+                          "-k", "not hpl_cluster", timeout=400)
+    finally:
+        cutter.join(1)
+        nodes.link_up("node2")
+    assert cut.is_set(), done.stdout[-3000:]
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    checks = {(c["check"], c["node"]): c for c in results_of(run_dir)["checks"]}
+    assert checks[("hpl", "node1")]["outcome"] == "passed"
+    lost = checks[("hpl", "node2")]
+    assert (lost["outcome"], lost["kind"]) == ("failed", "unreachable"), lost
+    assert "no answer to SSH keepalives" in lost["message"] and len(lost["message"]) < 300, lost
+    assert "(hpccinf.txt inline, via hpl_scratch)" in lost["message"]
+    for check in ("reachable", "os", "kernel", "cpu", "memory"):
+        entry = checks[(check, "node2")]
+        assert entry["outcome"] == "passed" and "before node2 was lost at" in entry["message"], entry
+        assert "before" not in checks[(check, "node1")]["message"]
+    assert (run_dir / "report.html").exists()
+    assert processes_named("hpcc", namespace) == []
