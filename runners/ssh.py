@@ -84,8 +84,9 @@ def _classify(exc: BaseException, connect_timeout: float) -> tuple[str, str]:
 
 def _transient(exc: BaseException, failure: str) -> bool:
     """Worth another try: refused, reset or dropped while sshd starts or sheds load. Not a
-    connect timeout (a dead node would cost it again), and never a key or an authentication."""
-    return failure == "unreachable" and not isinstance(exc, (socket.timeout, TimeoutError))
+    connect timeout (a dead node would cost it again), a name that does not resolve, a key or
+    an authentication."""
+    return failure == "unreachable" and not isinstance(exc, (socket.timeout, TimeoutError, socket.gaierror))
 
 
 class SshLease(Lease):
@@ -165,7 +166,7 @@ class SshLease(Lease):
             return
         why = channel.recv_stderr(4096).decode(errors="replace").strip() if channel.recv_stderr_ready() else ""
         log.warning("%s: the node-side watchdog ended (%s); commands there are bounded by their "
-                    "own timeouts only", self.connection.host, why or f"exit {channel.recv_exit_status()}")
+                    "own timeouts only", self.connection.host, why or "it said nothing")
 
 
 class SshTransport(Transport):
@@ -282,9 +283,9 @@ class SshTransport(Transport):
     def _cut_off(self, display: str, stdout: str, stderr: str, duration: float) -> Result:
         """A command whose connection went away under it: the node is unreachable, whatever the
         command itself was doing."""
-        why = self.loss.reason if self.loss is not None else "the connection closed"
+        loss = self.lose("the connection closed")  # unless the heartbeat said why first
         return Result(self.node.name, display, None, stdout, stderr, duration, failure="unreachable",
-                      detail=f"{why}, {duration:.0f} s into `{display}`")
+                      detail=f"{loss.reason}, {duration:.0f} s into `{display}`")
 
 
 def _split_jump(jump: str) -> tuple[str, Optional[str], Optional[int]]:
