@@ -23,7 +23,7 @@ from runners import payloads, system
 from runners.launchers import Launcher
 from runners.parsing import ParseError
 from runners.scratch import declared
-from runners.transport import Result, Transport
+from runners.transport import Result, Transport, short_command
 
 FLAVOURS = ("hpl-nvidia", "xhpl", "hpcc")  # in the order detection prefers them
 PROGRAMS = {"hpl-nvidia": "hpl.sh", "xhpl": "xhpl", "hpcc": "hpcc"}
@@ -206,7 +206,9 @@ def run_on_scratch(transport: Transport, path: str, scratch: Sequence[ScratchPat
     spec = {"node": transport.node.name, "path": entry.path,
             "files": {INPUT_FILES[flavour]: input_text(flavour, hpl_input)},
             "output": OUTPUT_FILES.get(flavour), "argv": list(argv)}
-    return transport.run_script(payloads.load("hpl_scratch"), [json.dumps(spec)], timeout=timeout)
+    label = f"{short_command(argv)} ({INPUT_FILES[flavour]} inline, via hpl_scratch)"
+    return transport.run_script(payloads.load("hpl_scratch"), [json.dumps(spec)], timeout=timeout,
+                                label=label)
 
 
 # ---------------------------------------------------------------- parsing

@@ -1,22 +1,40 @@
-"""The SSH transport, on fabric: strict host keys by default, connect and run timeouts, remote kill."""
+"""The SSH transport, on fabric: strict host keys by default, connect retries, connect and run
+timeouts, a heartbeat that finds a dead link within seconds, remote kill."""
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import socket
 import threading
 import time
 from io import StringIO
-from typing import Optional
+from typing import Callable, Optional
 
 import paramiko
 from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 
 from inventory.model import Node
-from runners.transport import HARNESS_GRACE_S, Result, Transport, node_timed_out
+from runners.transport import (
+    HARNESS_GRACE_S,
+    HEARTBEAT_S,
+    NODE_PATIENCE_S,
+    Lease,
+    Result,
+    Transport,
+    Unavailable,
+    lease_argv,
+    new_tag,
+    node_timed_out,
+)
 
 DEFAULT_KNOWN_HOSTS = os.path.expanduser("~/.ssh/known_hosts")
+LINK_DEAD_AFTER_S = 12  # no echo of a heartbeat this long: the node is unreachable
+CONNECT_TRIES = 3
+CONNECT_BACKOFF_S = 1.0  # before the second try; doubled before each one after
+
+log = logging.getLogger("handover.ssh")
 
 
 class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
@@ -64,25 +82,140 @@ def _classify(exc: BaseException, connect_timeout: float) -> tuple[str, str]:
     return "error", f"{type(exc).__name__}: {exc}"
 
 
+def _transient(exc: BaseException, failure: str) -> bool:
+    """Worth another try: refused, reset or dropped while sshd starts or sheds load. Not a
+    connect timeout (a dead node would cost it again), a name that does not resolve, a key or
+    an authentication."""
+    return failure == "unreachable" and not isinstance(exc, (socket.timeout, TimeoutError, socket.gaierror))
+
+
+class SshLease(Lease):
+    """One connection and its node-side watchdog, with the heartbeat that keeps both honest.
+
+    Every HEARTBEAT_S the harness sends one byte on the lease's channel and waits for its echo:
+    no echo for LINK_DEAD_AFTER_S means the link or the node is gone, and `on_lost` is told
+    while the commands on the connection are still waiting (they end as unreachable).
+    """
+
+    def __init__(self, connection: Connection, tag: str, on_lost: Callable[[str], object]):
+        super().__init__(tag)
+        self.connection = connection
+        self._on_lost = on_lost
+        self._stopped = threading.Event()
+        self._channel: Optional[paramiko.Channel] = None
+
+    def start(self, *, root: bool, timeout: float) -> "SshLease":
+        transport = self.connection.client.get_transport()
+        if transport is None:
+            raise EOFError("the connection closed before the watchdog started")
+        channel = transport.open_session(timeout=timeout)
+        channel.exec_command(shlex.join(lease_argv(self.tag, patience_s=NODE_PATIENCE_S, root=root)))
+        self._channel = channel
+        threading.Thread(target=self._beat, args=(channel,), daemon=True,
+                         name=f"heartbeat-{self.connection.host}").start()
+        return self
+
+    @property
+    def standing(self) -> bool:
+        return not self._stopped.is_set() and self.connection.is_connected
+
+    def close(self) -> None:
+        self._stopped.set()
+        self.connection.close()
+
+    def closed_within(self, seconds: float) -> bool:
+        """Whether the connection is down, or goes down within `seconds`: a channel that ends
+        without an exit status is unlinked by paramiko a moment before the transport stops."""
+        deadline = time.monotonic() + seconds
+        while self.connection.is_connected and not self._stopped.is_set():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _beat(self, channel: paramiko.Channel) -> None:
+        channel.settimeout(LINK_DEAD_AFTER_S)
+        while not self._stopped.is_set():
+            echo: Optional[bytes]
+            try:
+                channel.sendall(b".")
+                echo = channel.recv(64)
+            except socket.timeout:
+                echo = None
+            except (OSError, EOFError, paramiko.SSHException):
+                echo = b""
+            if self._stopped.is_set():
+                return
+            if echo is None:
+                self._lost(f"no answer to SSH keepalives for {LINK_DEAD_AFTER_S} s")
+                return
+            if not echo:
+                self._ended(channel)
+                return
+            self._stopped.wait(HEARTBEAT_S)
+
+    def _lost(self, reason: str) -> None:
+        """Say why first, then end the connection: the commands waiting on it return at once
+        and find the reason."""
+        self._on_lost(reason)
+        self.close()
+
+    def _ended(self, channel: paramiko.Channel) -> None:
+        if self.closed_within(1.0):
+            self._lost("the connection closed")
+            return
+        why = channel.recv_stderr(4096).decode(errors="replace").strip() if channel.recv_stderr_ready() else ""
+        log.warning("%s: the node-side watchdog ended (%s); commands there are bounded by their "
+                    "own timeouts only", self.connection.host, why or "it said nothing")
+
+
 class SshTransport(Transport):
     """One fabric Connection per node, opened on first use and kept for the session."""
 
     def __init__(self, node: Node):
         super().__init__(node)
-        self._connection: Optional[Connection] = None
         self._connect_lock = threading.Lock()
 
-    def _connect(self) -> Connection:
+    def _open(self) -> Lease:
         with self._connect_lock:
-            if self._connection is None or not self._connection.is_connected:
-                self._connection = self._new_connection(self.node.address, self.node.ssh.user,
-                                                        self.node.ssh.port)
-                jump = self._jump_chain()
-                if jump is not None:
-                    self._connection.gateway = jump
-                self._secure(self._connection)
-                self._connection.open()
-            return self._connection
+            lease = self._lease
+            if lease is not None and lease.standing:
+                return lease
+            if lease is not None:
+                lease.close()
+            connection = self._connect()
+            try:
+                self._lease = SshLease(connection, new_tag(), self.lose).start(
+                    root=self.node.sudo, timeout=self.node.ssh.connect_timeout)
+            except Exception as exc:
+                connection.close()
+                raise Unavailable(*_classify(exc, self.node.ssh.connect_timeout)) from None
+            return self._lease
+
+    def _connect(self) -> Connection:
+        """Open the node's connection, trying again (with backoff) after transient failures."""
+        timeout = self.node.ssh.connect_timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            connection = self._new_connection(self.node.address, self.node.ssh.user, self.node.ssh.port)
+            jump = self._jump_chain()
+            if jump is not None:
+                connection.gateway = jump
+            self._secure(connection)
+            try:
+                connection.open()
+                return connection
+            except Exception as exc:  # every way of not connecting is a per-node outcome
+                connection.close()
+                failure, detail = _classify(exc, timeout)
+                if attempt == CONNECT_TRIES or not _transient(exc, failure):
+                    tries = f" (after {attempt} tries)" if attempt > 1 else ""
+                    raise Unavailable(failure, detail + tries) from None
+                delay = CONNECT_BACKOFF_S * 2 ** (attempt - 1)
+                log.warning("%s: connect try %d of %d failed (%s); trying again in %g s",
+                            self.node.name, attempt, CONNECT_TRIES, detail, delay)
+                time.sleep(delay)
 
     def _jump_chain(self) -> Optional[Connection]:
         """ssh -J a,b: reach b through a, then the node through b; host keys checked at each hop.
@@ -124,45 +257,35 @@ class SshTransport(Transport):
                 client.set_missing_host_key_policy(paramiko.RejectPolicy())
             connection = connection.gateway
 
-    def _execute(self, command, *, display, stdin, timeout):
+    def _execute(self, lease, command, *, display, stdin, timeout):
+        assert isinstance(lease, SshLease)
         started = time.monotonic()
         try:
-            connection = self._connect()
-        except Exception as exc:  # every way of not connecting is a per-node outcome
-            self._drop_connection()
-            failure, detail = _classify(exc, self.node.ssh.connect_timeout)
-            return Result(self.node.name, display, None, "", "", time.monotonic() - started,
-                          failure=failure, detail=detail)
-        try:
-            ran = connection.run(shlex.join(command), in_stream=_ChunkedInput(stdin or ""),
-                                 timeout=timeout + HARNESS_GRACE_S)
+            ran = lease.connection.run(shlex.join(command), in_stream=_ChunkedInput(stdin or ""),
+                                       timeout=timeout + HARNESS_GRACE_S)
         except CommandTimedOut as exc:
             partial = exc.result
             return Result(self.node.name, display, None, partial.stdout, partial.stderr,
                           time.monotonic() - started, timed_out=True)
         except Exception as exc:
-            self._drop_connection()
-            failure, detail = _classify(exc, self.node.ssh.connect_timeout)
-            return Result(self.node.name, display, None, "", "", time.monotonic() - started,
-                          failure=failure, detail=detail)
+            duration = time.monotonic() - started
+            if lease.closed_within(1.0):
+                return self._cut_off(display, "", "", duration)
+            # The connection stands: the node refused a session, or something in between broke.
+            return Result(self.node.name, display, None, "", "", duration, failure="error",
+                          detail=f"{type(exc).__name__}: {exc}")
         duration = time.monotonic() - started
+        if ran.exited == -1 and lease.closed_within(1.0):  # no exit status: the channel died with the link
+            return self._cut_off(display, ran.stdout, ran.stderr, duration)
         return Result(self.node.name, display, ran.exited, ran.stdout, ran.stderr, duration,
                       timed_out=node_timed_out(ran.exited, duration, timeout))
 
-    def kill(self, tag: str, *, root: bool = False) -> None:
-        """Nothing can be running on a node we never finished connecting to; don't wait on it."""
-        connection = self._connection
-        if connection is not None and connection.is_connected:
-            super().kill(tag, root=root)
-
-    def _drop_connection(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.close()
-
-    def close(self) -> None:
-        """Close without the connect lock: a node stuck in connect must not hold up shutdown."""
-        self._drop_connection()
+    def _cut_off(self, display: str, stdout: str, stderr: str, duration: float) -> Result:
+        """A command whose connection went away under it: the node is unreachable, whatever the
+        command itself was doing."""
+        loss = self.lose("the connection closed")  # unless the heartbeat said why first
+        return Result(self.node.name, display, None, stdout, stderr, duration, failure="unreachable",
+                      detail=f"{loss.reason}, {duration:.0f} s into `{display}`")
 
 
 def _split_jump(jump: str) -> tuple[str, Optional[str], Optional[int]]:

@@ -2,15 +2,24 @@
 
 Every command is wrapped so that it cannot outlive its welcome on the node:
 
-    env HANDOVER_TAG=<tag> timeout -k 5 <seconds> <argv...>
+    env HANDOVER_TAG=<tag> HANDOVER_LEASE=<lease> timeout -k 5 <seconds> <argv...>
 
 GNU ``timeout`` makes itself a process-group leader and signals the whole group when time is
 up, so a run timeout holds on the node even if the harness dies. The tag is inherited by every
 descendant, so ``kill()`` finds them all through /proc/*/environ, including processes that
 started a new session, when the harness times out or is interrupted first.
+
+The lease is the node-side watchdog of one connection: a small POSIX-sh process started with it,
+which reads a heartbeat byte from the harness every HEARTBEAT_S and echoes it back. When its
+input ends (the harness died and sshd closed the session) or no heartbeat came for
+NODE_PATIENCE_S (the harness's machine or the link is gone), it kills every process tagged with
+its lease, so nothing runs on until its own long timeout. The echo is how the harness knows the
+node still answers (runners.ssh). Nothing is written on the node's disk.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import secrets
 import shlex
@@ -24,16 +33,32 @@ from typing import Mapping, Optional, Sequence
 from inventory.model import Node
 
 TAG_VARIABLE = "HANDOVER_TAG"
+LEASE_VARIABLE = "HANDOVER_LEASE"
 KILL_GRACE_S = 5  # TERM first, KILL this much later
 HARNESS_GRACE_S = KILL_GRACE_S + 10  # how long the harness waits beyond the node-side timeout
+HEARTBEAT_S = 3  # the harness sends a heartbeat this often
+NODE_PATIENCE_S = 12  # the lease kills its work after this long without one (a few misses)
+LONG_WORD = 120  # longer argv words (inline input, scripts) show as their size in messages
 
-# Fixed text: the only interpolation is a tag made of hex digits, and it is quoted anyway.
-_KILL_SCRIPT = r"""
+log = logging.getLogger("handover.transport")
+
+# Fixed text: the only interpolations are tags made of hex digits and a number, quoted anyway.
+_KILL_TAGGED = r"""
 tagged() { grep -lsxz "$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
-pids=$(tagged "$1"); [ -z "$pids" ] && exit 0
-kill -TERM $pids 2>/dev/null; sleep 1
-pids=$(tagged "$1"); [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
-exit 0
+kill_tagged() {
+  pids=$(tagged "$1"); [ -z "$pids" ] && return 0
+  kill -TERM $pids 2>/dev/null; sleep 1
+  pids=$(tagged "$1"); [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+  return 0
+}
+"""
+_KILL_SCRIPT = _KILL_TAGGED + 'kill_tagged "$1"\n'
+# $1: seconds without a heartbeat before the work is killed (0: wait for the end of input only)
+_LEASE_SCRIPT = _KILL_TAGGED + r"""
+while beat=$(timeout "$1" dd bs=1 count=1 2>/dev/null) && [ -n "$beat" ]; do
+  printf %s "$beat" || break
+done
+kill_tagged "$2"
 """
 
 
@@ -42,7 +67,7 @@ class Result:
     """What one command on one node gave, whatever happened: a dead node is data, not an exception."""
 
     node: str
-    command: str  # the argv as the operator would type it, without the harness's wrapper
+    command: str  # for messages: the program and the payload's name, never inline input or scripts
     exit_code: Optional[int]  # None when the command never ran or never finished
     stdout: str
     stderr: str
@@ -50,6 +75,7 @@ class Result:
     timed_out: bool = False
     failure: Optional[str] = None  # transport-level: 'unreachable', 'auth', 'host-key', 'error'
     detail: str = ""  # the transport's one-line explanation of a failure
+    full_command: str = ""  # the whole argv, inline input included, for raw logs only
 
     @property
     def ok(self) -> bool:
@@ -76,15 +102,67 @@ class Result:
         return f"{self.node}: ok"
 
 
+@dataclass(frozen=True)
+class Loss:
+    """When and why a node stopped answering; from then on its commands fail at once."""
+
+    at: float  # time.time()
+    reason: str
+
+    @property
+    def clock(self) -> str:
+        return clock(self.at)
+
+    def result(self, node: str, command: str) -> Result:
+        return Result(node, command, None, "", "", 0.0, failure="unreachable",
+                      detail=f"lost at {self.clock} ({self.reason}); not tried again")
+
+
+class Unavailable(Exception):
+    """No connection to run on: the per-node outcome word and its one-line explanation."""
+
+    def __init__(self, failure: str, detail: str):
+        super().__init__(detail)
+        self.failure = failure
+        self.detail = detail
+
+
+class Lease:
+    """A connection's node-side watchdog as the harness holds it (see the module docstring)."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+
+    @property
+    def standing(self) -> bool:
+        """Whether commands can still go through this lease's connection."""
+        return True
+
+    def close(self) -> None:
+        """End the connection; the node-side watchdog then kills whatever of ours is left."""
+
+
+def clock(epoch: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(epoch))
+
+
 def new_tag() -> str:
     return secrets.token_hex(8)
 
 
+def short_command(argv: Sequence[str]) -> str:
+    """The argv as messages show it: a long or multi-line word (inline input, a script) becomes
+    its size, so a message names the program and the payload but never carries their text."""
+    return " ".join(shlex.quote(word) if len(word) <= LONG_WORD and "\n" not in word
+                    else f"<{len(word.encode())} bytes>" for word in argv)
+
+
 def wrap(argv: Sequence[str], *, tag: str, timeout: float, root: bool,
-         env: Optional[Mapping[str, str]] = None) -> list[str]:
+         env: Optional[Mapping[str, str]] = None, lease: Optional[str] = None) -> list[str]:
     """The argv the node actually runs: tagged, bounded by a node-side timeout, maybe via sudo."""
     seconds = max(1, int(round(timeout)))
-    assignments = [f"{TAG_VARIABLE}={tag}"] + [f"{k}={v}" for k, v in (env or {}).items()]
+    tags = [f"{TAG_VARIABLE}={tag}"] + ([f"{LEASE_VARIABLE}={lease}"] if lease else [])
+    assignments = tags + [f"{k}={v}" for k, v in (env or {}).items()]
     wrapped = ["env", *assignments, "timeout", "-k", str(KILL_GRACE_S), str(seconds), *argv]
     return ["sudo", "-n", *wrapped] if root else wrapped
 
@@ -94,33 +172,59 @@ def kill_argv(tag: str, *, root: bool) -> list[str]:
     return ["sudo", "-n", *argv] if root else argv
 
 
+def lease_argv(lease: str, *, patience_s: float, root: bool) -> list[str]:
+    """The node-side watchdog of one connection; as root where root commands may run."""
+    argv = ["sh", "-c", _LEASE_SCRIPT, "handover-lease", str(int(patience_s)), f"{LEASE_VARIABLE}={lease}"]
+    return ["sudo", "-n", *argv] if root else argv
+
+
 def node_timed_out(exit_code: Optional[int], duration_s: float, timeout: float) -> bool:
     """GNU timeout exits 124 (TERM worked) or 137 (needed KILL) once the time is up."""
     return exit_code in (124, 137) and duration_s >= timeout - 0.5
 
 
 class Transport(ABC):
-    """Runs commands on one node. Implementations: LocalTransport, runners.ssh.SshTransport."""
+    """Runs commands on one node. Implementations: LocalTransport, runners.ssh.SshTransport.
+
+    The first unreachable outcome is kept as the node's `loss`; every later command fails at
+    once with its time and reason instead of waiting for a connect timeout again.
+    """
 
     def __init__(self, node: Node):
         self.node = node
+        self.loss: Optional[Loss] = None
+        self._lease: Optional[Lease] = None
         self._running: dict[str, bool] = {}  # tag -> needs root to kill
         self._lock = threading.Lock()
 
     def run(self, argv: Sequence[str], *, timeout: float, stdin: Optional[str] = None,
-            root: bool = False, env: Optional[Mapping[str, str]] = None) -> Result:
-        """Run argv on the node; every element is passed as one word, never re-split by a shell."""
+            root: bool = False, env: Optional[Mapping[str, str]] = None,
+            label: Optional[str] = None) -> Result:
+        """Run argv on the node; every element is passed as one word, never re-split by a shell.
+
+        label is what messages call the command (default: the argv with long words shortened).
+        """
         argv = [str(a) for a in argv]
+        display = label or short_command(argv)
+        if self.loss is not None:
+            return self.loss.result(self.node.name, display)
+        started = time.monotonic()
+        try:
+            lease = self._open()
+        except Unavailable as exc:
+            return self._noted(Result(self.node.name, display, None, "", "", time.monotonic() - started,
+                                      failure=exc.failure, detail=exc.detail, full_command=shlex.join(argv)))
         tag = new_tag()
         root = root and self.node.sudo
-        command = wrap(argv, tag=tag, timeout=timeout, root=root, env=env)
+        command = wrap(argv, tag=tag, lease=lease.tag, timeout=timeout, root=root, env=env)
+        log.debug("%s: %s", self.node.name, shlex.join(command))
         with self._lock:
             self._running[tag] = root
         try:
-            result = self._execute(command, display=shlex.join(argv), stdin=stdin, timeout=timeout)
+            result = self._execute(lease, command, display=display, stdin=stdin, timeout=timeout)
             if result.timed_out or result.failure == "error":
                 self.kill(tag, root=root)
-            return result
+            return self._noted(dataclasses.replace(result, full_command=shlex.join(argv)))
         except BaseException:
             # KeyboardInterrupt or a harness bug: the node must not keep running our work.
             self.kill(tag, root=root)
@@ -130,12 +234,17 @@ class Transport(ABC):
                 self._running.pop(tag, None)
 
     def run_script(self, script: str, args: Sequence[str] = (), *, timeout: float,
-                   root: bool = False) -> Result:
+                   root: bool = False, label: Optional[str] = None) -> Result:
         """Ship a node-side Python payload through stdin and run it with the node's interpreter.
 
-        Nothing is written on the node: the payload never touches its disk.
+        Nothing is written on the node: the payload never touches its disk. Messages name the
+        payload (runners.payloads gives its name), never show its text.
         """
-        return self.run([self.node.python, "-", *args], timeout=timeout, stdin=script, root=root)
+        name = getattr(script, "name", None) or f"<script of {len(script.encode())} bytes>"
+        display = label or " ".join(filter(None, [short_command([self.node.python, "-"]), name,
+                                                  short_command(args)]))
+        return self.run([self.node.python, "-", *args], timeout=timeout, stdin=script, root=root,
+                        label=display)
 
     def kill_running(self) -> None:
         """Kill everything this transport has running on the node (used on Ctrl-C)."""
@@ -145,28 +254,76 @@ class Transport(ABC):
             self.kill(tag, root=root)
 
     def kill(self, tag: str, *, root: bool = False) -> None:
+        """Nothing of ours runs where no connection stands (the lease took care of it); don't wait."""
+        lease = self._lease
+        if lease is None or not lease.standing:
+            return
         try:
-            self._execute(kill_argv(tag, root=root), display="kill", stdin=None, timeout=15)
+            self._execute(lease, kill_argv(tag, root=root), display="kill", stdin=None, timeout=15)
         except Exception:  # best effort: the node-side timeout still bounds the work
             pass
 
+    def lose(self, reason: str) -> Loss:
+        """Mark the node unreachable, once: the first time and reason are the ones kept."""
+        with self._lock:
+            if self.loss is None:
+                self.loss = Loss(time.time(), reason)
+                log.warning("%s unreachable: %s", self.node.name, reason)
+            return self.loss
+
+    def _noted(self, result: Result) -> Result:
+        if result.failure == "unreachable":
+            self.lose(result.detail)
+        return result
+
     @abstractmethod
-    def _execute(self, command: list[str], *, display: str, stdin: Optional[str],
+    def _open(self) -> Lease:
+        """The lease of the connection commands go through, connecting first where needed;
+        raises Unavailable when there is none to be had."""
+
+    @abstractmethod
+    def _execute(self, lease: Lease, command: list[str], *, display: str, stdin: Optional[str],
                  timeout: float) -> Result:
         """Run an already wrapped argv; return a Result, never raise for node-side trouble."""
 
-    @abstractmethod
     def close(self) -> None:
-        """Release the node's connections."""
+        """Release the node's connection; its lease kills whatever of ours still runs there."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.close()
+
+
+class LocalLease(Lease):
+    """The watchdog as a child process: its stdin ends when the harness does, however it dies."""
+
+    def __init__(self, tag: str, *, root: bool):
+        super().__init__(tag)
+        self._process = subprocess.Popen(
+            lease_argv(tag, patience_s=0, root=root), stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class LocalTransport(Transport):
     """This machine, through subprocess; needs no SSH library."""
 
-    def close(self) -> None:
-        """Nothing to release: every command is its own process."""
+    def _open(self) -> Lease:
+        with self._lock:
+            if self._lease is None:
+                try:
+                    self._lease = LocalLease(new_tag(), root=self.node.sudo)
+                except OSError as exc:
+                    raise Unavailable("error", f"cannot start the watchdog: {exc}") from None
+            return self._lease
 
-    def _execute(self, command, *, display, stdin, timeout):
+    def _execute(self, lease, command, *, display, stdin, timeout):
         started = time.monotonic()
         try:
             proc = subprocess.Popen(

@@ -19,6 +19,7 @@ from handover.failures import (
     PerformanceFailure,
     SanityFailure,
     excerpt,
+    transport_failure,
 )
 from inventory.model import Profile
 from runners.parsing import ParseError
@@ -45,8 +46,9 @@ def require(result: Result, timeout_note: str = "") -> Result:
 
     timeout_note says why the timeout was what it was, where a cap rather than an estimate set it.
     """
-    if result.failure in ("unreachable", "auth", "host-key"):
-        raise NodeUnreachable(result.explain())
+    failed = transport_failure(result.failure)
+    if failed is not None:
+        raise failed(result.explain())
     if result.timed_out:
         raise CommandTimedOut(result.explain() + (f": {timeout_note}" if timeout_note else ""),
                               excerpt(result.stdout + result.stderr))
@@ -65,8 +67,9 @@ def launch_failure(launch: Launch, cause: Optional[tuple[str, str]] = None) -> N
     killed = f"; killed the launch on {', '.join(launch.killed)}" if launch.killed else ""
     if failed is None:
         raise NodeUnreachable(f"{launch.first_failure}: no result{killed}")
-    if failed.failure in ("unreachable", "auth", "host-key"):
-        raise NodeUnreachable(failed.explain() + killed)
+    transport_failed = transport_failure(failed.failure)
+    if transport_failed is not None:
+        raise transport_failed(failed.explain() + killed)
     if cause is not None:
         node, why = cause
         raise SanityFailure(why + killed, excerpt(launch.results[node].stderr))

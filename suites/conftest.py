@@ -54,9 +54,21 @@ class Evidence:
 
     def __init__(self, item: pytest.Item):
         self._properties = item.user_properties
+        self._note = ""
+        self._caveats: list[str] = []
 
     def note(self, text: str) -> None:
-        self._properties.append((PROPERTY_NOTE, text))
+        self._note = text
+        self._write_note()
+
+    def caveat(self, text: str) -> None:
+        """A note that stays beside whatever the check notes later (the last note is the one kept)."""
+        if text not in self._caveats:
+            self._caveats.append(text)
+        self._write_note()
+
+    def _write_note(self) -> None:
+        self._properties.append((PROPERTY_NOTE, "; ".join(filter(None, [self._note, *self._caveats]))))
 
     def raw(self, paths: list[str]) -> None:
         self._properties.append((PROPERTY_RAW, paths))
@@ -84,11 +96,17 @@ def record(request) -> Evidence:
 
 @pytest.fixture
 def on_node(cluster_run, node, record):
-    """on_node(step, run) -> this node's Result of a step run once on all selected nodes."""
+    """on_node(step, run) -> this node's Result of a step run once on all selected nodes.
+
+    A result taken before the node was lost says so in the check's note.
+    """
 
     def result_of(step, run):
         result = cluster_run.gather(step, run)[node]
         record.raw(cluster_run.raw_paths(step, node))
+        stale = cluster_run.taken_before_loss(step, node)
+        if stale:
+            record.caveat(stale)
         return result
 
     return result_of

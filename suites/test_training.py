@@ -21,10 +21,10 @@ from handover.failures import (
     CheckFailure,
     CommandTimedOut,
     ExpectationFailure,
-    NodeUnreachable,
     PerformanceFailure,
     SanityFailure,
     excerpt,
+    transport_failure,
 )
 from reports import tensorboard
 from runners import collectives, training
@@ -112,8 +112,9 @@ def node_step(cluster_run, profile, depth: str, checkpoint_dir: Optional[str]) -
 
 def explain_failed_run(result: Result, ranks: int) -> None:
     """Raise the failure of a run that did not exit cleanly, naming the ranks torchrun names."""
-    if result.failure in ("unreachable", "auth", "host-key"):
-        raise NodeUnreachable(result.explain())
+    transport_failed = transport_failure(result.failure)
+    if transport_failed is not None:
+        raise transport_failed(result.explain())
     if result.timed_out:
         raise CommandTimedOut(result.explain(), excerpt(result.stderr))
     failed = training.failed_ranks(result.stderr)

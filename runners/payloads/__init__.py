@@ -2,6 +2,14 @@
 from importlib.resources import files
 
 
-def load(name: str) -> str:
+class Payload(str):
+    """A payload's source text that knows its name, so messages can name it instead of showing it."""
+
+    name: str
+
+
+def load(name: str) -> Payload:
     """The source text of payload `name` (a module in this package), ready to ship."""
-    return files(__name__).joinpath(f"{name}.py").read_text(encoding="utf-8")
+    payload = Payload(files(__name__).joinpath(f"{name}.py").read_text(encoding="utf-8"))
+    payload.name = name
+    return payload

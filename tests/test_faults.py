@@ -1,0 +1,376 @@
+"""Faults met as an operator meets them, on real sshd nodes: a link cut mid-command, sshd and its
+session killed, a changed host key, the harness SIGKILLed, sshd starting late; and messages that
+stay short when a command carries its input inline.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
+
+from handover.failures import HostKeyRefused, NodeUnreachable, SanityFailure
+from inventory.model import Node, ScratchPath
+from runners import hpl, payloads, system
+from runners.cluster import ClusterRun
+from runners.transport import TAG_VARIABLE, LocalTransport, make_transport
+from suites.checks import require
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cluster_run_of(cluster) -> ClusterRun:
+    return ClusterRun(cluster, list(cluster.nodes), save_raw=lambda step, result: [])
+
+
+def when_running(marker: str, then, within_s: float = 20) -> threading.Thread:
+    """Call then() once a process with `marker` in its command line runs (the nodes share our
+    PID namespace), from a thread; the caller joins it."""
+    def watch():
+        deadline = time.monotonic() + within_s
+        while not leftovers(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        then()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def tagged_processes(marker: str, namespace: Optional[str] = None) -> list[int]:
+    """PIDs carrying a HANDOVER_TAG whose command line has `marker`, inside one node's network
+    namespace when one is named."""
+    inode = os.stat(f"/run/netns/{namespace}").st_ino if namespace else None
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            tagged = any(v.startswith(TAG_VARIABLE.encode() + b"=") for v in environ.read_bytes().split(b"\0"))
+            cmdline = (environ.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+            inside = inode is None or os.stat(environ.parent / "ns" / "net").st_ino == inode
+        except OSError:
+            continue
+        if tagged and inside and marker.encode() in cmdline:
+            found.append(int(environ.parent.name))
+    return found
+
+
+def wait_until_untagged(marker: str, namespace: Optional[str], within_s: float) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while (found := tagged_processes(marker, namespace)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
+def test_a_link_cut_mid_command_is_unreachable_within_30_s_and_later_steps_fail_at_once(
+        ns_cluster_factory, tmp_path):
+    nodes = ns_cluster_factory(2)
+    run = cluster_run_of(ns_inventory(nodes, tmp_path / "inv.yaml"))
+    try:
+        facts = run.gather("system_facts", system.probe)
+        assert all(result.ok for result in facts.values()), facts
+        marker = unique_sleep()
+        cut_at: list[float] = []
+
+        def cut():
+            nodes.link_down("node2")
+            cut_at.append(time.monotonic())
+
+        def step(transport):
+            long = transport.node.name == "node2"
+            return transport.run(["sh", "-c", marker if long else "sleep 1"], timeout=300)
+
+        cutter = when_running(marker, cut)
+        results = run.gather("long", step)
+        noticed = time.monotonic()
+        cutter.join(5)
+        assert cut_at, "the long command never started on node2"
+        assert results["node1"].ok, results["node1"].explain()
+        lost = results["node2"]
+        assert lost.failure == "unreachable", lost.explain()
+        assert noticed - cut_at[0] < 30, f"noticed {noticed - cut_at[0]:.0f} s after the cut"
+        assert "keepalives" in lost.detail and f"`sh -c '{marker}'`" in lost.detail
+        with pytest.raises(NodeUnreachable) as raised:
+            require(lost)
+        assert raised.value.kind == "unreachable"
+        # the node-side watchdog misses the heartbeats and ends the work, though no kill could reach it
+        assert wait_for_no_leftovers(marker, within_s=max(1.0, cut_at[0] + 30 - time.monotonic())) == []
+
+        loss = run.lost("node2")
+        assert loss is not None and run.lost("node1") is None
+        started = time.monotonic()
+        later = run.gather("later", lambda transport: transport.run(["true"], timeout=30))
+        direct = run.transport("node2").run(["true"], timeout=30)
+        assert time.monotonic() - started < 2, "a lost node was tried again"
+        assert later["node1"].ok
+        for result in (later["node2"], direct):
+            assert result.failure == "unreachable"
+            assert result.detail.startswith(f"lost at {loss.clock} (") and "keepalives" in result.detail
+        assert run.taken_before_loss("later", "node2") is None
+        assert run.taken_before_loss("system_facts", "node1") is None
+        note = run.taken_before_loss("system_facts", "node2")
+        assert note is not None and note.startswith("system_facts taken at ")
+        assert f"before node2 was lost at {loss.clock} (no answer to SSH keepalives" in note
+    finally:
+        run.close()
+        nodes.link_up("node2")
+
+
+def sessions_of(namespace: str) -> list[int]:
+    """The sshd processes (listener and per-connection) in one node's network namespace."""
+    inode = os.stat(f"/run/netns/{namespace}").st_ino
+    found = []
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == "sshd" and os.stat(comm.parent / "ns" / "net").st_ino == inode:
+                found.append(int(comm.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_sshd_and_its_session_killed_mid_command_is_unreachable_not_sanity(ns_cluster_factory, tmp_path):
+    nodes = ns_cluster_factory(1)
+    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
+    transport = make_transport(node)
+    marker = unique_sleep()
+
+    def kill_sshd():
+        nodes.stop_sshd("node1")
+        for pid in sessions_of(nodes.node("node1").namespace):
+            os.kill(pid, signal.SIGKILL)
+
+    try:
+        killer = when_running(marker, kill_sshd)
+        started = time.monotonic()
+        result = transport.run(["sh", "-c", marker], timeout=300)
+        killer.join(5)
+        assert result.failure == "unreachable" and result.exit_code is None, result
+        assert "the connection closed" in result.detail
+        assert time.monotonic() - started < 30
+        with pytest.raises(NodeUnreachable) as raised:
+            require(result)
+        assert not isinstance(raised.value, SanityFailure) and raised.value.kind == "unreachable"
+        # the session's end is the watchdog's end of input: the work goes with it
+        assert wait_for_no_leftovers(marker, within_s=15) == []
+    finally:
+        transport.close()
+
+
+def test_a_changed_host_key_is_kind_host_key(ns_cluster, tmp_path):
+    keys = dict(line.split(None, 1) for line in ns_cluster.known_hosts.read_text().splitlines())
+    node1, node2 = ns_cluster.node("node1"), ns_cluster.node("node2")
+    changed = tmp_path / "known_hosts"
+    changed.write_text(f"{node1.address} {keys[node2.address]}")  # node1 now shows a key we don't know it by
+    cluster = ns_inventory(ns_cluster, tmp_path / "inv.yaml", known_hosts=changed, nodes=["node1"])
+    run = cluster_run_of(cluster)
+    try:
+        result = run.gather("system_facts", system.probe)["node1"]
+    finally:
+        run.close()
+    assert result.failure == "host-key", result.explain()
+    assert "does not match known_hosts" in result.detail
+    with pytest.raises(HostKeyRefused) as raised:
+        require(result)
+    assert raised.value.kind == "host-key"
+
+
+def test_long_inline_input_stays_out_of_messages(tmp_path):
+    transport = LocalTransport(Node("n", "n", "local", python=sys.executable))
+    try:
+        script = "echo start\n" + "# padding\n" * 300 + "echo failing >&2; exit 3\n"
+        result = transport.run(["sh", "-c", script, "inline"], timeout=10)
+        assert result.exit_code == 3
+        assert result.command == f"sh -c <{len(script)} bytes> inline"
+        assert result.explain() == f"n: `sh -c <{len(script)} bytes> inline` exited 3: failing"
+        assert script in result.full_command
+
+        probed = system.probe(transport)
+        assert probed.command == f"{sys.executable} - system_facts"
+
+        scratch = [ScratchPath(str(tmp_path))]
+        hpl_input = hpl.HplInput(n=2000, nb=192, p=1, q=1)
+        missing = hpl.run_on_scratch(transport, str(tmp_path), scratch, "xhpl", hpl_input,
+                                     ["handover-no-xhpl"], timeout=30)
+        dat = hpl.input_text("xhpl", hpl_input)
+        assert missing.exit_code == 127
+        assert missing.command == "handover-no-xhpl (HPL.dat inline, via hpl_scratch)"
+        assert len(missing.explain()) < 200 and "PFACTs" not in missing.explain()
+        assert json.dumps(dat) in missing.full_command
+        assert payloads.load("hpl_scratch").name == "hpl_scratch"
+    finally:
+        transport.close()
+
+
+HARNESS = """
+import sys
+from inventory.loader import load_inventory
+from inventory.model import Node
+from runners.transport import make_transport
+if sys.argv[1] == "local":
+    node = Node("localhost", "localhost", "local", python=sys.executable)
+else:
+    node = load_inventory(sys.argv[1]).nodes[0]
+make_transport(node).run(["sh", "-c", sys.argv[2]], timeout=300)
+"""
+
+
+@pytest.mark.parametrize("how", ["local", "ssh-killed", "ssh-gone"])
+def test_nothing_is_left_on_the_node_15_s_after_the_harness_is_sigkilled(how, ns_cluster_factory, tmp_path):
+    """ssh-killed: the harness dies, its machine stays (sshd sees the connection close);
+    ssh-gone: the link goes first, so only the missing heartbeats tell the node."""
+    marker = unique_sleep()
+    namespace = None
+    target = "local"
+    if how != "local":
+        nodes = ns_cluster_factory(1)
+        target = str(nodes.write_inventory(tmp_path / "inv.yaml"))
+        namespace = nodes.node("node1").namespace
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, target, marker], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while not tagged_processes(marker, namespace) and time.monotonic() < deadline:
+            assert harness.poll() is None, "the harness ended before its command started"
+            time.sleep(0.1)
+        assert tagged_processes(marker, namespace), "the command never started"
+        if how == "ssh-gone":
+            nodes.link_down("node1")
+        harness.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        harness.wait(5)
+        assert wait_until_untagged(marker, namespace, within_s=15) == []
+        assert time.monotonic() - killed < 15
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+            harness.wait(5)
+        if how == "ssh-gone":
+            nodes.link_up("node1")
+
+
+def test_a_node_whose_sshd_starts_late_is_reached_by_a_retry(ns_cluster_factory, tmp_path, caplog):
+    nodes = ns_cluster_factory(1)
+    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
+    nodes.stop_sshd("node1")
+    late: list[subprocess.Popen] = []
+
+    def start_sshd():
+        time.sleep(1.5)
+        config = nodes.node_dir("node1") / "sshd_config"
+        late.append(subprocess.Popen(["ip", "netns", "exec", nodes.node("node1").namespace,
+                                      "/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    starter = threading.Thread(target=start_sshd, daemon=True)
+    transport = make_transport(node)
+    try:
+        with caplog.at_level(logging.WARNING, logger="handover.ssh"):
+            starter.start()
+            result = transport.run(["true"], timeout=10)
+        assert result.ok, result.explain()
+        retries = [r.getMessage() for r in caplog.records if "connect try" in r.getMessage()]
+        assert retries and retries[0].startswith("node1: connect try 1 of 3 failed"), retries
+    finally:
+        transport.close()
+        starter.join(5)
+        for process in late:
+            process.kill()
+            process.wait(5)
+
+
+def test_a_node_that_stays_down_is_tried_three_times_then_kept_unreachable(ns_cluster_factory, tmp_path):
+    nodes = ns_cluster_factory(1)
+    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
+    nodes.stop_sshd("node1")
+    transport = make_transport(node)
+    try:
+        first = transport.run(["true"], timeout=10)
+        assert first.failure == "unreachable" and first.detail.endswith("(after 3 tries)"), first
+        started = time.monotonic()
+        again = transport.run(["true"], timeout=10)
+        assert again.failure == "unreachable" and time.monotonic() - started < 0.5
+        assert "not tried again" in again.detail
+    finally:
+        transport.close()
+
+
+
+def test_a_command_killed_by_a_signal_on_a_live_connection_is_not_unreachable(ns_cluster, tmp_path):
+    """No exit status either, but the connection stands: the tool died, the node did not."""
+    node = ns_inventory(ns_cluster, tmp_path / "inv.yaml").nodes[0]
+    transport = make_transport(node)
+    try:
+        result = transport.run(["sh", "-c", "kill -KILL $$"], timeout=10)
+        assert result.failure is None and result.exit_code == -1, result
+        with pytest.raises(SanityFailure):
+            require(result)
+        assert transport.loss is None and transport.run(["true"], timeout=10).ok
+    finally:
+        transport.close()
+
+
+def processes_named(name: str, namespace: str) -> list[int]:
+    inode = os.stat(f"/run/netns/{namespace}").st_ino
+    found = []
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == name and os.stat(comm.parent / "ns" / "net").st_ino == inode:
+                found.append(int(comm.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_an_acceptance_run_with_a_link_cut_during_hpl_goes_on_and_says_what_was_lost(
+        ns_cluster_factory, sign_key, tmp_path):
+    """The issue's run: node2's link goes down while hpcc runs there. The run ends in about the
+    time HPL takes, node2's HPL is unreachable with a short message, its system checks (from
+    facts taken at the start) say the facts predate the loss, and the report renders."""
+    from test_e2e import results_of, run_dir_of, run_suites
+
+    nodes = ns_cluster_factory(2)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml",
+                                      extra={"scratch": [{"path": str(scratch), "kind": "local"}]})
+    namespace = nodes.node("node2").namespace
+    cut = threading.Event()
+
+    def cut_during_hpl():
+        deadline = time.monotonic() + 240
+        while not processes_named("hpcc", namespace) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        nodes.link_down("node2")
+        cut.set()
+
+    cutter = threading.Thread(target=cut_during_hpl, daemon=True)
+    cutter.start()
+    try:
+        done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system or (hpc and quick)",
+                          "-k", "not hpl_cluster", timeout=400)
+    finally:
+        cutter.join(1)
+        nodes.link_up("node2")
+    assert cut.is_set(), done.stdout[-3000:]
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    checks = {(c["check"], c["node"]): c for c in results_of(run_dir)["checks"]}
+    assert checks[("hpl", "node1")]["outcome"] == "passed"
+    lost = checks[("hpl", "node2")]
+    assert (lost["outcome"], lost["kind"]) == ("failed", "unreachable"), lost
+    assert "no answer to SSH keepalives" in lost["message"] and len(lost["message"]) < 300, lost
+    assert "(hpccinf.txt inline, via hpl_scratch)" in lost["message"]
+    for check in ("reachable", "os", "kernel", "cpu", "memory"):
+        entry = checks[(check, "node2")]
+        assert entry["outcome"] == "passed" and "before node2 was lost at" in entry["message"], entry
+        assert "before" not in checks[(check, "node1")]["message"]
+    assert (run_dir / "report.html").exists()
+    assert processes_named("hpcc", namespace) == []
