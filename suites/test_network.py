@@ -27,10 +27,10 @@ import pytest
 from handover.failures import (
     CommandTimedOut,
     ExpectationFailure,
-    NodeUnreachable,
     PerformanceFailure,
     SanityFailure,
     excerpt,
+    transport_failure,
 )
 from handover.plugin import acceptance_session
 from runners import ibstat, iperf3, pairs, perftest
@@ -329,10 +329,12 @@ def sane_runs(found: NodeLinks, node: str, judge: Callable, finding: str):
     run, why = broken[0]
     mine = own_result(run, node)
     blamed = f"{why}" + (f"; {finding}" if finding else "")
-    if mine is not None and mine.failure in ("unreachable", "auth", "host-key"):
-        raise NodeUnreachable(mine.explain())
-    if run.client_result.failure in ("unreachable", "auth", "host-key"):
-        raise NodeUnreachable(blamed)
+    own = transport_failure(mine.failure) if mine is not None else None
+    if own is not None:  # this node's side never ran: unreachable, host key, ...
+        raise own(mine.explain())
+    other = transport_failure(run.client_result.failure)
+    if other is not None:
+        raise other(blamed)
     if run.client_result.timed_out:
         raise CommandTimedOut(blamed, excerpt(run.client_result.stdout + run.client_result.stderr))
     raise SanityFailure(blamed, excerpt(run.client_result.stdout + run.client_result.stderr))
