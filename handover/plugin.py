@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import signal
 import time
+from typing import Optional
 
 import pytest
 
@@ -22,6 +23,7 @@ from runners.fanout import Progress
 DEFAULT_OUT = "out"
 PROGRESS_EVERY_S = 15  # without a terminal (CI logs), one progress line this often
 REASONS_SHOWN = 20
+STOPPED = "handover: the run stopped: a run file could not be written (see above)"
 
 MARKERS = {
     "system": "system configuration (OS, kernel, CPU, memory, drivers)",
@@ -105,10 +107,12 @@ class SessionHooks:
     def __init__(self, session: AcceptanceSession):
         self.session = session
         self._skipped_as_done = 0  # checks a resumed run already has results for
+        self._pytest_session: Optional[pytest.Session] = None
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """A misspelt marker in -m (`-m quik`) is a usage error, never a run that quietly
         selects nothing, whichever ini file pytest found (or none)."""
+        self._pytest_session = session
         unknown = unknown_markers(session.config.option.markexpr, session.config)
         if unknown:
             raise pytest.UsageError(f"-m {session.config.option.markexpr!r}: unknown marker(s) "
@@ -135,13 +139,24 @@ class SessionHooks:
             per_node={p.params["node"] for p in params if p and "node" in p.params},
             cluster_wide=any(not (p and "node" in p.params) for p in params),
             skipped_as_done=self._skipped_as_done)
+        if self.session.stopped is not None:
+            raise session.Interrupted(STOPPED)
+
+    def pytest_runtest_logfinish(self) -> None:
+        """A run file that could not be written stops the run after the check that met it."""
+        if self.session.stopped is not None and self._pytest_session is not None:
+            self._pytest_session.shouldstop = STOPPED
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         rendered = self.session.finish(exitstatus, exitstatus == pytest.ExitCode.INTERRUPTED)
         if rendered and rendered.verdict.gate_failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.session.stopped is not None and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.session.stopped is not None:
+            self._summarise_stop(terminalreporter)
         rendered = self.session.rendered
         if rendered is None:
             return
@@ -158,6 +173,15 @@ class SessionHooks:
         terminalreporter.write_line(f"report: {rendered.report}")
         terminalreporter.write_line(f"signed by {self.session.key.fingerprint}; check with: "
                                     f"handover verify {self.session.run_dir}")
+
+    def _summarise_stop(self, terminalreporter) -> None:
+        """The failed write in one line, and how to finish once there is room."""
+        terminalreporter.write_line(f"handover: {self.session.stopped}", red=True, bold=True)
+        if self.session.ledger is not None:
+            run_dir = self.session.run_dir
+            terminalreporter.write_line(
+                f"handover: the run stopped; once there is room, `handover report {run_dir}` renders "
+                f"what its ledger holds and `--resume {run_dir}` runs the rest")
 
 
 def unknown_markers(expression: str, config: pytest.Config) -> list[str]:

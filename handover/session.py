@@ -5,10 +5,13 @@ recorder writes check outcomes into its ledger, and at the end it renders and si
 The run directory is made once collection has found something to run, so --collect-only and a
 selection that matches nothing leave no run behind and `latest` where it was.
 Every option problem is a SessionError: one line naming the option, the file or the field.
+A file that cannot be written (a full or failing disk) stops the run: `stopped` holds the
+WriteError, nothing more is written, and what the ledger holds renders later with `handover report`.
 """
 from __future__ import annotations
 
 import fnmatch
+import os
 import subprocess
 import sys
 from datetime import datetime
@@ -21,6 +24,7 @@ import hostlist
 from inventory.loader import InventoryError, load_inventory
 from inventory.model import Cluster, Node
 from reports import signing
+from reports.files import WriteError
 from reports.ledger import Ledger, LedgerError, RunRecord, now_iso, read_ledger
 from reports.render import RenderedRun, render_run
 from runners.cluster import ClusterRun
@@ -46,6 +50,7 @@ class AcceptanceSession:
         self.header = run_header(cluster, nodes)
         self.cluster_run = ClusterRun(cluster, nodes, self._save_raw, on_progress)
         self.rendered: Optional[RenderedRun] = None
+        self.stopped: Optional[WriteError] = None  # the write that failed; the run stops there
 
     @classmethod
     def open(cls, *, inventory: str, out: str, nodes: Optional[str], resume: Optional[str],
@@ -57,8 +62,10 @@ class AcceptanceSession:
         except InventoryError as error:
             raise SessionError(str(error)) from None
         selected = select_nodes(cluster, nodes)
+        if not resume:
+            check_out(Path(out))
         key = signing_key(sign_key, say)
-        resumed = resumed_ledger(Path(resume), cluster) if resume else None
+        resumed = resumed_ledger(Path(resume), cluster, say) if resume else None
         return cls(cluster, selected, key, Path(out), resumed, on_progress)
 
     @property
@@ -79,7 +86,13 @@ class AcceptanceSession:
         return datetime.fromisoformat(str(started))
 
     def append(self, entry: dict) -> None:
-        self.recording.append(entry)
+        """Add an entry to the ledger; after a failed write, nothing (the run is stopping)."""
+        if self.stopped is not None:
+            return
+        try:
+            self.recording.append(entry)
+        except WriteError as error:
+            self.stopped = error
 
     @property
     def nodes(self) -> list[Node]:
@@ -91,8 +104,15 @@ class AcceptanceSession:
         self.append({"type": "tool", "node": node, "tool": tool, "version": version})
 
     def save_raw(self, step: str, node: str, stdout: str, stderr: str) -> list[str]:
-        """Keep a tool's raw output in the run directory; the paths, relative to it."""
-        return self.recording.save_raw(step, node, stdout, stderr)
+        """Keep a tool's raw output in the run directory; the paths, relative to it (none once a
+        write failed: the check's entry will not be kept either, so --resume runs it again)."""
+        if self.stopped is not None:
+            return []
+        try:
+            return self.recording.save_raw(step, node, stdout, stderr)
+        except WriteError as error:
+            self.stopped = error
+            return []
 
     def _save_raw(self, step: str, result: Result) -> list[str]:
         return self.save_raw(step, result.node, result.stdout, result.stderr)
@@ -112,7 +132,11 @@ class AcceptanceSession:
         if not test_ids:
             return
         if self.ledger is None:
-            self.ledger = Ledger.create(self.out, self.cluster.name, self.header)
+            try:
+                self.ledger = Ledger.create(self.out, self.cluster.name, self.header)
+            except WriteError as error:
+                self.stopped = error
+                return
         if not cluster_wide:
             self.cluster_run.nodes = [n for n in self.cluster_run.nodes if n.name in per_node]
         nodes = [n.name for n in self.nodes]
@@ -123,13 +147,19 @@ class AcceptanceSession:
         self.append({"type": "selection", "nodes": nodes, "tests": test_ids})
 
     def finish(self, exitstatus: int, interrupted: bool) -> Optional[RenderedRun]:
-        """Close the connections, end the ledger, and render and sign the run (if one started)."""
+        """Close the connections, end the ledger, and render and sign the run (if one started
+        and every write so far worked)."""
         self.cluster_run.close()
         if self.ledger is None:
             return None
         self.append({"type": "end", "finished": now_iso(), "exitstatus": int(exitstatus),
                      "interrupted": interrupted})
-        self.rendered = render_run(self.run_dir, self.key)
+        if self.stopped is not None:
+            return None
+        try:
+            self.rendered = render_run(self.run_dir, self.key)
+        except WriteError as error:
+            self.stopped = error
         return self.rendered
 
 
@@ -164,8 +194,22 @@ def signing_key(path: Optional[str], say: Callable[[str], None]) -> signing.Sign
     return key
 
 
-def resumed_ledger(run_dir: Path, cluster: Cluster) -> tuple[Ledger, RunRecord]:
-    """The ledger of an earlier run of the same inventory, and what it holds."""
+def check_out(out: Path) -> None:
+    """--out must be a folder that exists or can be made, and be writable; checked up front, so a
+    mistyped --out is one line and not a traceback once the checks have run."""
+    existing = out.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SessionError(f"--out {out}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SessionError(f"--out {out}: {existing} is not writable")
+
+
+def resumed_ledger(run_dir: Path, cluster: Cluster,
+                   say: Callable[[str], None]) -> tuple[Ledger, RunRecord]:
+    """The ledger of an earlier run of the same inventory, and what it holds; a torn last line
+    (the run died mid-write) is cut off first, and said so, so nothing is appended onto it."""
     try:
         record = read_ledger(run_dir)
     except LedgerError as error:
@@ -174,7 +218,14 @@ def resumed_ledger(run_dir: Path, cluster: Cluster) -> tuple[Ledger, RunRecord]:
         raise SessionError(
             f"--resume: {run_dir} was run with a different inventory "
             f"({record.header.get('inventory', {}).get('path')}); resume with the same file")
-    return Ledger(run_dir.resolve()), record
+    ledger = Ledger(run_dir.resolve())
+    try:
+        repaired = ledger.repair(record)
+    except WriteError as error:
+        raise SessionError(f"--resume: {error}") from None
+    if repaired:
+        say(f"handover: {repaired}")
+    return ledger, record
 
 
 def run_header(cluster: Cluster, nodes: list[Node]) -> dict:
