@@ -17,7 +17,7 @@ from typing import Optional
 import pytest
 
 from handover.recorder import SUITES_DIR, Recorder, test_id
-from handover.session import AcceptanceSession, SessionError
+from handover.session import BUSY_NODES, AcceptanceSession, NodeBusy, SessionError
 from runners.fanout import Progress
 
 DEFAULT_OUT = "out"
@@ -52,6 +52,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--resume", metavar="RUN_DIR",
                     help="continue an interrupted run: run only the checks it has no result for, "
                          "appending to its ledger (e.g. out/<cluster>/latest)")
+    group.addoption("--busy-nodes", choices=BUSY_NODES, default="refuse",
+                    help="a node another acceptance run holds: refuse (its checks fail as busy; "
+                         "the default), wait (up to five minutes, then refuse), or ignore (go on, "
+                         "noted in the ledger)")
     group.addoption("--sign-key", metavar="KEY",
                     help="Ed25519 OpenSSH private key that signs the report "
                          "(default: a per-machine key, created on first use)")
@@ -78,7 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
         session = AcceptanceSession.open(
             inventory=inventory, out=config.getoption("--out"), nodes=config.getoption("--nodes"),
             resume=config.getoption("--resume"), sign_key=config.getoption("--sign-key"),
-            on_progress=progress.show)
+            on_progress=progress.show, busy_nodes=config.getoption("--busy-nodes"))
     except SessionError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
@@ -142,6 +146,14 @@ class SessionHooks:
         if self.session.stopped is not None:
             raise session.Interrupted(STOPPED)
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """A check of a node another run holds fails as busy, before it touches the node."""
+        callspec = getattr(item, "callspec", None)
+        reason = self.session.refusal(callspec.params if callspec else {})
+        if reason:
+            raise NodeBusy(reason)
+
     def pytest_runtest_logfinish(self) -> None:
         """A run file that could not be written stops the run after the check that met it."""
         if self.session.stopped is not None and self._pytest_session is not None:
@@ -155,6 +167,8 @@ class SessionHooks:
             session.exitstatus = pytest.ExitCode.INTERRUPTED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        for note in self.session.lock_notes:
+            terminalreporter.write_line(f"handover: {note}", yellow=True)
         if self.session.stopped is not None:
             self._summarise_stop(terminalreporter)
         rendered = self.session.rendered

@@ -7,11 +7,15 @@ selection that matches nothing leave no run behind and `latest` where it was.
 Every option problem is a SessionError: one line naming the option, the file or the field.
 A file that cannot be written (a full or failing disk) stops the run: `stopped` holds the
 WriteError, nothing more is written, and what the ledger holds renders later with `handover report`.
+Before any check runs, every node under test is locked (runners.node_lock); --busy-nodes says what
+happens to a node another run holds: refuse (its checks fail as `busy`), wait, or ignore.
 """
 from __future__ import annotations
 
 import fnmatch
 import os
+import secrets
+import socket
 import subprocess
 import sys
 from datetime import datetime
@@ -21,6 +25,7 @@ from typing import Callable, Optional
 
 import hostlist
 
+from handover.failures import CheckFailure
 from inventory.loader import InventoryError, load_inventory
 from inventory.model import Cluster, Node
 from reports import signing
@@ -29,11 +34,20 @@ from reports.ledger import Ledger, LedgerError, RunRecord, now_iso, read_ledger
 from reports.render import RenderedRun, render_run
 from runners.cluster import ClusterRun
 from runners.fanout import Progress
+from runners.node_lock import BUSY_WAIT_S, NodeLocks, Owner
 from runners.transport import Result
+
+BUSY_NODES = ("refuse", "wait", "ignore")
 
 
 class SessionError(Exception):
     """An option or file the session cannot start with; str() is the one line to show."""
+
+
+class NodeBusy(CheckFailure):
+    """Another acceptance run holds the node: figures taken now would measure both runs."""
+
+    kind = "busy"
 
 
 class AcceptanceSession:
@@ -41,8 +55,12 @@ class AcceptanceSession:
 
     def __init__(self, cluster: Cluster, nodes: list[Node], key: signing.SigningKey, out: Path,
                  resumed: Optional[tuple[Ledger, RunRecord]] = None,
-                 on_progress: Optional[Callable[[Progress], None]] = None):
+                 on_progress: Optional[Callable[[Progress], None]] = None, busy_nodes: str = "refuse"):
         self.cluster = cluster
+        self.busy_nodes = busy_nodes
+        self.locks: Optional[NodeLocks] = None
+        self.lock_notes: list[str] = []  # nodes not locked for this run, in words
+        self.refused: dict[str, str] = {}  # node -> why its checks may not run
         self.key = key
         self.out = out
         self.ledger: Optional[Ledger] = resumed[0] if resumed else None
@@ -55,7 +73,7 @@ class AcceptanceSession:
     @classmethod
     def open(cls, *, inventory: str, out: str, nodes: Optional[str], resume: Optional[str],
              sign_key: Optional[str], on_progress: Optional[Callable[[Progress], None]] = None,
-             say: Callable[[str], None] = print) -> "AcceptanceSession":
+             say: Callable[[str], None] = print, busy_nodes: str = "refuse") -> "AcceptanceSession":
         """Load and check everything the options name, then start (or reopen) the run's ledger."""
         try:
             cluster = load_inventory(inventory)
@@ -66,7 +84,7 @@ class AcceptanceSession:
             check_out(Path(out))
         key = signing_key(sign_key, say)
         resumed = resumed_ledger(Path(resume), cluster, say) if resume else None
-        return cls(cluster, selected, key, Path(out), resumed, on_progress)
+        return cls(cluster, selected, key, Path(out), resumed, on_progress, busy_nodes)
 
     @property
     def run_dir(self) -> Path:
@@ -145,10 +163,41 @@ class AcceptanceSession:
             test_ids = list(dict.fromkeys(self.resumed.planned + test_ids))
             nodes = list(dict.fromkeys(self.resumed.nodes + nodes))
         self.append({"type": "selection", "nodes": nodes, "tests": test_ids})
+        self._lock_nodes()
+
+    def _lock_nodes(self) -> None:
+        """Lock every node under test before a check runs there; a node another run holds is
+        refused, waited for, or used anyway, as --busy-nodes says. The ledger keeps what happened."""
+        owner = Owner(run_id=self.run_dir.name, started=self.started.isoformat(),
+                      host=socket.gethostname(), token=secrets.token_hex(8))
+        self.locks = NodeLocks(owner, {n.name: self.cluster_run.transport(n.name) for n in self.nodes})
+        taken = self.locks.take(BUSY_WAIT_S if self.busy_nodes == "wait" else 0)
+        not_held = {node: lock.describe() for node, lock in taken.items() if lock.state != "held"}
+        self.append({"type": "locks", "busy_nodes": self.busy_nodes,
+                     "held": [node for node, lock in taken.items() if lock.state == "held"],
+                     "not_held": not_held})
+        busy = [node for node, lock in taken.items() if lock.state == "busy"]
+        if self.busy_nodes == "ignore":
+            self.lock_notes = [f"{not_held[node]}; checked anyway (--busy-nodes ignore)" for node in busy]
+        else:
+            self.refused = {node: f"{not_held[node]}; its figures now would measure both runs "
+                                  "(run again once it has ended, or use --busy-nodes wait)" for node in busy}
+            self.cluster_run.nodes = [n for n in self.cluster_run.nodes if n.name not in self.refused]
+        self.lock_notes += [why for node, why in not_held.items() if node not in busy]
+
+    def refusal(self, params: dict) -> Optional[str]:
+        """Why a check with these parameters may not run: a node it tests is another run's (a
+        cluster-wide check runs on the nodes left, unless none is)."""
+        nodes = [params["node"]] if "node" in params else list(params.get("pair") or [])
+        if not nodes and self.refused and not self.cluster_run.nodes:
+            nodes = list(self.refused)
+        return next((self.refused[node] for node in nodes if node in self.refused), None)
 
     def finish(self, exitstatus: int, interrupted: bool) -> Optional[RenderedRun]:
         """Close the connections, end the ledger, and render and sign the run (if one started
-        and every write so far worked)."""
+        and every write so far worked). The nodes' locks go first."""
+        if self.locks is not None:
+            self.locks.release()
         self.cluster_run.close()
         if self.ledger is None:
             return None
