@@ -47,3 +47,9 @@ class ExpectationFailure(CheckFailure):
 def excerpt(text: str, lines: int = LOG_EXCERPT_LINES) -> str:
     """The last lines of a tool's output: where tools print why they failed."""
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+class NodeBusy(CheckFailure):
+    """Another acceptance run holds the node: figures taken now would measure both runs."""
+
+    kind = "busy"

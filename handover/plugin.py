@@ -16,8 +16,9 @@ from typing import Optional
 
 import pytest
 
+from handover.failures import NodeBusy
 from handover.recorder import SUITES_DIR, Recorder, test_id
-from handover.session import BUSY_NODES, AcceptanceSession, NodeBusy, SessionError
+from handover.session import BUSY_NODES, AcceptanceSession, SessionError
 from runners.fanout import Progress
 
 DEFAULT_OUT = "out"

@@ -25,7 +25,6 @@ from typing import Callable, Optional
 
 import hostlist
 
-from handover.failures import CheckFailure
 from inventory.loader import InventoryError, load_inventory
 from inventory.model import Cluster, Node
 from reports import signing
@@ -42,12 +41,6 @@ BUSY_NODES = ("refuse", "wait", "ignore")
 
 class SessionError(Exception):
     """An option or file the session cannot start with; str() is the one line to show."""
-
-
-class NodeBusy(CheckFailure):
-    """Another acceptance run holds the node: figures taken now would measure both runs."""
-
-    kind = "busy"
 
 
 class AcceptanceSession:
