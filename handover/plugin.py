@@ -1,6 +1,7 @@
 """The handover pytest plugin, installed with the package (a pytest11 entry point).
 
     pytest --inventory CLUSTER.yaml [--out DIR] [--nodes PATTERN] [--resume RUN_DIR] [--sign-key KEY]
+                  [--busy-nodes refuse|wait|ignore]
 
 Being installed rather than in a conftest.py, its options are known before pytest reads the
 command line, so `--inventory /etc/handover/prod.yaml` works from any directory and in either

@@ -121,12 +121,16 @@ class NodeLocks:
         """
         content = json.dumps(asdict(self.owner))
         self._ended.clear()
+        # One look first connects every node: one that does not answer costs one connect timeout
+        # here, not one per round, and gets no holder.
+        taken = {node: NodeLock(node, "unlocked", detail=result.explain())
+                 for node, result in self._show(self.transports).items() if not result.ok}
         for node, transport in self.transports.items():
-            thread = threading.Thread(target=self._hold, args=(node, transport, content, wait_s),
-                                      name=f"node-lock-{node}", daemon=True)
-            self._threads[node] = thread
-            thread.start()
-        taken: dict[str, NodeLock] = {}
+            if node not in taken:
+                thread = threading.Thread(target=self._hold, args=(node, transport, content, wait_s),
+                                          name=f"node-lock-{node}", daemon=True)
+                self._threads[node] = thread
+                thread.start()
         deadline = time.monotonic() + wait_s + SETTLE_S
         while len(taken) < len(self.transports):
             for node, result in list(self._ended.items()):
@@ -135,8 +139,7 @@ class NodeLocks:
             pending = {n: t for n, t in self.transports.items() if n not in taken}
             if not pending:
                 break
-            for node, shown in fan_out(pending, lambda t: t.run(lock_argv(_SHOW), timeout=15),
-                                       name="node lock").items():
+            for node, shown in self._show(pending).items():
                 if node not in self._ended and Owner.parse(shown.stdout) == self.owner:
                     taken[node] = NodeLock(node, "held")
             if time.monotonic() > deadline:
@@ -151,11 +154,17 @@ class NodeLocks:
     def release(self) -> None:
         """End this run's holders (the lock goes with them) and wait for their sessions to close."""
         if self._threads:
-            fan_out(self.transports, lambda t: t.run(lock_argv(_RELEASE, self.owner.token), timeout=15),
-                    name="node unlock")
+            fan_out({node: self.transports[node] for node in self._threads},
+                    lambda t: t.run(lock_argv(_RELEASE, self.owner.token), timeout=15), name="node unlock")
+        deadline = time.monotonic() + RELEASE_JOIN_S
         for thread in self._threads.values():
-            thread.join(RELEASE_JOIN_S)
+            thread.join(max(0.0, deadline - time.monotonic()))
         self._threads.clear()
+
+    @staticmethod
+    def _show(transports: Mapping[str, Transport]) -> dict[str, Result]:
+        """What each node's lock file says (who holds the lock)."""
+        return fan_out(transports, lambda t: t.run(lock_argv(_SHOW), timeout=15), name="node lock")
 
     def _hold(self, node: str, transport: Transport, content: str, wait_s: float) -> None:
         self._ended[node] = transport.run(lock_argv(_HOLD, content, str(int(wait_s))), timeout=HOLD_S)
