@@ -114,6 +114,7 @@ class SessionHooks:
         self.session = session
         self._skipped_as_done = 0  # checks a resumed run already has results for
         self._pytest_session: Optional[pytest.Session] = None
+        self._selected = False  # every plugin has narrowed the items (-k, -m, --resume)
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """A misspelt marker in -m (`-m quik`) is a usage error, never a run that quietly
@@ -125,7 +126,17 @@ class SessionHooks:
                                     f"{', '.join(unknown)}; known: {', '.join(MARKERS)} "
                                     "(pytest --markers lists all)")
 
-    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]):
+        """Once -k, -m and the rest have narrowed the items, leave out what a resumed run already
+        has a result for, and note that the selection is final: pytest also ends a collection that
+        was interrupted or failed."""
+        result = yield
+        self._leave_out_done(config, items)
+        self._selected = True
+        return result
+
+    def _leave_out_done(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """When resuming, leave out what the run already has a result for."""
         done = self.session.already_done()
         deselected = [item for item in items if test_id(item) in done]
@@ -136,8 +147,9 @@ class SessionHooks:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """Narrow the run to the nodes that -k/-m left tests for, and note what is planned."""
-        if session.config.option.collectonly:
+        """Narrow the run to the nodes that -k/-m left tests for, and note what is planned (not
+        after a collection cut short by Ctrl-C or an error: its items are not the selection)."""
+        if session.config.option.collectonly or not self._selected:
             return
         params = [getattr(item, "callspec", None) for item in session.items]
         self.session.plan(

@@ -156,7 +156,8 @@ class AcceptanceSession:
             test_ids = list(dict.fromkeys(self.resumed.planned + test_ids))
             nodes = list(dict.fromkeys(self.resumed.nodes + nodes))
         self.append({"type": "selection", "nodes": nodes, "tests": test_ids})
-        self._lock_nodes()
+        if self.stopped is None:
+            self._lock_nodes()
 
     def _lock_nodes(self) -> None:
         """Lock every node under test before a check runs there; a node another run holds is
