@@ -68,3 +68,9 @@ def transport_failure(failure: Optional[str]) -> Optional[type[CheckFailure]]:
 def excerpt(text: str, lines: int = LOG_EXCERPT_LINES) -> str:
     """The last lines of a tool's output: where tools print why they failed."""
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+class NodeBusy(CheckFailure):
+    """Another acceptance run holds the node: figures taken now would measure both runs."""
+
+    kind = "busy"

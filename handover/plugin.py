@@ -1,6 +1,7 @@
 """The handover pytest plugin, installed with the package (a pytest11 entry point).
 
     pytest --inventory CLUSTER.yaml [--out DIR] [--nodes PATTERN] [--resume RUN_DIR] [--sign-key KEY]
+                  [--busy-nodes refuse|wait|ignore]
 
 Being installed rather than in a conftest.py, its options are known before pytest reads the
 command line, so `--inventory /etc/handover/prod.yaml` works from any directory and in either
@@ -12,16 +13,19 @@ from __future__ import annotations
 import re
 import signal
 import time
+from typing import Optional
 
 import pytest
 
+from handover.failures import NodeBusy
 from handover.recorder import SUITES_DIR, Recorder, test_id
-from handover.session import AcceptanceSession, SessionError
+from handover.session import BUSY_NODES, AcceptanceSession, SessionError
 from runners.fanout import Progress
 
 DEFAULT_OUT = "out"
 PROGRESS_EVERY_S = 15  # without a terminal (CI logs), one progress line this often
 REASONS_SHOWN = 20
+STOPPED = "handover: the run stopped: a run file could not be written (see above)"
 
 MARKERS = {
     "system": "system configuration (OS, kernel, CPU, memory, drivers)",
@@ -50,6 +54,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--resume", metavar="RUN_DIR",
                     help="continue an interrupted run: run only the checks it has no result for, "
                          "appending to its ledger (e.g. out/<cluster>/latest)")
+    group.addoption("--busy-nodes", choices=BUSY_NODES, default="refuse",
+                    help="a node another acceptance run holds: refuse (its checks fail as busy; "
+                         "the default), wait (up to five minutes, then refuse), or ignore (go on, "
+                         "noted in the ledger)")
     group.addoption("--sign-key", metavar="KEY",
                     help="Ed25519 OpenSSH private key that signs the report "
                          "(default: a per-machine key, created on first use)")
@@ -76,7 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
         session = AcceptanceSession.open(
             inventory=inventory, out=config.getoption("--out"), nodes=config.getoption("--nodes"),
             resume=config.getoption("--resume"), sign_key=config.getoption("--sign-key"),
-            on_progress=progress.show)
+            on_progress=progress.show, busy_nodes=config.getoption("--busy-nodes"))
     except SessionError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
@@ -105,17 +113,30 @@ class SessionHooks:
     def __init__(self, session: AcceptanceSession):
         self.session = session
         self._skipped_as_done = 0  # checks a resumed run already has results for
+        self._pytest_session: Optional[pytest.Session] = None
+        self._selected = False  # every plugin has narrowed the items (-k, -m, --resume)
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """A misspelt marker in -m (`-m quik`) is a usage error, never a run that quietly
         selects nothing, whichever ini file pytest found (or none)."""
+        self._pytest_session = session
         unknown = unknown_markers(session.config.option.markexpr, session.config)
         if unknown:
             raise pytest.UsageError(f"-m {session.config.option.markexpr!r}: unknown marker(s) "
                                     f"{', '.join(unknown)}; known: {', '.join(MARKERS)} "
                                     "(pytest --markers lists all)")
 
-    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]):
+        """Once -k, -m and the rest have narrowed the items, leave out what a resumed run already
+        has a result for, and note that the selection is final: pytest also ends a collection that
+        was interrupted or failed."""
+        result = yield
+        self._leave_out_done(config, items)
+        self._selected = True
+        return result
+
+    def _leave_out_done(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """When resuming, leave out what the run already has a result for."""
         done = self.session.already_done()
         if not done:
@@ -128,8 +149,9 @@ class SessionHooks:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """Narrow the run to the nodes that -k/-m left tests for, and note what is planned."""
-        if session.config.option.collectonly:
+        """Narrow the run to the nodes that -k/-m left tests for, and note what is planned (not
+        after a collection cut short by Ctrl-C or an error: its items are not the selection)."""
+        if session.config.option.collectonly or not self._selected:
             return
         params = [getattr(item, "callspec", None) for item in session.items]
         self.session.plan(
@@ -137,13 +159,34 @@ class SessionHooks:
             per_node={p.params["node"] for p in params if p and "node" in p.params},
             cluster_wide=any(not (p and "node" in p.params) for p in params),
             skipped_as_done=self._skipped_as_done)
+        if self.session.stopped is not None:
+            raise session.Interrupted(STOPPED)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """A check of a node another run holds fails as busy, before it touches the node."""
+        callspec = getattr(item, "callspec", None)
+        reason = self.session.refusal(callspec.params if callspec else {})
+        if reason:
+            raise NodeBusy(reason)
+
+    def pytest_runtest_logfinish(self) -> None:
+        """A run file that could not be written stops the run after the check that met it."""
+        if self.session.stopped is not None and self._pytest_session is not None:
+            self._pytest_session.shouldstop = STOPPED
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         rendered = self.session.finish(exitstatus, exitstatus == pytest.ExitCode.INTERRUPTED)
         if rendered and rendered.verdict.gate_failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.session.stopped is not None and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        for note in self.session.lock_notes:
+            terminalreporter.write_line(f"handover: {note}", yellow=True)
+        if self.session.stopped is not None:
+            self._summarise_stop(terminalreporter)
         rendered = self.session.rendered
         if rendered is None:
             return
@@ -160,6 +203,15 @@ class SessionHooks:
         terminalreporter.write_line(f"report: {rendered.report}")
         terminalreporter.write_line(f"signed by {self.session.key.fingerprint}; check with: "
                                     f"handover verify {self.session.run_dir}")
+
+    def _summarise_stop(self, terminalreporter) -> None:
+        """The failed write in one line, and how to finish once there is room."""
+        terminalreporter.write_line(f"handover: {self.session.stopped}", red=True, bold=True)
+        if self.session.ledger is not None:
+            run_dir = self.session.run_dir
+            terminalreporter.write_line(
+                f"handover: the run stopped; once there is room, `handover report {run_dir}` renders "
+                f"what its ledger holds and `--resume {run_dir}` runs the rest")
 
 
 def unknown_markers(expression: str, config: pytest.Config) -> list[str]:

@@ -5,10 +5,17 @@ recorder writes check outcomes into its ledger, and at the end it renders and si
 The run directory is made once collection has found something to run, so --collect-only and a
 selection that matches nothing leave no run behind and `latest` where it was.
 Every option problem is a SessionError: one line naming the option, the file or the field.
+A file that cannot be written (a full or failing disk) stops the run: `stopped` holds the
+WriteError, nothing more is written, and what the ledger holds renders later with `handover report`.
+Before any check runs, every node under test is locked (runners.node_lock); --busy-nodes says what
+happens to a node another run holds: refuse (its checks fail as `busy`), wait, or ignore.
 """
 from __future__ import annotations
 
 import fnmatch
+import os
+import secrets
+import socket
 import subprocess
 import sys
 from datetime import datetime
@@ -21,11 +28,15 @@ import hostlist
 from inventory.loader import InventoryError, load_inventory
 from inventory.model import Cluster, Node
 from reports import signing
+from reports.files import WriteError
 from reports.ledger import Ledger, LedgerError, RunRecord, now_iso, read_ledger
 from reports.render import RenderedRun, render_run
 from runners.cluster import ClusterRun
 from runners.fanout import Progress
+from runners.node_lock import BUSY_WAIT_S, NodeLocks, Owner
 from runners.transport import Result
+
+BUSY_NODES = ("refuse", "wait", "ignore")
 
 
 class SessionError(Exception):
@@ -37,8 +48,12 @@ class AcceptanceSession:
 
     def __init__(self, cluster: Cluster, nodes: list[Node], key: signing.SigningKey, out: Path,
                  resumed: Optional[tuple[Ledger, RunRecord]] = None,
-                 on_progress: Optional[Callable[[Progress], None]] = None):
+                 on_progress: Optional[Callable[[Progress], None]] = None, busy_nodes: str = "refuse"):
         self.cluster = cluster
+        self.busy_nodes = busy_nodes
+        self.locks: Optional[NodeLocks] = None
+        self.lock_notes: list[str] = []  # nodes not locked for this run, in words
+        self.refused: dict[str, str] = {}  # node -> why its checks may not run
         self.key = key
         self.out = out
         self.ledger: Optional[Ledger] = resumed[0] if resumed else None
@@ -46,20 +61,23 @@ class AcceptanceSession:
         self.header = run_header(cluster, nodes)
         self.cluster_run = ClusterRun(cluster, nodes, self._save_raw, on_progress)
         self.rendered: Optional[RenderedRun] = None
+        self.stopped: Optional[WriteError] = None  # the write that failed; the run stops there
 
     @classmethod
     def open(cls, *, inventory: str, out: str, nodes: Optional[str], resume: Optional[str],
              sign_key: Optional[str], on_progress: Optional[Callable[[Progress], None]] = None,
-             say: Callable[[str], None] = print) -> "AcceptanceSession":
+             say: Callable[[str], None] = print, busy_nodes: str = "refuse") -> "AcceptanceSession":
         """Load and check everything the options name, then start (or reopen) the run's ledger."""
         try:
             cluster = load_inventory(inventory)
         except InventoryError as error:
             raise SessionError(str(error)) from None
         selected = select_nodes(cluster, nodes)
+        if not resume:
+            check_out(Path(out))
         key = signing_key(sign_key, say)
-        resumed = resumed_ledger(Path(resume), cluster) if resume else None
-        return cls(cluster, selected, key, Path(out), resumed, on_progress)
+        resumed = resumed_ledger(Path(resume), cluster, say) if resume else None
+        return cls(cluster, selected, key, Path(out), resumed, on_progress, busy_nodes)
 
     @property
     def run_dir(self) -> Path:
@@ -79,7 +97,13 @@ class AcceptanceSession:
         return datetime.fromisoformat(str(started))
 
     def append(self, entry: dict) -> None:
-        self.recording.append(entry)
+        """Add an entry to the ledger; after a failed write, nothing (the run is stopping)."""
+        if self.stopped is not None:
+            return
+        try:
+            self.recording.append(entry)
+        except WriteError as error:
+            self.stopped = error
 
     @property
     def nodes(self) -> list[Node]:
@@ -91,8 +115,15 @@ class AcceptanceSession:
         self.append({"type": "tool", "node": node, "tool": tool, "version": version})
 
     def save_raw(self, step: str, node: str, stdout: str, stderr: str) -> list[str]:
-        """Keep a tool's raw output in the run directory; the paths, relative to it."""
-        return self.recording.save_raw(step, node, stdout, stderr)
+        """Keep a tool's raw output in the run directory; the paths, relative to it (none once a
+        write failed: the check's entry will not be kept either, so --resume runs it again)."""
+        if self.stopped is not None:
+            return []
+        try:
+            return self.recording.save_raw(step, node, stdout, stderr)
+        except WriteError as error:
+            self.stopped = error
+            return []
 
     def _save_raw(self, step: str, result: Result) -> list[str]:
         return self.save_raw(step, result.node, result.stdout, result.stderr)
@@ -112,7 +143,11 @@ class AcceptanceSession:
         if not test_ids:
             return
         if self.ledger is None:
-            self.ledger = Ledger.create(self.out, self.cluster.name, self.header)
+            try:
+                self.ledger = Ledger.create(self.out, self.cluster.name, self.header)
+            except WriteError as error:
+                self.stopped = error
+                return
         if not cluster_wide:
             self.cluster_run.nodes = [n for n in self.cluster_run.nodes if n.name in per_node]
         nodes = [n.name for n in self.nodes]
@@ -121,15 +156,53 @@ class AcceptanceSession:
             test_ids = list(dict.fromkeys(self.resumed.planned + test_ids))
             nodes = list(dict.fromkeys(self.resumed.nodes + nodes))
         self.append({"type": "selection", "nodes": nodes, "tests": test_ids})
+        if self.stopped is None:
+            self._lock_nodes()
+
+    def _lock_nodes(self) -> None:
+        """Lock every node under test before a check runs there; a node another run holds is
+        refused, waited for, or used anyway, as --busy-nodes says. The ledger keeps what happened."""
+        owner = Owner(run_id=self.run_dir.name, started=self.started.isoformat(),
+                      host=socket.gethostname(), token=secrets.token_hex(8))
+        self.locks = NodeLocks(owner, {n.name: self.cluster_run.transport(n.name) for n in self.nodes})
+        taken = self.locks.take(BUSY_WAIT_S if self.busy_nodes == "wait" else 0)
+        not_held = {node: lock.describe() for node, lock in taken.items() if lock.state != "held"}
+        self.append({"type": "locks", "busy_nodes": self.busy_nodes,
+                     "held": [node for node, lock in taken.items() if lock.state == "held"],
+                     "not_held": not_held})
+        busy = [node for node, lock in taken.items() if lock.state == "busy"]
+        if self.busy_nodes == "ignore":
+            self.lock_notes = [f"{not_held[node]}; checked anyway (--busy-nodes ignore)" for node in busy]
+        else:
+            self.refused = {node: f"{not_held[node]}; its figures now would measure both runs "
+                                  "(run again once it has ended, or use --busy-nodes wait)" for node in busy}
+            self.cluster_run.nodes = [n for n in self.cluster_run.nodes if n.name not in self.refused]
+        self.lock_notes += [why for node, why in not_held.items() if node not in busy]
+
+    def refusal(self, params: dict) -> Optional[str]:
+        """Why a check with these parameters may not run: a node it tests is another run's (a
+        cluster-wide check runs on the nodes left, unless none is)."""
+        nodes = [params["node"]] if "node" in params else list(params.get("pair") or [])
+        if not nodes and self.refused and not self.cluster_run.nodes:
+            nodes = list(self.refused)
+        return next((self.refused[node] for node in nodes if node in self.refused), None)
 
     def finish(self, exitstatus: int, interrupted: bool) -> Optional[RenderedRun]:
-        """Close the connections, end the ledger, and render and sign the run (if one started)."""
+        """Close the connections, end the ledger, and render and sign the run (if one started
+        and every write so far worked). The nodes' locks go first."""
+        if self.locks is not None:
+            self.locks.release()
         self.cluster_run.close()
         if self.ledger is None:
             return None
         self.append({"type": "end", "finished": now_iso(), "exitstatus": int(exitstatus),
                      "interrupted": interrupted})
-        self.rendered = render_run(self.run_dir, self.key)
+        if self.stopped is not None:
+            return None
+        try:
+            self.rendered = render_run(self.run_dir, self.key)
+        except WriteError as error:
+            self.stopped = error
         return self.rendered
 
 
@@ -164,8 +237,22 @@ def signing_key(path: Optional[str], say: Callable[[str], None]) -> signing.Sign
     return key
 
 
-def resumed_ledger(run_dir: Path, cluster: Cluster) -> tuple[Ledger, RunRecord]:
-    """The ledger of an earlier run of the same inventory, and what it holds."""
+def check_out(out: Path) -> None:
+    """--out must be a folder that exists or can be made, and be writable; checked up front, so a
+    mistyped --out is one line and not a traceback once the checks have run."""
+    existing = out.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SessionError(f"--out {out}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SessionError(f"--out {out}: {existing} is not writable")
+
+
+def resumed_ledger(run_dir: Path, cluster: Cluster,
+                   say: Callable[[str], None]) -> tuple[Ledger, RunRecord]:
+    """The ledger of an earlier run of the same inventory, and what it holds; a torn last line
+    (the run died mid-write) is cut off first, and said so, so nothing is appended onto it."""
     try:
         record = read_ledger(run_dir)
     except LedgerError as error:
@@ -174,7 +261,14 @@ def resumed_ledger(run_dir: Path, cluster: Cluster) -> tuple[Ledger, RunRecord]:
         raise SessionError(
             f"--resume: {run_dir} was run with a different inventory "
             f"({record.header.get('inventory', {}).get('path')}); resume with the same file")
-    return Ledger(run_dir.resolve()), record
+    ledger = Ledger(run_dir.resolve())
+    try:
+        repaired = ledger.repair(record)
+    except WriteError as error:
+        raise SessionError(f"--resume: {error}") from None
+    if repaired:
+        say(f"handover: {repaired}")
+    return ledger, record
 
 
 def run_header(cluster: Cluster, nodes: list[Node]) -> dict:

@@ -20,6 +20,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from reports.curves import CurveChart, build_curves, nice_ticks
+from reports.files import write_atomically
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
@@ -53,8 +54,7 @@ def write_html(results: dict, path: Union[str, Path]) -> Path:
     """Write the report as UTF-8 bytes exactly as rendered, so the signature covers what is read."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(render_html(results).encode("utf-8"))
-    return path
+    return write_atomically(path, render_html(results))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from reports.files import write_atomically
+
 JUNIT_FILE = "junit.xml"
 
 # Characters XML 1.0 cannot carry (tool output has ANSI escapes and the odd NUL).
@@ -68,6 +70,4 @@ def _outcome(case, counts, tag, message, text) -> None:
 
 
 def write_junit(results: dict, run_dir: Path) -> Path:
-    path = Path(run_dir) / JUNIT_FILE
-    path.write_bytes(render_junit(results))
-    return path
+    return write_atomically(Path(run_dir) / JUNIT_FILE, render_junit(results))

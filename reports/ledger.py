@@ -8,6 +8,10 @@ Run directory layout (a public interface; keep the names):
     out/<cluster>/<run-id>/raw/<step>/<node>.stdout|.stderr   raw tool output
     out/<cluster>/<run-id>/results.json, report.html, junit.xml, metrics.csv (+ .sig files)
     out/<cluster>/latest -> <run-id>
+
+Each entry is one write of one whole line, undone if the write fails, so a full disk never leaves
+half a line for later appends to build on; a line torn all the same (the harness killed mid-write)
+can only be the last, which reading ignores with a warning and --resume cuts off before appending.
 """
 from __future__ import annotations
 
@@ -15,11 +19,14 @@ import json
 import os
 import re
 import secrets
+import shutil
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
+
+from reports.files import WriteError, link_atomically, write_atomically, write_error
 
 LEDGER_SCHEMA = "handover.ledger/1"
 LEDGER_FILE = "ledger.jsonl"
@@ -53,12 +60,19 @@ class Ledger:
         self.started = started  # the header's start time, when this process wrote the header
         self.path = self.run_dir / LEDGER_FILE
         self._lock = threading.Lock()
+        self._torn_at: Optional[int] = None  # where a failed append could not be cut back yet
 
     @classmethod
     def create(cls, base: Path, cluster: str, header: dict) -> "Ledger":
-        """Make out/<cluster>/<run-id>/, point `latest` at it, and write the run header."""
+        """Make out/<cluster>/<run-id>/ with its run header, then point `latest` at it.
+
+        A disk too full for the header leaves no run directory behind and `latest` where it was.
+        """
         cluster_dir = Path(base) / safe_name(cluster)
-        cluster_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            cluster_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise write_error(cluster_dir, error) from None
         while True:  # two runs started in the same second must not share a directory
             run_id = new_run_id()
             run_dir = cluster_dir / run_id
@@ -67,34 +81,95 @@ class Ledger:
                 break
             except FileExistsError:
                 continue
-        (run_dir / RAW_DIR).mkdir()
-        latest = cluster_dir / "latest"
-        temporary = cluster_dir / f".latest-{run_id}"
-        temporary.symlink_to(run_id)
-        os.replace(temporary, latest)
+            except OSError as error:
+                raise write_error(run_dir, error) from None
         ledger = cls(run_dir, started=now_iso())
-        ledger.append({"type": "run", "schema": LEDGER_SCHEMA, "run_id": run_id,
-                       "started": ledger.started, **header})
+        header = {"type": "run", "schema": LEDGER_SCHEMA, "run_id": run_id, "started": ledger.started,
+                  **header}
+        try:
+            _make_folder(run_dir / RAW_DIR)
+            write_atomically(ledger.path, _line(header))
+            link_atomically(cluster_dir / "latest", run_id)
+        except WriteError:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         return ledger
 
     def append(self, entry: dict) -> None:
-        line = json.dumps(entry, sort_keys=False, default=str) + "\n"
-        with self._lock, open(self.path, "a", encoding="utf-8") as out:
-            out.write(line)
-            out.flush()
-            os.fsync(out.fileno())
+        """Add one line, durably; a failed write is cut back off, so the ledger stays whole."""
+        data = _line(entry).encode("utf-8")
+        with self._lock:
+            try:
+                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as error:
+                raise write_error(self.path, error) from None
+            try:
+                if self._torn_at is not None:  # never build on half a line
+                    os.ftruncate(descriptor, self._torn_at)
+                    self._torn_at = None
+                whole = os.fstat(descriptor).st_size
+                try:
+                    written = 0
+                    while written < len(data):
+                        written += os.write(descriptor, data[written:])
+                    os.fsync(descriptor)
+                except OSError:
+                    self._cut_back(descriptor, whole)
+                    raise
+            except OSError as error:
+                raise write_error(self.path, error) from None
+            finally:
+                os.close(descriptor)
+
+    def _cut_back(self, descriptor: int, size: int) -> None:
+        """Undo a partial append; if even that fails, the next append tries again first."""
+        try:
+            os.ftruncate(descriptor, size)
+        except OSError:
+            self._torn_at = size
+
+    def repair(self, record: "RunRecord") -> Optional[str]:
+        """Cut off the torn last line a read found, before anything is appended after it;
+        what was done, in one line (None when the ledger was whole)."""
+        if record.torn is None:
+            return None
+        with self._lock:
+            try:
+                os.truncate(self.path, record.torn.offset)
+            except OSError as error:
+                raise write_error(self.path, error) from None
+        return f"{record.torn.where}: cut off a torn last line ({record.torn.size} bytes)"
 
     def save_raw(self, step: str, node: str, stdout: str, stderr: str) -> list[str]:
         """Keep a tool's raw output beside the ledger; returns paths relative to the run dir."""
         folder = self.run_dir / RAW_DIR / safe_name(step)
-        folder.mkdir(parents=True, exist_ok=True)
+        _make_folder(folder)
         saved = []
         for suffix, text in (("stdout", stdout), ("stderr", stderr)):
             if text:
-                path = folder / f"{safe_name(node)}.{suffix}"
-                path.write_text(text, encoding="utf-8")
+                path = write_atomically(folder / f"{safe_name(node)}.{suffix}", text)
                 saved.append(str(path.relative_to(self.run_dir)))
         return saved
+
+
+def _line(entry: dict) -> str:
+    return json.dumps(entry, sort_keys=False, default=str) + "\n"
+
+
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise write_error(folder, error) from None
+
+
+@dataclass(frozen=True)
+class TornLine:
+    """A last ledger line that was never completely written: where it starts, for --resume."""
+
+    where: str  # file:line
+    offset: int
+    size: int
 
 
 @dataclass
@@ -107,6 +182,7 @@ class RunRecord:
     tools: list[dict] = field(default_factory=list)
     selection: Optional[dict] = None  # nodes and test ids left after -k/-m/--nodes
     end: Optional[dict] = None
+    torn: Optional[TornLine] = None  # a last line cut short, ignored
 
     @property
     def nodes(self) -> list[str]:
@@ -122,24 +198,36 @@ class RunRecord:
 
 
 def read_ledger(run_dir: Path) -> RunRecord:
-    """Read a ledger, tolerating a torn last line (the run may have died mid-write)."""
+    """Read a ledger, tolerating a torn last line (the run may have died mid-write): it is left
+    out and named in record.torn. A line that is not a JSON object anywhere else is an error."""
     path = Path(run_dir) / LEDGER_FILE
     if not path.is_file():
         raise LedgerError(f"{path}: no ledger here; is {run_dir} a handover run directory?")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise LedgerError(f"{path}: cannot read: [Errno {error.errno}] {error.strerror}") from None
     entries = []
+    torn = None
+    offset = 0
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # a whole ledger ends in a newline
     for number, line in enumerate(lines, 1):
-        try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break
-            raise LedgerError(f"{path}:{number}: not a JSON object") from None
+        last = number == len(lines)
+        entry = _entry(line)
+        if entry is None or (last and not data.endswith(b"\n")):
+            if not last:
+                raise LedgerError(f"{path}:{number}: not a JSON object")
+            torn = TornLine(f"{path}:{number}", offset, len(data) - offset)
+            break
+        entries.append(entry)
+        offset += len(line) + 1
     if not entries or entries[0].get("type") != "run":
         raise LedgerError(f"{path}:1: the first entry is not a run header")
     if entries[0].get("schema") != LEDGER_SCHEMA:
         raise LedgerError(f"{path}:1: schema {entries[0].get('schema')!r}, expected {LEDGER_SCHEMA!r}")
-    record = RunRecord(run_dir=Path(run_dir), header=entries[0])
+    record = RunRecord(run_dir=Path(run_dir), header=entries[0], torn=torn)
     latest: dict[str, dict] = {}
     for entry in entries[1:]:
         kind = entry.get("type")
@@ -154,3 +242,19 @@ def read_ledger(run_dir: Path) -> RunRecord:
             record.end = entry
     record.checks = list(latest.values())
     return record
+
+
+def _entry(line: bytes) -> Optional[dict]:
+    try:
+        entry = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def torn_warning(record: RunRecord) -> Optional[str]:
+    """The warning to show for a ledger read with a torn last line."""
+    if record.torn is None:
+        return None
+    return f"warning: {record.torn.where}: torn last line ({record.torn.size} bytes, written when the run " \
+           "stopped mid-write), ignored"

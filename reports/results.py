@@ -25,6 +25,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
+from reports.files import write_atomically
 from reports.ledger import RunRecord
 from reports.schema import validate_results
 from reports.verdict import Verdict, judge
@@ -121,9 +122,7 @@ def _finite(value) -> bool:
 def write_results(results: dict, run_dir: Path) -> Path:
     """Write results.json, checked against its schema first: a consumer may rely on the schema."""
     validate_results(results)
-    path = Path(run_dir) / RESULTS_FILE
-    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_atomically(Path(run_dir) / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
 
 
 def write_metrics_csv(results: dict, run_dir: Path) -> Path:
@@ -137,6 +136,4 @@ def write_metrics_csv(results: dict, run_dir: Path) -> Path:
             for c in results["checks"] for m in c.get("metrics", [])]
     columns = ["run_id", "cluster", "node", "check", "metric", "value", "unit", "criterion",
                "margin", "ok"]
-    path = Path(run_dir) / METRICS_CSV
-    pd.DataFrame(rows, columns=columns).to_csv(path, index=False)
-    return path
+    return write_atomically(Path(run_dir) / METRICS_CSV, pd.DataFrame(rows, columns=columns).to_csv(index=False))

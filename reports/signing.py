@@ -32,6 +32,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from reports.files import write_atomically
+
 NAMESPACE = "handover"
 SIGNATURE_SUFFIX = ".sig"
 
@@ -352,19 +354,6 @@ def default_key_path() -> Path:
     return Path.home() / ".config" / "handover" / "signing_key"
 
 
-def _write_atomically(path: Path, data: bytes, mode: int) -> None:
-    """Replace path in one step, so a reader never sees half a signature or key."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(descriptor, "wb") as stream:
-            stream.write(data)
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
-
-
 def _create_exclusively(path: Path, data: bytes) -> bool:
     """Write a complete 0600 file at path unless one exists; False when another process won."""
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -392,7 +381,7 @@ def ensure_default_key(path: Optional[Path] = None) -> tuple[SigningKey, bool]:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         created = _create_exclusively(path, _openssh_private_key_bytes(private_key, key.comment))
         if created:
-            _write_atomically(_pub_path(path), (key.public_line + "\n").encode("utf-8"), 0o644)
+            write_atomically(_pub_path(path), key.public_line + "\n")
     except OSError as exc:
         raise SigningError(f"cannot create signing key {path}: {exc.strerror or exc}") from None
     if not created:
@@ -447,12 +436,7 @@ def sign_file(path: StrPath, key: SigningKey) -> Path:
         + _string(_SIGN_HASH)
         + _string(_string(_ED25519) + _string(raw_signature))
     )
-    sig_path = signature_path(path)
-    try:
-        _write_atomically(sig_path, _armor(blob, _SIG_BEGIN, _SIG_END).encode("ascii"), 0o644)
-    except OSError as exc:
-        raise SigningError(f"cannot write {sig_path}: {exc.strerror or exc}") from None
-    return sig_path
+    return write_atomically(signature_path(path), _armor(blob, _SIG_BEGIN, _SIG_END))
 
 
 def write_allowed_signers(path: StrPath, key: SigningKey, identity: str) -> Path:
@@ -470,12 +454,7 @@ def write_allowed_signers(path: StrPath, key: SigningKey, identity: str) -> Path
     needs_quotes = re.search(r"\s", identity) or identity.startswith("#")
     principals = f'"{identity}"' if needs_quotes else identity
     key_type, key_base64 = key.public_line.split()[:2]
-    line = f'{principals} namespaces="{NAMESPACE}" {key_type} {key_base64}\n'
-    try:
-        path.write_text(line, encoding="utf-8")
-    except OSError as exc:
-        raise SigningError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+    return write_atomically(path, f'{principals} namespaces="{NAMESPACE}" {key_type} {key_base64}\n')
 
 
 # --- Verification -------------------------------------------------------------------------------

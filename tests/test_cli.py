@@ -1,9 +1,12 @@
 """The handover command's verbs and its usage errors: one line, exit 2, never a traceback."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+from reports.ledger import LEDGER_FILE, LEDGER_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,6 +61,16 @@ def test_report_and_verify_of_a_directory_that_is_not_a_run(tmp_path):
     assert not home.exists()  # no signing key made for a run that is not there
     verify = handover("verify", tmp_path / "missing")
     assert verify.returncode == 2 and "no such run directory" in verify.stderr
+
+
+def test_report_of_a_ledger_torn_in_the_middle_is_one_line_naming_file_and_line(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    header = json.dumps({"type": "run", "schema": LEDGER_SCHEMA, "run_id": "x"})
+    (run_dir / LEDGER_FILE).write_text(header + '\n{"type": "che\n{"type": "end"}\n')
+    report = handover("report", run_dir)
+    assert report.returncode == 2
+    assert report.stderr.splitlines() == [f"handover: {run_dir / LEDGER_FILE}:2: not a JSON object"]
 
 
 def test_usage_errors_exit_2():

@@ -132,6 +132,16 @@ def test_bad_options_are_one_line_in_either_form(operator_tree, sign_key, form, 
     assert message in done.stderr and "Traceback" not in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("below", [False, True], ids=["the-file", "below-it"])
+def test_an_out_that_is_a_file_is_one_line(operator_tree, sign_key, below):
+    out = operator_tree["inventory"] / "runs" if below else operator_tree["inventory"]
+    done = pytest_in(operator_tree["elsewhere"], *options(
+        "space", inventory=operator_tree["inventory"], out=out, sign_key=sign_key), "-m", "system")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert f"--out {out}: {operator_tree['inventory']} is not a directory" in done.stderr
+    assert "Traceback" not in done.stdout + done.stderr and len(done.stderr.splitlines()) <= 2
+
+
 @pytest.mark.parametrize("selection", [["-k", "nosuchcheck"], ["--collect-only"]],
                          ids=["nothing-selected", "collect-only"])
 def test_nothing_to_run_leaves_no_run_behind(operator_tree, sign_key, selection):

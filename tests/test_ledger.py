@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from reports.ledger import LEDGER_FILE, LEDGER_SCHEMA, RAW_DIR, Ledger, LedgerError, new_run_id, read_ledger, safe_name
+from reports.ledger import (
+    LEDGER_FILE,
+    LEDGER_SCHEMA,
+    RAW_DIR,
+    Ledger,
+    LedgerError,
+    new_run_id,
+    read_ledger,
+    safe_name,
+    torn_warning,
+)
 
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
 HEADER = {"cluster": "testcluster", "profile": {"name": "p", "mandatory": [], "references": {}},
@@ -197,6 +207,38 @@ def test_a_torn_last_line_is_tolerated(ledger):
     record = read_ledger(ledger.run_dir)
     assert [c["node"] for c in record.checks] == ["n1", "n2"]
     assert record.interrupted is True
+    assert record.torn is not None and record.torn.where == f"{ledger.path}:4"
+    assert torn_warning(record) is not None and f"{ledger.path}:4: torn last line" in torn_warning(record)
+
+
+def test_a_whole_ledger_has_no_torn_line(ledger):
+    ledger.append(check("n1", "reachable"))
+    record = read_ledger(ledger.run_dir)
+    assert record.torn is None and torn_warning(record) is None and ledger.repair(record) is None
+
+
+def test_a_last_entry_without_its_newline_is_torn_too(ledger):
+    """Appends write the line and its newline at once: without it, the write never finished,
+    and an append after it would make one line of two."""
+    ledger.append(check("n1", "reachable"))
+    with open(ledger.path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(check("n2", "reachable")))
+    record = read_ledger(ledger.run_dir)
+    assert [c["node"] for c in record.checks] == ["n1"]
+    assert record.torn is not None and record.torn.where == f"{ledger.path}:3"
+
+
+def test_repair_cuts_off_the_torn_line_so_later_appends_stay_whole(ledger):
+    ledger.append(check("n1", "reachable"))
+    whole = ledger.path.read_bytes()
+    with open(ledger.path, "a", encoding="utf-8") as out:
+        out.write('{"type": "check", "test_')
+    said = ledger.repair(read_ledger(ledger.run_dir))
+    assert said == f"{ledger.path}:3: cut off a torn last line (24 bytes)"
+    assert ledger.path.read_bytes() == whole
+    ledger.append(check("n2", "reachable"))
+    record = read_ledger(ledger.run_dir)
+    assert [c["node"] for c in record.checks] == ["n1", "n2"] and record.torn is None
 
 
 def test_a_torn_middle_line_raises_naming_file_and_line(ledger):

@@ -336,7 +336,7 @@ def valid_lines(tmp_path) -> dict[str, dict]:
 
 @pytest.mark.parametrize("kind,change,message", [
     ("check", lambda e: e.update(type="chek"),
-     "ledger.jsonl: type: 'chek' is not one of ['run', 'check', 'tool', 'selection', 'resume', 'end']"),
+     "ledger.jsonl: type: 'chek' is not one of ['run', 'check', 'tool', 'selection', 'locks', 'resume', 'end']"),
     ("check", lambda e: e.pop("type"), "ledger.jsonl: type: required, but missing"),
     ("check", lambda e: e.pop("node"), "ledger.jsonl: node: required, but missing"),
     ("check", lambda e: e.update(outcome="passd"),
@@ -396,6 +396,6 @@ def test_a_real_local_run_and_its_resumption_validate(tmp_path):
     assert memory["metrics"][0]["reference"] is not None and memory["metrics"][0]["ok"] is True
     lines = ledger_lines(run_dir)
     assert [line["type"] for line in lines].count("end") == 2
-    assert {line["type"] for line in lines} == {"run", "selection", "tool", "check", "end", "resume"}
+    assert {line["type"] for line in lines} == {"run", "selection", "tool", "check", "end", "resume", "locks"}
     for number, line in enumerate(lines, 1):
         validate_ledger_entry(line, source=f"{LEDGER_FILE}:{number}")

@@ -1,0 +1,138 @@
+"""Node locks on real sshd nodes: a second run at once is refused by node and told which run holds
+it; --busy-nodes wait and ignore; and a lock ends with its run, also when the harness is SIGKILLed."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from nodes import ns_inventory, wait_for_no_leftovers
+
+from runners.node_lock import NodeLock, NodeLocks, Owner
+from runners.transport import make_transport
+
+ROOT = Path(__file__).resolve().parent.parent
+HOLDER_MARK = "handover-node-lock"  # the holder's $0, in its command line on the node
+HOLDER = Owner(run_id="20260101T000000Z-0badcafe", started="2026-01-01T00:00:00+00:00",
+               host="bastion.example", token="feedfacefeedface")
+
+
+def acceptance_argv(inventory: Path, out: Path, key: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "--inventory", str(inventory), "--out", str(out),
+            "--sign-key", str(key), "-p", "no:cacheprovider", "-m", "system", *extra]
+
+
+def acceptance(*argv, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(acceptance_argv(*argv, **kwargs), cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def ledger_of(out: Path) -> list[dict]:
+    runs = list((out / "nscluster").glob("*/ledger.jsonl"))
+    if not runs:
+        return []
+    return [json.loads(line) for line in runs[0].read_text().splitlines() if line.endswith("}")]
+
+
+def results_of(out: Path) -> dict:
+    return json.loads((out / "nscluster" / "latest" / "results.json").read_text())
+
+
+def hold(cluster, names: list[str]) -> NodeLocks:
+    """Another run's locks on these nodes, taken through the real transport."""
+    locks = NodeLocks(HOLDER, {name: make_transport(cluster.node(name)) for name in names})
+    assert {lock.state for lock in locks.take().values()} == {"held"}
+    return locks
+
+
+@pytest.fixture
+def two_nodes(ns_cluster_factory, tmp_path):
+    nodes = ns_cluster_factory(2)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    return inventory, ns_inventory(nodes, tmp_path / "copy.yaml")
+
+
+def test_a_second_run_is_refused_by_node_and_sigkill_of_the_first_frees_its_locks(two_nodes, sign_key, tmp_path):
+    inventory, cluster = two_nodes
+    first = subprocess.Popen(acceptance_argv(inventory, tmp_path / "first", sign_key), cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(e["type"] == "locks" for e in ledger_of(tmp_path / "first")):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run never locked"
+            time.sleep(0.02)
+        first.send_signal(signal.SIGSTOP)  # the first run, in the middle of its checks
+        header = ledger_of(tmp_path / "first")[0]
+        second = acceptance(inventory, tmp_path / "second", sign_key)
+        assert second.returncode != 0
+        holder = f"run {header['run_id']} (started {header['started']}, from host {socket.gethostname()})"
+        for node in ("node1", "node2"):
+            assert f"{node} is in use by {holder}" in second.stdout, second.stdout
+        checks = results_of(tmp_path / "second")["checks"]
+        assert checks and {c["kind"] for c in checks} == {"busy"}
+
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        killed = time.monotonic()
+        while True:  # the holders die with their SSH sessions: the nodes are free within seconds
+            locks = NodeLocks(HOLDER, {n.name: make_transport(n) for n in cluster.nodes})
+            states = {lock.state for lock in locks.take().values()}
+            locks.release()
+            if states == {"held"}:
+                break
+            assert time.monotonic() - killed < 15, states
+            time.sleep(0.5)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    third = acceptance(inventory, tmp_path / "third", sign_key)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "verdict: CERTIFIED" in third.stdout
+    assert wait_for_no_leftovers(HOLDER_MARK, within_s=15) == []
+
+
+def test_ignore_goes_on_and_the_ledger_says_who_else_was_there(two_nodes, sign_key, tmp_path):
+    inventory, cluster = two_nodes
+    locks = hold(cluster, ["node1"])
+    try:
+        done = acceptance(inventory, tmp_path / "out", sign_key, "--busy-nodes", "ignore")
+    finally:
+        locks.release()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (f"handover: node1 is in use by {HOLDER.describe()}; checked anyway (--busy-nodes ignore)"
+            in done.stdout)
+    entry = next(e for e in ledger_of(tmp_path / "out") if e["type"] == "locks")
+    assert entry["held"] == ["node2"] and list(entry["not_held"]) == ["node1"]
+    assert HOLDER.run_id in entry["not_held"]["node1"]
+    assert results_of(tmp_path / "out")["verdict"]["status"] == "CERTIFIED"
+
+
+def test_wait_takes_the_node_once_the_other_run_has_ended(two_nodes, sign_key, tmp_path):
+    inventory, cluster = two_nodes
+    locks = hold(cluster, ["node1", "node2"])
+    releaser = threading.Timer(3, locks.release)
+    releaser.start()
+    started = time.monotonic()
+    try:
+        done = acceptance(inventory, tmp_path / "out", sign_key, "--busy-nodes", "wait")
+    finally:
+        releaser.join()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert time.monotonic() - started >= 3
+    entry = next(e for e in ledger_of(tmp_path / "out") if e["type"] == "locks")
+    assert entry["held"] == ["node1", "node2"] and entry["not_held"] == {}
+
+
+def test_the_lock_file_names_its_owner_and_a_foreign_file_names_nobody():
+    line = f"4242 {json.dumps(HOLDER.__dict__)}"
+    assert Owner.parse(line) == HOLDER
+    assert Owner.parse("") is None and Owner.parse("4242 not json") is None
+    assert NodeLock("gpu01", "busy", owner=None).describe() == (
+        "gpu01 is in use by another run (not yet named in its lock file)")
