@@ -182,7 +182,7 @@ class AcceptanceSession:
     def refusal(self, params: dict) -> Optional[str]:
         """Why a check with these parameters may not run: a node it tests is another run's (a
         cluster-wide check runs on the nodes left, unless none is)."""
-        nodes = [params["node"]] if "node" in params else list(params.get("pair") or [])
+        nodes = [params["node"]] if "node" in params else []
         if not nodes and self.refused and not self.cluster_run.nodes:
             nodes = list(self.refused)
         return next((self.refused[node] for node in nodes if node in self.refused), None)
