@@ -59,7 +59,7 @@ class AcceptanceSession:
         self.ledger: Optional[Ledger] = resumed[0] if resumed else None
         self.resumed = resumed[1] if resumed else None
         self.header = run_header(cluster, nodes)
-        self.cluster_run = ClusterRun(cluster, nodes, self._save_raw, on_progress)
+        self.cluster_run = ClusterRun(cluster, nodes, self.save_result, on_progress)
         self.rendered: Optional[RenderedRun] = None
         self.stopped: Optional[WriteError] = None  # the write that failed; the run stops there
 
@@ -114,19 +114,20 @@ class AcceptanceSession:
         """Which version of a tool produced a node's figures, for the report's provenance."""
         self.append({"type": "tool", "node": node, "tool": tool, "version": version})
 
-    def save_raw(self, step: str, node: str, stdout: str, stderr: str) -> list[str]:
+    def save_raw(self, step: str, node: str, stdout: str, stderr: str, command: str = "") -> list[str]:
         """Keep a tool's raw output in the run directory; the paths, relative to it (none once a
         write failed: the check's entry will not be kept either, so --resume runs it again)."""
         if self.stopped is not None:
             return []
         try:
-            return self.recording.save_raw(step, node, stdout, stderr)
+            return self.recording.save_raw(step, node, stdout, stderr, command)
         except WriteError as error:
             self.stopped = error
             return []
 
-    def _save_raw(self, step: str, result: Result) -> list[str]:
-        return self.save_raw(step, result.node, result.stdout, result.stderr)
+    def save_result(self, step: str, result: Result) -> list[str]:
+        """save_raw of one command's Result, with its whole command line."""
+        return self.save_raw(step, result.node, result.stdout, result.stderr, result.full_command)
 
     def already_done(self) -> set[str]:
         """Test ids the resumed run has a result for (none for a fresh run)."""

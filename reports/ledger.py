@@ -6,6 +6,7 @@ renderings of it, so a run that was interrupted can still be reported (`handover
 Run directory layout (a public interface; keep the names):
     out/<cluster>/<run-id>/ledger.jsonl      one JSON object per line; the first is the run header
     out/<cluster>/<run-id>/raw/<step>/<node>.stdout|.stderr   raw tool output
+    out/<cluster>/<run-id>/raw/<step>/<node>.command          the whole command that gave it
     out/<cluster>/<run-id>/results.json, report.html, junit.xml, metrics.csv (+ .sig files)
     out/<cluster>/latest -> <run-id>
 
@@ -140,12 +141,13 @@ class Ledger:
                 raise write_error(self.path, error) from None
         return f"{record.torn.where}: cut off a torn last line ({record.torn.size} bytes)"
 
-    def save_raw(self, step: str, node: str, stdout: str, stderr: str) -> list[str]:
-        """Keep a tool's raw output beside the ledger; returns paths relative to the run dir."""
+    def save_raw(self, step: str, node: str, stdout: str, stderr: str, command: str = "") -> list[str]:
+        """Keep a tool's raw output beside the ledger, and the whole command that gave it (inline
+        input included, which messages leave out); returns paths relative to the run dir."""
         folder = self.run_dir / RAW_DIR / safe_name(step)
         _make_folder(folder)
         saved = []
-        for suffix, text in (("stdout", stdout), ("stderr", stderr)):
+        for suffix, text in (("command", command), ("stdout", stdout), ("stderr", stderr)):
             if text:
                 path = write_atomically(folder / f"{safe_name(node)}.{suffix}", text)
                 saved.append(str(path.relative_to(self.run_dir)))

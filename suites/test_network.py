@@ -259,9 +259,7 @@ class PairCampaign:
                 if isinstance(run, PairRun):
                     for result in (run.client_result, run.server_result):
                         if result is not None:
-                            saved += self._acceptance.save_raw(
-                                f"{step}/{pair_rail_id(pair, rail)}", result.node,
-                                result.stdout, result.stderr)
+                            saved += self._acceptance.save_result(f"{step}/{pair_rail_id(pair, rail)}", result)
                 self.raw[(pair, rail)] = saved
                 if second:
                     self.second_raw += saved

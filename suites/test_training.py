@@ -259,9 +259,8 @@ def launch_on_all_nodes(cluster_run, cluster, profile, acceptance, depth: str, n
     launch = training.run_across(transports, addresses, plan.ranks, plan.model,
                                  timeout=TIMEOUT_S[depth], checkpoint_dir=checkpoint_dir,
                                  socket_ifname=cluster.launch_interface)
-    raw = []
-    for node, result in launch.results.items():
-        raw += acceptance.save_raw(f"training_cluster_{depth}", node, result.stdout, result.stderr)
+    raw = [path for result in launch.results.values()
+           for path in acceptance.save_result(f"training_cluster_{depth}", result)]
     return judged_launch(lambda: sane_launch(launch, plan.ranks * len(nodes)), where, len(nodes), raw)
 
 
