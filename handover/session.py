@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import resource
 import secrets
 import socket
 import subprocess
@@ -73,6 +74,8 @@ class AcceptanceSession:
         except InventoryError as error:
             raise SessionError(str(error)) from None
         selected = select_nodes(cluster, nodes)
+        if cluster.transport == "ssh":
+            raise_open_files(len(selected))
         if not resume:
             check_out(Path(out))
         key = signing_key(sign_key, say)
@@ -205,6 +208,25 @@ class AcceptanceSession:
         except WriteError as error:
             self.stopped = error
         return self.rendered
+
+
+FILES_BASE = 256  # the interpreter, pytest, the ledger
+FILES_PER_NODE = 3  # a node's SSH connection, its jump host's, a raw output being written
+
+
+def raise_open_files(nodes: int) -> None:
+    """A session keeps one SSH connection per node open, and the soft limit on open files is
+    often 1,024: raise it toward the hard limit, or say at once that the hard one is too low
+    (rather than 'Too many open files' from the thousandth node)."""
+    needed = FILES_BASE + FILES_PER_NODE * nodes
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise SessionError(f"{nodes} nodes need about {needed} open files, but the hard limit "
+                           f"(ulimit -Hn) is {hard}: raise it, or test part of the nodes at a time "
+                           "with --nodes")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 def select_nodes(cluster: Cluster, pattern: Optional[str]) -> list[Node]:

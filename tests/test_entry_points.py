@@ -3,9 +3,11 @@ either option form, from the checkout and from any other directory; the plugin i
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -160,3 +162,24 @@ def test_a_misspelt_marker_is_a_usage_error_not_an_empty_run(operator_tree, sign
     assert done.returncode == 4, done.stdout + done.stderr
     assert "quik" in done.stderr and "Traceback" not in done.stdout + done.stderr
     assert list(operator_tree["out"].iterdir()) == []
+
+
+def test_a_big_cluster_raises_the_open_file_limit_or_names_it(tmp_path, sign_key):
+    """1,024 SSH nodes keep 1,024 connections open: the soft limit on open files (often 1,024)
+    is raised toward the hard one; a hard limit too low is one line before anything starts."""
+    inventory = tmp_path / "big.yaml"
+    inventory.write_text("cluster: big\nprofile: cpu-only\nssh: {host_keys: accept-new}\nnodes: ['gpu[0001-1024]']\n")
+
+    def limited(soft: int, hard: int) -> Callable[[], None]:
+        return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    low = subprocess.run([sys.executable, "-m", "pytest", "--inventory", str(inventory), "--sign-key", str(sign_key),
+                          "--collect-only", "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         preexec_fn=limited(1024, 1024))
+    assert low.returncode == 4 and "Traceback" not in low.stdout + low.stderr, low.stdout + low.stderr
+    assert ("1024 nodes need about 3328 open files, but the hard limit (ulimit -Hn) is 1024: raise it, "
+            "or test part of the nodes at a time with --nodes") in low.stderr
+    raised = subprocess.run([sys.executable, "-c", "import resource; from handover.session import raise_open_files; "
+                             "raise_open_files(1024); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"],
+                            capture_output=True, text=True, timeout=60, preexec_fn=limited(1024, 8192))
+    assert raised.stdout.strip() == "3328", raised.stderr
