@@ -393,14 +393,15 @@ def cluster_band(profile) -> Optional[float]:
 
 def isolate(cluster_run, profile, across: Across, figure: Figure, acceptance, record) -> Optional[isolation.Verdict]:
     """Below its band: find the node(s) behind it (runners/isolation.py's plan, each round's runs
-    at once), within the profile's budget. None when the figure is within the band."""
+    at once), within the profile's budget. None when the figure is within the band, or the
+    profile's isolation_budget_s is 0."""
     low = cluster_band(profile)
-    if low is None or round(figure.busbw, 3) >= low:
-        return None
     budget = profile.expect.isolation_budget_s
+    budget = isolation.DEFAULT_BUDGET_S if budget is None else budget
+    if low is None or round(figure.busbw, 3) >= low or budget <= 0:
+        return None
     plan = isolation.Isolation([node.name for node in isolation.placement_order(cluster_run.nodes)], low,
-                               budget_s=isolation.DEFAULT_BUDGET_S if budget is None else budget,
-                               cluster=isolation.Outcome(figure.busbw))
+                               budget_s=budget, cluster=isolation.Outcome(figure.busbw))
     started = time.monotonic()
     rounds = 0
     while runs := plan.next_round(time.monotonic() - started):
