@@ -195,15 +195,18 @@ def test_a_slow_node_is_isolated_inside_the_cluster_all_reduce(eight_nodes_one_s
     assert (cluster["outcome"], cluster["kind"]) == ("failed", "performance"), message
     assert message.startswith("allreduce_busbw_cluster = ") and "expected >= 0.06 GB/s" in message
     assert re.findall(r"isolated (\w+)", message) == [SLOW_NODE], message
+    # The evidence: every step with node5 in it, from the cluster run to its confirmation beside a
+    # cleared node. Healthy groups beside each other on 2 shared cores sometimes miss the band too
+    # (0.035 GB/s seen): they are bisected and their nodes cleared by confirmation, a round more.
     assert re.search(r"isolated node5 \(cluster node1\.\.node8 \(8 nodes\) 0\.0\d\d GB/s; "
-                     r"screen node4,node5,node6 0\.0\d\d GB/s; confirm node5 with node\d 0\.0\d\d GB/s\)",
+                     r"screen node4,node5,node6 0\.0\d\d GB/s; .*confirm node5 with node\d 0\.0\d\d GB/s\)",
                      message), message
     assert "cleared 7 of 8 node(s)" in message and "not finished" not in message
     figures = {m["name"]: m["value"] for m in cluster["metrics"]}
-    assert figures["isolated_nodes"] == 1 and figures["isolation_rounds"] == 2
+    assert figures["isolated_nodes"] == 1 and 2 <= figures["isolation_rounds"] <= 5
     assert figures["isolation_time"] <= isolation.DEFAULT_BUDGET_S  # cpu-only leaves the default
     [steps] = [s for s in cluster["series"] if s["name"] == "allreduce isolation busbw"]
-    assert {line["label"] for line in steps["lines"]} == {"cluster", "screen", "confirm"}
+    assert {"cluster", "screen", "confirm"} <= {line["label"] for line in steps["lines"]}
 
     scales = checks[("allreduce_scales", None)]
     table = scales["message"]
