@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from inventory.model import Node
-from runners.pairs import ring_rounds
+from runners.pairs import attribute, ring_rounds
 
 SCREEN, BISECT, CONFIRM, PAIR, CLUSTER = "screen", "bisect", "confirm", "pair", "cluster"
 DEFAULT_BUDGET_S = 600.0  # unless the profile sets isolation_budget_s
@@ -359,8 +359,9 @@ def level_line(level: str, runs: Sequence[ScaleRun]) -> str:
 
 
 def read_scales(runs: Sequence[ScaleRun], low_bounds: dict[str, Optional[float]]) -> str:
-    """What the table says: bad nodes (low in both their pairs and their groups), groups low with
-    no bad node in them, or the whole cluster low while every smaller scale meets its band."""
+    """What the table says: bad nodes (every pair low, as runners.pairs.attribute blames them, and
+    no leaf or rack group of theirs meeting its band), groups low with no bad node in them, or the
+    whole cluster low while every smaller scale meets its band."""
     def low(run: ScaleRun) -> bool:
         bound = low_bounds.get(run.level)
         return run.busbw is None or (bound is not None and run.busbw < bound)
@@ -375,11 +376,10 @@ def read_scales(runs: Sequence[ScaleRun], low_bounds: dict[str, Optional[float]]
     own = [run.label for run in by_level.get("node", []) if low(run)]
     if own:
         findings.append(f"own all-reduce low on {listed(own)}")
-    pairs_of: dict[str, list[ScaleRun]] = {}
-    for run in by_level.get("pair", []):
-        for node in run.nodes:
-            pairs_of.setdefault(node, []).append(run)
-    bad = [node for node, pairs in pairs_of.items() if all(low(run) for run in pairs)]
+    suspects = attribute({(run.nodes[0], run.nodes[1]): not low(run) for run in by_level.get("pair", [])}).suspect_nodes
+    vouched = {node for level in PLACEMENT_KEYS for run in by_level.get(level, []) if not low(run)
+               for node in run.nodes}  # a group that met its band clears its nodes of noisy pairs
+    bad = [node for node in suspects if node not in vouched]
     if bad:
         findings.append(f"every pair of {listed(bad)} is low: bad node(s), not the fabric")
     for level in PLACEMENT_KEYS:

@@ -195,6 +195,8 @@ def test_the_table_tells_a_bad_node_from_a_slow_spine():
     bad_c = scale_runs({p: BAD if "c" in p else GOOD for p in RING},
                        {leaf: BAD if "c" in leaf[1] else GOOD for leaf in LEAVES}, BAD)
     assert isolation.read_scales(bad_c, BOUNDS) == "every pair of c is low: bad node(s), not the fabric"
+    noisy = scale_runs({p: BAD if "a" in p else GOOD for p in RING}, dict.fromkeys(LEAVES, GOOD), GOOD)
+    assert isolation.read_scales(noisy, BOUNDS) == "low runs with no single pattern: pair a-b, pair d-a"
     spine = scale_runs(dict.fromkeys(RING, GOOD), dict.fromkeys(LEAVES, GOOD), BAD)
     assert "the spine" in isolation.read_scales(spine, BOUNDS)
     leaf = scale_runs(dict.fromkeys(RING, GOOD), {LEAVES[0]: GOOD, LEAVES[1]: BAD}, BAD)
