@@ -428,6 +428,7 @@ EXPECT_READERS: dict[str, Callable[[_At], Any]] = {
     "hpl_nb": _integer,
     "fp64_peak_tflops": _number,
     "training_straggler_fraction": _number,
+    "isolation_budget_s": _number,
     "ib_symbol_errors_max": _integer,
     "ib_link_downed_max": _integer,
     "ib_port_rcv_errors_max": _integer,

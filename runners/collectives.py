@@ -29,6 +29,7 @@ GIB = 1 << 30
 CPU_SIZES = (1 * MIB, 16 * MIB, 64 * MIB)  # gloo on CPUs: about 1 GB/s, so 64 MiB is ~0.1 s an op
 GPU_SIZES = (1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB)  # NVLink/IB figures need >= 1 GiB messages
 CPU_RANKS = 2
+ITERS = 5  # timed iterations per size, after one warm-up
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def payload_command(python: str, *, sizes: Sequence[int], collectives: Sequence[
 
 
 def run_on_node(transport: Transport, ranks: int, *, sizes: Sequence[int] = CPU_SIZES,
-                collectives: Sequence[str] = ("all_reduce",), iters: int = 5,
+                collectives: Sequence[str] = ("all_reduce",), iters: int = ITERS,
                 timeout: float = 300) -> Result:
     """torchrun with one node and `ranks` local ranks; the rendezvous on the node's loopback."""
     python = transport.node.python
@@ -138,7 +139,7 @@ def run_on_node(transport: Transport, ranks: int, *, sizes: Sequence[int] = CPU_
 
 def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str],
                ranks_per_node: int, *, sizes: Sequence[int] = CPU_SIZES,
-               collectives: Sequence[str] = ("all_reduce",), iters: int = 5, timeout: float = 300,
+               collectives: Sequence[str] = ("all_reduce",), iters: int = ITERS, timeout: float = 300,
                socket_ifname: Optional[str] = None, join_timeout_s: int = 60) -> Launch:
     """torchrun on every node, rendezvous on the first; rank 0's node prints the measurement."""
     python = transports[next(iter(transports))].node.python

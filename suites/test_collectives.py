@@ -10,15 +10,34 @@ nccl-tests` prints), never nccl-tests' "Avg bus bandwidth"; the NCCL version and
 environment go beside every figure, and busbw against message size goes into the report as a
 curve (every row of the run). Without torch (and nccl-tests) on a node the checks skip on
 cpu-only and fail where the profile expects GPUs.
+
+An all-reduce across nodes below its band does not just fail the cluster: the node(s) behind it
+are isolated (runners/isolation.py plans it: disjoint groups of about sqrt(N) nodes at once, the
+failing ones bisected, each suspect confirmed beside a known-good node, within the profile's
+isolation_budget_s) and named in the check's message with every step's figure. At full depth
+allreduce_scales runs the collective at every scale (within each node, pairs, each leaf's and
+rack's nodes, the cluster), so a slow spine is told from a bad node; every such run is linear
+in the nodes.
 """
 from __future__ import annotations
 
-from typing import Optional
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import pytest
 
-from handover.failures import ExpectationFailure, SanityFailure, excerpt
-from runners import collectives, nccl_tests
+from handover.failures import (
+    CheckFailure,
+    CommandTimedOut,
+    ExpectationFailure,
+    PerformanceFailure,
+    SanityFailure,
+    excerpt,
+)
+from runners import collectives, isolation, nccl_tests
 from runners.collectives import Figure, Plan, plan_for
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
@@ -30,6 +49,11 @@ pytestmark = [pytest.mark.training]
 PROBE_STEP = "collectives_probe"
 NODE_STEP = "allreduce_node"
 CLUSTER_STEP = "allreduce_cluster"
+CLUSTER_METRIC = "allreduce_busbw_cluster"
+ISOLATION_STEP = "allreduce_isolation"
+SCALES_STEP = "allreduce_scales"
+SCALES = ("node", "pair", "leaf", "rack", "cluster")
+PROBE_ITERS = 3  # each isolation or table run: the largest size only, a few iterations
 NODE_TIMEOUT_S = 600
 SLOWEST_NAMED = 3
 
@@ -186,19 +210,35 @@ def test_alltoall(on_node, profile, measure_other, metrics, record):
     metrics.judge(alltoall_busbw=(round(figure.busbw, 3), "GB/s"))
 
 
-@pytest.mark.quick
-@pytest.mark.cluster
-def test_allreduce_spread(cluster_run, profile, measure_node, record):
-    """The per-node figures side by side, the slowest nodes named (each node is judged by itself)."""
+def node_figures(cluster_run, profile, measure_node) -> dict[str, tuple[Optional[float], str, int]]:
+    """node -> (busbw or None, why not, ranks) of each node's own all-reduce (nodes without a plan
+    are left out: their own checks say why)."""
     probes = cluster_run.gather(PROBE_STEP, collectives.probe)
     figures = {}
     for node, result in cluster_run.gather(NODE_STEP, measure_node).items():
         try:
             plan, _ = plan_for(collectives.parse_probe(probes[node].stdout), profile)
-            if plan is not None:
-                figures[node] = figure_of(plan, result).busbw
-        except (ParseError, AssertionError):
+        except ParseError:
             continue
+        if plan is None:
+            continue
+        try:
+            figures[node] = (figure_of(plan, result).busbw, "", plan.ranks)
+        except AssertionError as failure:
+            figures[node] = (None, first_line(failure), plan.ranks)
+    return figures
+
+
+def first_line(failure: BaseException) -> str:
+    return str(failure).splitlines()[0][:200] if str(failure) else type(failure).__name__
+
+
+@pytest.mark.quick
+@pytest.mark.cluster
+def test_allreduce_spread(cluster_run, profile, measure_node, record):
+    """The per-node figures side by side, the slowest nodes named (each node is judged by itself)."""
+    figures = {node: busbw for node, (busbw, _, _) in node_figures(cluster_run, profile, measure_node).items()
+               if busbw is not None}
     if not figures:
         pytest.skip("no node measured an all-reduce")
     slowest = sorted(figures.items(), key=lambda item: item[1])[:SLOWEST_NAMED]
@@ -206,53 +246,23 @@ def test_allreduce_spread(cluster_run, profile, measure_node, record):
                 + ", ".join(f"{node} {busbw:.3f} GB/s" for node, busbw in slowest))
 
 
-def nccl_tests_across(cluster_run, nodes: list[str], gpus: int, root: bool, acceptance,
-                      record) -> Figure:
-    """all_reduce_perf under mpirun from the first node, one rank per GPU; sanity, then busbw."""
-    first = cluster_run.cluster.node(nodes[0])
-    interface = cluster_run.cluster.launch_interface
-    launcher = MpirunLauncher(ssh=first.ssh, as_root=root, interfaces=(interface,) if interface else (),
-                              export_env=("NCCL_DEBUG",) + ((f"NCCL_SOCKET_IFNAME={interface}",)
-                                                            if interface else ()))
-    hosts = [cluster_run.cluster.node(node).address for node in nodes]
-    result = nccl_tests.run_across(cluster_run.transport(first.name), launcher, hosts, gpus,
-                                   timeout=NODE_TIMEOUT_S)
-    record.raw(acceptance.save_raw(CLUSTER_STEP, first.name, result.stdout, result.stderr))
-    return figure_of(Plan("nccl-tests", gpus * len(nodes), True), result)
+@dataclass(frozen=True)
+class Across:
+    """How an all-reduce across nodes runs on this cluster: nccl-tests under mpirun from the first
+    node where every node has both, else the torch payload under torchrun on every node."""
+
+    tool: str  # "nccl-tests" or "torch"
+    plans: dict[str, Plan]
+    gpus: int = 0  # nccl-tests: GPUs (ranks) per node
+    root: bool = False  # nccl-tests: mpirun runs as root
+
+    def sizes(self) -> tuple[int, ...]:
+        gpu = next(iter(self.plans.values())).gpu
+        return collectives.GPU_SIZES if gpu else collectives.CPU_SIZES
 
 
-def torch_across(cluster_run, nodes: list[str], plans: dict[str, Plan], acceptance, record) -> Figure:
-    """The torch payload under torchrun on every node, rendezvous on the first."""
-    ranks = plans[nodes[0]].ranks if plans[nodes[0]].gpu else 1
-    transports = {node: cluster_run.transport(node) for node in nodes}
-    addresses = {node: cluster_run.cluster.node(node).address for node in nodes}
-    sizes = collectives.GPU_SIZES if plans[nodes[0]].gpu else collectives.CPU_SIZES
-    launch = collectives.run_across(transports, addresses, ranks, sizes=sizes, timeout=NODE_TIMEOUT_S,
-                                    socket_ifname=cluster_run.cluster.launch_interface)
-    saved = []
-    for node, result in launch.results.items():
-        saved += acceptance.save_raw(CLUSTER_STEP, node, result.stdout, result.stderr)
-    record.raw(saved)
-    if launch.first_failure is not None:
-        launch_failure(launch)
-    if launch.leftovers:
-        raise SanityFailure("processes left after the run (killed): "
-                            + "; ".join(f"{node}: {lines.splitlines()[0]}" for node, lines in launch.leftovers.items()))
-    report, result = collectives.report_of(launch)
-    if report is None:
-        raise SanityFailure("no rank printed a measurement", excerpt(
-            "\n".join(r.stdout for r in launch.results.values())))
-    return torch_figure(result.node, report, ranks * len(nodes))
-
-
-@pytest.mark.quick
-@pytest.mark.cluster
-def test_allreduce_cluster(cluster_run, profile, acceptance, metrics, record):
-    """All-reduce busbw across every selected node: nccl-tests under mpirun where every node has
-    both, else torchrun on each node with the rendezvous on the first."""
-    nodes = [node.name for node in cluster_run.nodes]
-    if len(nodes) < 2:
-        pytest.skip("needs at least two nodes")
+def across_plan(cluster_run, profile, nodes: list[str]) -> Across:
+    """The launch every run across nodes uses; skips or fails (with the reason) when none can run."""
     probes = cluster_run.gather(PROBE_STEP, collectives.probe)
     plans, missing_torch = {}, []
     for node in nodes:
@@ -271,13 +281,208 @@ def test_allreduce_cluster(cluster_run, profile, acceptance, metrics, record):
         if len(gpus) > 1:
             raise ExpectationFailure("nodes have different GPU counts: " + ", ".join(
                 f"{node} {plan.ranks}" for node, plan in plans.items()))
-        figure = nccl_tests_across(cluster_run, nodes, gpus.pop(), detected[nodes[0]].root,
-                                   acceptance, record)
-    elif missing_torch:
+        return Across("nccl-tests", plans, gpus.pop(), detected[nodes[0]].root)
+    if missing_torch:
         unavailable(f"{missing_torch[0]}: torch is missing, and nccl-tests across nodes needs "
                     "all_reduce_perf and mpirun on every node", profile)
-    else:
-        figure = torch_across(cluster_run, nodes, plans, acceptance, record)
+    return Across("torch", plans)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One all-reduce across a set of nodes: its figure or its failure, and its raw output."""
+
+    figure: Optional[Figure]
+    failure: Optional[CheckFailure]
+    raw: list[str]
+    timeout_s: float
+
+    def outcome(self) -> isolation.Outcome:
+        """As the isolation reads it; a timeout shorter than a node's own was the budget's."""
+        if self.figure is not None:
+            return isolation.Outcome(self.figure.busbw)
+        cut = isinstance(self.failure, CommandTimedOut) and self.timeout_s < NODE_TIMEOUT_S
+        return isolation.Outcome(None, first_line(self.failure) if self.failure else "", cut)
+
+
+def nccl_tests_across(cluster_run, nodes: Sequence[str], across: Across, acceptance, step: str,
+                      saved: list[str], timeout: float) -> Figure:
+    """all_reduce_perf under mpirun from the first node, one rank per GPU; sanity, then busbw."""
+    first = cluster_run.cluster.node(nodes[0])
+    interface = cluster_run.cluster.launch_interface
+    launcher = MpirunLauncher(ssh=first.ssh, as_root=across.root, interfaces=(interface,) if interface else (),
+                              export_env=("NCCL_DEBUG",) + ((f"NCCL_SOCKET_IFNAME={interface}",)
+                                                            if interface else ()))
+    hosts = [cluster_run.cluster.node(node).address for node in nodes]
+    result = nccl_tests.run_across(cluster_run.transport(first.name), launcher, hosts, across.gpus,
+                                   timeout=timeout)
+    saved += acceptance.save_raw(step, first.name, result.stdout, result.stderr)
+    return figure_of(Plan("nccl-tests", across.gpus * len(nodes), True), result)
+
+
+def torch_across(cluster_run, nodes: Sequence[str], across: Across, acceptance, step: str,
+                 saved: list[str], timeout: float, sizes: Sequence[int], iters: int) -> Figure:
+    """The torch payload under torchrun on every node, rendezvous on the first."""
+    first = across.plans[nodes[0]]
+    ranks = first.ranks if first.gpu else 1
+    transports = {node: cluster_run.transport(node) for node in nodes}
+    addresses = {node: cluster_run.cluster.node(node).address for node in nodes}
+    launch = collectives.run_across(transports, addresses, ranks, sizes=sizes, iters=iters, timeout=timeout,
+                                    socket_ifname=cluster_run.cluster.launch_interface)
+    for node, result in launch.results.items():
+        saved += acceptance.save_raw(step, node, result.stdout, result.stderr)
+    if launch.first_failure is not None:
+        launch_failure(launch)
+    if launch.leftovers:
+        raise SanityFailure("processes left after the run (killed): "
+                            + "; ".join(f"{node}: {lines.splitlines()[0]}" for node, lines in launch.leftovers.items()))
+    report, result = collectives.report_of(launch)
+    if report is None:
+        raise SanityFailure("no rank printed a measurement", excerpt(
+            "\n".join(r.stdout for r in launch.results.values())))
+    return torch_figure(result.node, report, ranks * len(nodes))
+
+
+def measure_across(cluster_run, across: Across, nodes: Sequence[str], acceptance, step: str, *,
+                   timeout: float = NODE_TIMEOUT_S, sizes: Optional[Sequence[int]] = None,
+                   iters: int = collectives.ITERS) -> Measured:
+    """One all-reduce across `nodes` (all sizes unless given), its failure kept as data."""
+    saved: list[str] = []
+    try:
+        if across.tool == "nccl-tests":
+            figure = nccl_tests_across(cluster_run, nodes, across, acceptance, step, saved, timeout)
+        else:
+            figure = torch_across(cluster_run, nodes, across, acceptance, step, saved, timeout,
+                                  sizes or across.sizes(), iters)
+    except CheckFailure as failure:
+        return Measured(None, failure, saved, timeout)
+    return Measured(figure, None, saved, timeout)
+
+
+def measure_at_once(cluster_run, across: Across, groups: Sequence[tuple[str, ...]], acceptance, step: str,
+                    timeout: float) -> dict[tuple[str, ...], Measured]:
+    """One all-reduce per group (disjoint node sets), all at once, each its own launch and
+    rendezvous (on its own first node); the largest size only, the one a figure is judged at."""
+    def measure(group: tuple[str, ...]) -> Measured:
+        return measure_across(cluster_run, across, group, acceptance, step, timeout=timeout,
+                              sizes=across.sizes()[-1:], iters=PROBE_ITERS)
+
+    with ThreadPoolExecutor(max_workers=max(len(groups), 1), thread_name_prefix=step) as pool:
+        return dict(zip(groups, pool.map(measure, groups), strict=True))
+
+
+_cluster_allreduce: dict[tuple[str, ...], Measured] = {}  # nodes -> the one run every check reads
+
+
+def cluster_allreduce(cluster_run, profile, acceptance) -> tuple[Across, Measured]:
+    """The all-reduce across every selected node, run once for the checks that read it."""
+    nodes = tuple(node.name for node in cluster_run.nodes)
+    if len(nodes) < 2:
+        pytest.skip("needs at least two nodes")
+    across = across_plan(cluster_run, profile, list(nodes))
+    if nodes not in _cluster_allreduce:
+        _cluster_allreduce[nodes] = measure_across(cluster_run, across, nodes, acceptance, CLUSTER_STEP)
+    return across, _cluster_allreduce[nodes]
+
+
+def cluster_band(profile) -> Optional[float]:
+    """The lowest all-reduce busbw across nodes the profile admits, None when it sets none."""
+    reference = profile.references.get(CLUSTER_METRIC)
+    return reference.low_bound if reference is not None and reference.unit == "GB/s" else None
+
+
+def isolate(cluster_run, profile, across: Across, figure: Figure, acceptance, record) -> Optional[isolation.Verdict]:
+    """Below its band: find the node(s) behind it (runners/isolation.py's plan, each round's runs
+    at once), within the profile's budget. None when the figure is within the band, or the
+    profile's isolation_budget_s is 0."""
+    low = cluster_band(profile)
+    budget = profile.expect.isolation_budget_s
+    budget = isolation.DEFAULT_BUDGET_S if budget is None else budget
+    if low is None or round(figure.busbw, 3) >= low or budget <= 0:
+        return None
+    plan = isolation.Isolation([node.name for node in isolation.placement_order(cluster_run.nodes)], low,
+                               budget_s=budget, cluster=isolation.Outcome(figure.busbw))
+    started = time.monotonic()
+    rounds = 0
+    while runs := plan.next_round(time.monotonic() - started):
+        rounds += 1
+        timeout = min(NODE_TIMEOUT_S, plan.timeout_s(time.monotonic() - started))
+        measured = measure_at_once(cluster_run, across, [run.nodes for run in runs], acceptance,
+                                   f"{ISOLATION_STEP}_round{rounds}", timeout)
+        for run in runs:
+            record.raw(measured[run.nodes].raw)
+            plan.record(run, measured[run.nodes].outcome())
+    verdict = plan.verdict()
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for step in verdict.steps:
+        if step.outcome.busbw is not None:
+            lines.setdefault(step.run.phase, []).append((step.round, step.outcome.busbw))
+    record.series("allreduce isolation busbw", x=("round", ""), y=("busbw", "GB/s"), lines=lines)
+    return verdict
+
+
+@pytest.mark.quick
+@pytest.mark.cluster
+def test_allreduce_cluster(cluster_run, profile, acceptance, metrics, record):
+    """All-reduce busbw across every selected node: nccl-tests under mpirun where every node has
+    both, else torchrun on each node with the rendezvous on the first. Below its band, the
+    node(s) behind it are isolated (screened, bisected, confirmed) and named with the evidence."""
+    across, measured = cluster_allreduce(cluster_run, profile, acceptance)
+    record.raw(measured.raw)
+    if measured.failure is not None:
+        raise measured.failure
+    figure = measured.figure
+    assert figure is not None
     record_curve(record, "all_reduce", figure)
-    record.note(f"{len(nodes)} node(s): " + figure.describe())
-    metrics.judge(allreduce_busbw_cluster=(round(figure.busbw, 3), "GB/s"))
+    record.note(f"{len(cluster_run.nodes)} node(s): " + figure.describe())
+    verdict = isolate(cluster_run, profile, across, figure, acceptance, record)
+    figures = {CLUSTER_METRIC: (round(figure.busbw, 3), "GB/s")}
+    if verdict is not None:
+        figures.update(isolation_time=(round(verdict.spent_s, 1), "s"), isolation_rounds=(verdict.rounds, "rounds"),
+                       isolated_nodes=(len(verdict.culprits), "nodes"))
+    try:
+        metrics.judge(**figures)
+    except PerformanceFailure as miss:
+        if verdict is None:
+            raise
+        raise PerformanceFailure(f"{miss}; {verdict.summary()}") from None
+
+
+@pytest.mark.full
+@pytest.mark.cluster
+def test_allreduce_scales(cluster_run, profile, measure_node, acceptance, metrics, record):
+    """All-reduce busbw at every scale: within each node, pairs (a ring), the nodes under each
+    leaf and each rack (inventory `leaf:`/`rack:`), and the whole cluster, so a slow spine is
+    told from a bad node. The table and its reading go into the results; each scale's figures
+    are judged by the checks that own them (allreduce, allreduce_cluster)."""
+    across, measured = cluster_allreduce(cluster_run, profile, acceptance)
+    runs = [isolation.ScaleRun("node", node, (node,), busbw, why)
+            for node, (busbw, why, ranks) in node_figures(cluster_run, profile, measure_node).items() if ranks > 1]
+    skipped = {} if runs else {"node": "no node runs more than one rank: nothing to reduce within a node"}
+    for level in isolation.scale_levels(cluster_run.nodes):
+        if level.skipped:
+            skipped[level.name] = level.skipped
+        for index, groups in enumerate(level.rounds, start=1):
+            results = measure_at_once(cluster_run, across, groups, acceptance, f"{SCALES_STEP}_{level.name}{index}",
+                                      NODE_TIMEOUT_S)
+            for group, result in results.items():
+                record.raw(result.raw)
+                outcome = result.outcome()
+                runs.append(isolation.ScaleRun(level.name, level.labels.get(group, "-".join(group)), group,
+                                               outcome.busbw, outcome.why))
+    cluster_outcome = measured.outcome()
+    runs.append(isolation.ScaleRun("cluster", "cluster", tuple(n.name for n in cluster_run.nodes),
+                                   cluster_outcome.busbw, cluster_outcome.why))
+    node_reference = profile.references.get("allreduce_busbw")
+    bounds = dict.fromkeys(("pair", "leaf", "rack", "cluster"), cluster_band(profile))
+    bounds["node"] = node_reference.low_bound if node_reference is not None else None
+    table = [isolation.level_line(level, [run for run in runs if run.level == level]) if level not in skipped
+             else f"{level}: skipped ({skipped[level]})" for level in SCALES]
+    record.note("; ".join(table) + ". " + isolation.read_scales(runs, bounds))
+    figures = {}
+    for level in SCALES:
+        values = [run.busbw for run in runs if run.level == level and run.busbw is not None]
+        if values:
+            figures[f"allreduce_busbw_{level}_median"] = (round(statistics.median(values), 3), "GB/s")
+            figures[f"allreduce_busbw_{level}_min"] = (round(min(values), 3), "GB/s")
+    metrics.judge(**figures)

@@ -1,8 +1,11 @@
 """The torch collectives payload run for real (gloo, two ranks and one rank on this machine), its
-parser, the suite's plan per node, and the training suite end to end on namespace nodes."""
+parser, the suite's plan per node, and the suite end to end on namespace nodes: healthy, and with
+one node's link slowed so that the cluster all-reduce misses its band and that node is isolated."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +14,7 @@ from test_e2e import results_of, run_dir_of, run_suites
 
 from inventory.loader import load_profile
 from inventory.model import Node
-from runners import collectives
+from runners import collectives, isolation
 from runners.collectives import plan_for
 from runners.parsing import ParseError
 from runners.transport import LocalTransport
@@ -132,6 +135,12 @@ def test_training_suite_on_two_namespace_nodes(ns_cluster, sign_key, tmp_path): 
     assert "GLOO_SOCKET_IFNAME=eth0" in cluster["message"] and cluster["metrics"][0]["value"] > 0
     assert [x for x, _ in cluster["series"][0]["lines"][0]["points"]] == list(collectives.CPU_SIZES)
     assert "slowest: node" in checks[("allreduce_spread", None)]["message"]
+    scales = checks[("allreduce_scales", None)]  # two nodes: their pair is the cluster, no placement
+    assert scales["outcome"] == "passed", scales["message"]
+    assert scales["message"].startswith("node: 2 run(s), median ")
+    assert "leaf: skipped (the inventory gives no leaf: for any node)" in scales["message"]
+    assert scales["message"].endswith(". every scale meets its band")
+    assert {m["name"] for m in scales["metrics"]} >= {"allreduce_busbw_pair_min", "allreduce_busbw_cluster_median"}
     for check, collective in [("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
                               ("alltoall", "all_to_all")]:
         assert checks[(check, "node2")]["outcome"] == "passed"
@@ -152,3 +161,61 @@ def test_without_torch_cpu_only_skips_and_a_gpu_profile_fails(profile, outcome, 
         assert "cannot import torch" in checks[key]["message"]
     if outcome == "failed":
         assert checks[("allreduce", "node3")]["kind"] == "expectation"
+
+
+SLOW_NODE = "node5"
+# 200 Mbit/s into one node: its collectives fall to about 0.024 GB/s busbw, while 3-node groups
+# of healthy namespace nodes measured 0.14-0.17 and the 8 together 0.15 (2 shared cores).
+SLOW_RATE = "200mbit"
+BAND = {"value": 0.1, "lower": -0.4, "source": "test: 8 healthy namespace nodes measured 0.15 GB/s"}
+
+
+@pytest.fixture
+def eight_nodes_one_slow(ns_cluster_factory):
+    """Eight namespace nodes under two leaves, node5's bridge-side veth limited by tbf."""
+    cluster = ns_cluster_factory(8)
+    subprocess.run(["tc", "qdisc", "add", "dev", cluster.node(SLOW_NODE).veth_host, "root", "tbf",
+                    "rate", SLOW_RATE, "burst", "32kbit", "latency", "50ms"], check=True)
+    return cluster
+
+
+def test_a_slow_node_is_isolated_inside_the_cluster_all_reduce(eight_nodes_one_slow, sign_key, tmp_path):
+    inventory = eight_nodes_one_slow.write_inventory(tmp_path / "cluster.yaml", extra={
+        "groups": {"leaf-a": {"nodes": "node[1-4]", "leaf": "leaf-a"},
+                   "leaf-b": {"nodes": "node[5-8]", "leaf": "leaf-b"}},
+        "references": {"allreduce_busbw_cluster": BAND}})
+    run_suites(inventory, tmp_path / "out", sign_key, "suites/test_collectives.py", "-m", "training",
+               "-k", "allreduce_cluster or allreduce_scales", timeout=1500)
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    checks = checks_of(results_of(run_dir))
+    assert (run_dir / "report.html").is_file()
+
+    cluster = checks[("allreduce_cluster", None)]
+    message = cluster["message"]
+    assert (cluster["outcome"], cluster["kind"]) == ("failed", "performance"), message
+    assert message.startswith("allreduce_busbw_cluster = ") and "expected >= 0.06 GB/s" in message
+    assert re.findall(r"isolated (\w+)", message) == [SLOW_NODE], message
+    # The evidence: every step with node5 in it, from the cluster run to its confirmation beside a
+    # cleared node. Healthy groups beside each other on 2 shared cores sometimes miss the band too
+    # (0.035 GB/s seen): they are bisected and their nodes cleared by confirmation, a round more.
+    assert re.search(r"isolated node5 \(cluster node1\.\.node8 \(8 nodes\) 0\.0\d\d GB/s; "
+                     r"screen node4,node5,node6 0\.0\d\d GB/s; .*confirm node5 with node\d 0\.0\d\d GB/s\)",
+                     message), message
+    assert "cleared 7 of 8 node(s)" in message and "not finished" not in message
+    figures = {m["name"]: m["value"] for m in cluster["metrics"]}
+    assert figures["isolated_nodes"] == 1 and 2 <= figures["isolation_rounds"] <= 5
+    assert figures["isolation_time"] <= isolation.DEFAULT_BUDGET_S  # cpu-only leaves the default
+    [steps] = [s for s in cluster["series"] if s["name"] == "allreduce isolation busbw"]
+    assert {"cluster", "screen", "confirm"} <= {line["label"] for line in steps["lines"]}
+
+    scales = checks[("allreduce_scales", None)]
+    table = scales["message"]
+    assert scales["outcome"] == "passed", table
+    assert table.startswith("node: 8 run(s)") and "pair: 8 run(s)" in table and "leaf: 2 run(s)" in table
+    assert "rack: skipped (the inventory gives no rack: for any node)" in table
+    # Four pairs at once share the 2 cores, so a healthy pair may miss the band too (0.03 GB/s seen);
+    # leaf-a's group meeting it clears its nodes, and node5's pairs are the slowest.
+    [named] = re.findall(r"\. every pair of ([^:]+) is low: bad node\(s\), not the fabric$", table) or [table]
+    assert SLOW_NODE in named.split(", ") and not {"node1", "node2", "node3", "node4"} & set(named.split(", "))
+    assert re.search(r"pair: 8 run\(s\), median 0\.\d+, min 0\.0\d\d GB/s \((node4-node5|node5-node6)\)", table)
+    assert "min 0.0" in table.split("leaf: ")[1].split(";")[0] and "(leaf-b)" in table

@@ -1,0 +1,213 @@
+"""The isolation planner and the multi-scale table (runners/isolation.py), without nodes.
+
+A model cluster stands in for the collective: a run's busbw is the slowest member's speed
+(1.0 GB/s for a good node, 0.1 for a bad one), which is what a ring all-reduce does, and every
+round takes the same time. The suite runs the same plan on real nodes (test_collectives.py).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from inventory.model import Node
+from runners import isolation
+from runners.isolation import BISECT, CONFIRM, SCREEN, Isolation, Outcome, ScaleRun
+
+GOOD, BAD, BAND = 1.0, 0.1, 0.5
+ROUND_S = 10.0
+
+
+def names(count: int) -> list[str]:
+    return [f"n{i:04d}" for i in range(1, count + 1)]
+
+
+def simulate(nodes, bad, budget_s=isolation.DEFAULT_BUDGET_S, cut_after=None):
+    """Run the plan to its end against the model; every run's node set checked for overlap."""
+    plan = Isolation(nodes, BAND, budget_s=budget_s,
+                     cluster=Outcome(BAD if bad else GOOD))
+    spent, cleared_before = 0.0, set()
+    while runs := plan.next_round(spent):
+        members = [node for run in runs for node in run.nodes]
+        assert len(members) == len(set(members)), f"a node in two runs of one round: {runs}"
+        for run in runs:
+            if run.phase == CONFIRM:
+                assert run.nodes[1] in cleared_before, f"{run.nodes[1]} was not known good"
+            if cut_after is not None and plan.timeout_s(spent) < cut_after:
+                plan.record(run, Outcome(None, "timed out", cut=True))
+            else:
+                plan.record(run, Outcome(BAD if set(run.nodes) & set(bad) else GOOD))
+        spent += ROUND_S
+        cleared_before = set(plan.verdict().cleared)
+    return plan.verdict()
+
+
+@pytest.mark.parametrize("count", [4, 5, 8, 9, 16, 17, 50, 64, 1024])
+def test_one_bad_node_is_named_and_every_other_node_cleared(count):
+    nodes = names(count)
+    for bad in {nodes[0], nodes[count // 2], nodes[-1]}:
+        verdict = simulate(nodes, {bad})
+        assert verdict.culprits == (bad,), verdict.summary()
+        assert set(verdict.cleared) == set(nodes) - {bad} and not verdict.unresolved
+        # one screen round, bisection down to about 3 nodes, one confirmation round
+        assert verdict.rounds <= 2 + math.ceil(math.log2(isolation.group_size(count))), verdict.summary()
+        assert len(verdict.steps) <= 2 * count  # linear in nodes, never all pairs
+
+
+def test_the_evidence_is_every_step_the_culprit_took_part_in():
+    verdict = simulate(names(8), {"n0005"})
+    assert [step.run.phase for step in verdict.evidence("n0005")] == ["cluster", SCREEN, CONFIRM]
+    summary = verdict.summary()
+    assert summary.startswith("isolated n0005 (cluster n0001..n0008 (8 nodes) 0.100 GB/s; "
+                              "screen n0004,n0005,n0006 0.100 GB/s; confirm n0005 with n0002 0.100 GB/s)")
+    assert "cleared 7 of 8 node(s); 2 round(s) in 20 s of a 600 s budget" in summary
+    assert "band >= 0.5 GB/s" in summary
+
+
+def test_screen_groups_are_disjoint_about_sqrt_n_and_cover_every_node():
+    for count in range(2, 200):
+        groups = isolation.screen_groups(names(count))
+        assert [node for group in groups for node in group] == names(count)
+        assert all(2 <= len(group) <= 2 * isolation.group_size(count) for group in groups)
+        assert len(groups) <= isolation.group_size(count) + 1
+    assert [len(g) for g in isolation.screen_groups(names(8))] == [3, 3, 2]
+    assert [len(g) for g in isolation.screen_groups(names(10))] == [4, 4, 2]
+    assert [len(g) for g in isolation.screen_groups(names(7))] == [3, 4]  # a last node alone joins
+
+
+def test_large_groups_are_bisected_before_confirmation():
+    verdict = simulate(names(64), {"n0030"})
+    phases = [step.run.phase for step in verdict.evidence("n0030")]
+    assert phases[:2] == ["cluster", SCREEN] and BISECT in phases and phases[-1] == CONFIRM
+    assert len([step for step in verdict.steps if step.run.phase == SCREEN]) == 8
+
+
+@pytest.mark.parametrize("bad", [("n0002", "n0003"), ("n0002", "n0014"), ("n0001", "n0016")])
+def test_two_bad_nodes_in_one_group_or_two(bad):
+    verdict = simulate(names(16), set(bad))
+    assert sorted(verdict.culprits) == sorted(bad), verdict.summary()
+    assert len(verdict.cleared) == 14 and not verdict.unresolved
+
+
+def test_budget_exhausted_says_what_it_could_not_finish():
+    """Rounds of 10 s in a 25 s budget: the screen and the bisection run, the confirmation not."""
+    verdict = simulate(names(64), {"n0030"}, budget_s=25)
+    assert verdict.rounds == 2 and not verdict.culprits
+    assert verdict.unresolved and set(verdict.unresolved) <= {f"n{i:04d}" for i in range(25, 33)}
+    assert all("10 s" in why and "25 s budget" in why for why in verdict.unresolved.values())
+    summary = verdict.summary()
+    assert "no single node isolated" in summary and "not finished: " in summary
+    assert "2 round(s) in 20 s of a 25 s budget" in summary
+
+
+def test_runs_cut_by_the_budget_leave_their_nodes_unresolved():
+    """The second round's runs get 15 s of the budget and need 20: its bisection is cut."""
+    verdict = simulate(names(16), {"n0003"}, budget_s=25, cut_after=20)
+    assert verdict.rounds == 2 and not verdict.culprits
+    assert set(verdict.unresolved) == {"n0001", "n0002", "n0003", "n0004"}
+    assert all(why == "its bisect run was cut by the budget" for why in verdict.unresolved.values())
+    assert "(cut by the budget)" in "; ".join(step.describe() for step in verdict.steps)
+
+
+def test_every_group_meeting_the_band_points_at_the_fabric_between_groups():
+    verdict = simulate(names(9), set())
+    assert not verdict.culprits and set(verdict.cleared) == set(names(9)) and verdict.rounds == 1
+    assert "between the groups (spine or fabric)" in verdict.summary()
+
+
+@pytest.mark.parametrize("bad", ["n0001", "n0002", "n0003"])
+def test_three_nodes_pair_suspects_with_each_other_until_one_is_known_good(bad):
+    verdict = simulate(names(3), {bad})
+    assert verdict.culprits == (bad,) and len(verdict.cleared) == 2, verdict.summary()
+
+
+def test_no_known_good_node_leaves_the_suspects_unconfirmed():
+    verdict = simulate(names(2), {"n0001"})
+    assert verdict.rounds == 0 and not verdict.culprits
+    assert verdict.unresolved == {node: "awaiting confirmation: no node was cleared to pair it with"
+                                  for node in names(2)}
+    every_bad = simulate(names(9), set(names(9)))
+    assert not every_bad.culprits and "whole fabric is slow" in every_bad.summary()
+
+
+def test_a_run_without_a_figure_counts_as_missing_the_band():
+    plan = Isolation(names(4), BAND)
+    first = plan.next_round(0)
+    assert [run.nodes for run in first] == [("n0001", "n0002"), ("n0003", "n0004")]
+    plan.record(first[0], Outcome(None, "rank 1 failed"))
+    plan.record(first[1], Outcome(GOOD))
+    confirm = plan.next_round(ROUND_S)
+    assert [run.nodes for run in confirm] == [("n0001", "n0003"), ("n0002", "n0004")]
+    with pytest.raises(ValueError, match="record the outcome"):
+        plan.next_round(ROUND_S)
+    assert "screen n0001,n0002 no figure (rank 1 failed)" in [step.describe() for step in plan.steps]
+
+
+def test_nodes_must_be_distinct_and_two_or_more():
+    with pytest.raises(ValueError, match="distinct"):
+        Isolation(["a", "a"], BAND)
+    with pytest.raises(ValueError, match="two"):
+        Isolation(["a"], BAND)
+
+
+# ---------------------------------------------------------------------------------------------
+# The multi-scale table
+
+
+def node(name, rack=None, leaf=None) -> Node:
+    return Node(name=name, address=name, transport="ssh", rack=rack, leaf=leaf)
+
+
+def test_scales_without_placement_skip_leaf_and_rack_with_the_reason():
+    pair, leaf, rack = isolation.scale_levels([node(n) for n in names(5)])
+    assert [len(r) for r in pair.rounds] == [2, 2, 1]  # a ring: five pairs, each node in two
+    assert leaf.skipped == "the inventory gives no leaf: for any node" and not leaf.rounds
+    assert rack.skipped == "the inventory gives no rack: for any node"
+
+
+def test_scales_group_by_leaf_and_rack_in_one_round_each():
+    nodes = [node("a1", "r1", "l1"), node("b1", "r2", "l3"), node("a2", "r1", "l1"),
+             node("a3", "r1", "l2"), node("a4", "r1", "l2"), node("b2", "r2", "l3"), node("c1")]
+    assert [n.name for n in isolation.placement_order(nodes)] == ["a1", "a2", "a3", "a4", "b1", "b2", "c1"]
+    pair, leaf, rack = isolation.scale_levels(nodes)
+    assert leaf.rounds == ((("a1", "a2"), ("a3", "a4"), ("b1", "b2")),)
+    assert leaf.labels[("a3", "a4")] == "l2"
+    assert rack.rounds == ((("a1", "a2", "a3", "a4"), ("b1", "b2")),)
+    assert ("a2", "a3") in pair.rounds[0] + pair.rounds[1]  # ring neighbours follow placement
+    one_rack = isolation.scale_levels([node(n, rack="r9") for n in names(3)])[2]
+    assert one_rack.skipped == "every node is under rack r9: the cluster row measures it"
+    alone = isolation.placement_level([node("x", leaf="l1"), node("y", leaf="l2")], "leaf")
+    assert alone.skipped == "no leaf holds two or more nodes"
+
+
+def scale_runs(pair_figures: dict, leaf_figures: dict, cluster: float) -> list[ScaleRun]:
+    runs = [ScaleRun("pair", "-".join(p), p, v) for p, v in pair_figures.items()]
+    runs += [ScaleRun("leaf", label, nodes, v) for (label, nodes), v in leaf_figures.items()]
+    return runs + [ScaleRun("cluster", "cluster", ("a", "b", "c", "d"), cluster)]
+
+
+BOUNDS = {"pair": BAND, "leaf": BAND, "cluster": BAND, "node": BAND}
+RING = [("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")]
+LEAVES = [("l1", ("a", "b")), ("l2", ("c", "d"))]
+
+
+def test_the_table_tells_a_bad_node_from_a_slow_spine():
+    bad_c = scale_runs({p: BAD if "c" in p else GOOD for p in RING},
+                       {leaf: BAD if "c" in leaf[1] else GOOD for leaf in LEAVES}, BAD)
+    assert isolation.read_scales(bad_c, BOUNDS) == "every pair of c is low: bad node(s), not the fabric"
+    noisy = scale_runs({p: BAD if "a" in p else GOOD for p in RING}, dict.fromkeys(LEAVES, GOOD), GOOD)
+    assert isolation.read_scales(noisy, BOUNDS) == "low runs with no single pattern: pair a-b, pair d-a"
+    spine = scale_runs(dict.fromkeys(RING, GOOD), dict.fromkeys(LEAVES, GOOD), BAD)
+    assert "the spine" in isolation.read_scales(spine, BOUNDS)
+    leaf = scale_runs(dict.fromkeys(RING, GOOD), {LEAVES[0]: GOOD, LEAVES[1]: BAD}, BAD)
+    assert isolation.read_scales(leaf, BOUNDS).startswith("leaf group(s) l2 low with no bad node")
+    healthy = scale_runs(dict.fromkeys(RING, GOOD), dict.fromkeys(LEAVES, GOOD), GOOD)
+    assert isolation.read_scales(healthy, BOUNDS) == "every scale meets its band"
+    assert isolation.read_scales(healthy, {}) == "no band to judge the scales against"
+
+
+def test_a_table_line_names_the_slowest_run_and_those_without_a_figure():
+    runs = [ScaleRun("pair", "a-b", ("a", "b"), 0.4), ScaleRun("pair", "b-c", ("b", "c"), 0.1),
+            ScaleRun("pair", "c-a", ("c", "a"), None, "timed out")]
+    assert isolation.level_line("pair", runs) == \
+        "pair: 3 run(s), median 0.250, min 0.100 GB/s (b-c), no figure from c-a"
