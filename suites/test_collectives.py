@@ -316,7 +316,7 @@ def nccl_tests_across(cluster_run, nodes: Sequence[str], across: Across, accepta
     hosts = [cluster_run.cluster.node(node).address for node in nodes]
     result = nccl_tests.run_across(cluster_run.transport(first.name), launcher, hosts, across.gpus,
                                    timeout=timeout)
-    saved += acceptance.save_raw(step, first.name, result.stdout, result.stderr)
+    saved += acceptance.save_result(step, result)
     return figure_of(Plan("nccl-tests", across.gpus * len(nodes), True), result)
 
 
@@ -329,8 +329,8 @@ def torch_across(cluster_run, nodes: Sequence[str], across: Across, acceptance, 
     addresses = {node: cluster_run.cluster.node(node).address for node in nodes}
     launch = collectives.run_across(transports, addresses, ranks, sizes=sizes, iters=iters, timeout=timeout,
                                     socket_ifname=cluster_run.cluster.launch_interface)
-    for node, result in launch.results.items():
-        saved += acceptance.save_raw(step, node, result.stdout, result.stderr)
+    for result in launch.results.values():
+        saved += acceptance.save_result(step, result)
     if launch.first_failure is not None:
         launch_failure(launch)
     if launch.leftovers:
