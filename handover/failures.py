@@ -1,7 +1,7 @@
 """The kinds of check failure: what the suites raise and the recorder files in the ledger.
 
 A kind is a word the report shows beside the message (unreachable, host-key, timeout, sanity,
-performance, expectation), so an operator tells a dead node from a slow one without reading a
+performance, expectation, busy), so an operator tells a dead node from a slow one without reading a
 traceback. transport_failure() is the one place a transport's outcome word becomes a kind.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Faults met as an operator meets them, on real sshd nodes: a link cut mid-command, sshd and its
-session killed, a changed host key, the harness SIGKILLed, sshd starting late; and messages that
-stay short when a command carries its input inline.
+session killed, a changed host key, the harness SIGKILLed (then --resume), sshd starting late; and
+messages that stay short when a command carries its input inline.
 """
 from __future__ import annotations
 
@@ -374,3 +374,51 @@ def test_an_acceptance_run_with_a_link_cut_during_hpl_goes_on_and_says_what_was_
         assert "before" not in checks[(check, "node1")]["message"]
     assert (run_dir / "report.html").exists()
     assert processes_named("hpcc", namespace) == []
+
+
+def test_an_acceptance_run_killed_with_sigkill_leaves_nothing_and_resumes_to_the_end(
+        ns_cluster_factory, sign_key, tmp_path):
+    """The harness SIGKILLed while hpcc runs on both nodes: within 15 s nothing of it runs there
+    (the node-side watchdog), the ledger keeps every check finished before the kill, and
+    --resume runs only the rest, completing the same run with each check once."""
+    from test_e2e import results_of, run_dir_of, run_suites
+
+    nodes = ns_cluster_factory(2)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml",
+                                      extra={"scratch": [{"path": str(scratch), "kind": "local"}]})
+    selection = ["-m", "system or (hpc and quick)", "-k", "not hpl_cluster"]
+    harness = subprocess.Popen([sys.executable, "-m", "pytest", "--inventory", str(inventory), "--out",
+                                str(tmp_path / "out"), "--sign-key", str(sign_key), *selection, "-q",
+                                "-p", "no:cacheprovider"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    namespaces = [nodes.node(name).namespace for name in ("node1", "node2")]
+    try:
+        deadline = time.monotonic() + 240
+        while not all(processes_named("hpcc", ns) for ns in namespaces) and time.monotonic() < deadline:
+            assert harness.poll() is None, "the run ended before hpcc ran on both nodes"
+            time.sleep(0.2)
+        harness.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        harness.wait(5)
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+    for namespace in namespaces:
+        while processes_named("hpcc", namespace) and time.monotonic() - killed < 15:
+            time.sleep(0.2)
+        assert processes_named("hpcc", namespace) == [], namespace
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    before = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    done_before = {entry["test_id"] for entry in before if entry["type"] == "check"}
+    assert done_before and not any(entry["type"] == "end" for entry in before)
+    assert not any("hpl" in test_id for test_id in done_before)  # killed while it ran
+    resumed = run_suites(inventory, tmp_path / "unused", sign_key, *selection, f"--resume={run_dir}",
+                         timeout=400)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
+    checks = results_of(run_dir)["checks"]
+    ids = [check["test_id"] for check in checks]
+    assert len(ids) == len(set(ids)) and done_before < set(ids)
+    assert {(c["node"], c["outcome"]) for c in checks if c["check"] == "hpl"} == {
+        ("node1", "passed"), ("node2", "passed")}
