@@ -24,7 +24,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fanout import log, machine, positive_int  # noqa: E402
+from fanout import log, machine, positive_int, sizes_up_to  # noqa: E402
 from system_suite import timed  # noqa: E402
 
 COLLECTED = re.compile(r"(\d+) tests? collected")
@@ -54,19 +54,10 @@ def collect(path: Path, workdir: Path) -> tuple[float, float, int]:
     return wall, rss / 1024, int(found.group(1))
 
 
-def sizes_arg(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not sizes or sizes[0] < 1 or sizes[-1] > 9999:
-        raise argparse.ArgumentTypeError("sizes must be 1..9999 nodes each")
-    return sizes
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg("64,128,256,512,1024"),
+    sizes = sizes_up_to(9999)  # nothing is started: only the inventory's length
+    parser.add_argument("--sizes", type=sizes, default=sizes("64,128,256,512,1024"),
                         help="cluster sizes, comma-separated (default 64,128,256,512,1024)")
     parser.add_argument("--repeat", type=positive_int, default=3,
                         help="runs per size; the median is reported (default 3)")
@@ -75,7 +66,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     when = datetime.now(timezone.utc)
     rows = []
     with tempfile.TemporaryDirectory(prefix="handover-collect-") as tmp:
-        for nodes in args.sizes:
+        for nodes in sorted(set(args.sizes)):
             path = inventory(Path(tmp) / f"h100-{nodes}.yaml", nodes)
             runs = [collect(path, Path(tmp)) for _ in range(args.repeat)]
             rows.append({"nodes": nodes, "wall_s": statistics.median(r[0] for r in runs),

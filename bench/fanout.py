@@ -30,7 +30,7 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from netns import NamespaceCluster, netns_available  # noqa: E402
+from netns import MAX_NODES, NamespaceCluster, netns_available  # noqa: E402
 
 from inventory.loader import load_inventory  # noqa: E402
 from runners import system  # noqa: E402
@@ -42,14 +42,20 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def sizes_arg(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not sizes or any(not 1 <= n <= 253 for n in sizes):
-        raise argparse.ArgumentTypeError("sizes must be 1..253 nodes each")
+def sizes_up_to(largest: int) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated cluster sizes of 1..largest nodes."""
+    def sizes(text: str) -> list[int]:
+        try:
+            found = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        if not found or any(not 1 <= n <= largest for n in found):
+            raise argparse.ArgumentTypeError(f"sizes must be 1..{largest} nodes each")
+        return found
     return sizes
+
+
+sizes_arg = sizes_up_to(MAX_NODES)  # namespace nodes: one /24 each cluster
 
 
 def positive_int(text: str) -> int:

@@ -18,6 +18,7 @@ small runners.pairs.PairTool (iperf3.Iperf3Tool; perftest.PerftestTool) for what
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -173,15 +174,16 @@ class PairCampaign:
         self.attributions: dict[Rail, pairs.Attribution] = {}
         self._links: dict[Rail, dict[str, list[pairs.Link]]] = {}
         self._findings: dict[Rail, dict[str, str]] = {}
+        self._medians: dict[Rail, Optional[float]] = {}  # of each rail's first pass
         self._pairs_of: dict[tuple[str, Rail], list[Pair]] = {}  # (node, rail) -> its pairs
 
-    @property
+    @functools.cached_property
     def nodes(self) -> list[str]:
-        """The cluster's selected nodes in placement order (rack, leaf), which the ring follows."""
-        cluster = self._cluster_run.cluster
-        return pairs.placement_order([node.name for node in self._cluster_run.nodes],
-                                     {name: (cluster.node(name).leaf, cluster.node(name).rack)
-                                      for name in (node.name for node in self._cluster_run.nodes)})
+        """The nodes under test in placement order (leaf, rack), which the ring follows; taken
+        when the first check asks, once nodes another run holds are left out."""
+        under_test = self._cluster_run.nodes
+        return pairs.placement_order([node.name for node in under_test],
+                                     {node.name: (node.leaf, node.rack) for node in under_test})
 
     def node(self, node: str, rail: Rail = None) -> NodeLinks:
         """This node's links on a rail, measuring the whole campaign first if no check has yet."""
@@ -191,7 +193,7 @@ class PairCampaign:
                          finding=self._findings.get(rail, {}).get(node, ""),
                          runs=[self.runs.get((pair, rail)) or self.second_runs[(pair, rail)] for pair in mine],
                          raw=[path for pair in mine for path in self.raw.get((pair, rail), [])],
-                         median=self.verdicts[rail].median if rail in self.verdicts else None)
+                         median=self._medians.get(rail))
 
     def measure(self) -> None:
         with self._lock:
@@ -216,6 +218,7 @@ class PairCampaign:
                                                      for key, run in second.items()}).items():
                     self.verdicts[rail].second = outcomes
             for rail, verdicts in self.verdicts.items():
+                self._medians[rail] = verdicts.median
                 self._links[rail] = verdicts.links_by_node()
                 self.attributions[rail] = verdicts.attribution()
                 self._findings[rail] = pairs.findings(self.attributions[rail])
