@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from inventory.model import Node
-from runners.pairs import attribute, ring_rounds
+from runners.pairs import attribute, placement_order, ring_rounds
 
 SCREEN, BISECT, CONFIRM, PAIR, CLUSTER = "screen", "bisect", "confirm", "pair", "cluster"
 DEFAULT_BUDGET_S = 600.0  # unless the profile sets isolation_budget_s
@@ -287,18 +287,6 @@ class Isolation:
 
 
 PLACEMENT_KEYS = ("leaf", "rack")
-
-
-def placement_order(nodes: Sequence[Node]) -> list[Node]:
-    """Nodes grouped by rack, then leaf, each in order of first appearance, else inventory order:
-    groups screened in this order mostly stay under one leaf."""
-    first_rack: dict[Optional[str], int] = {}
-    first_leaf: dict[Optional[str], int] = {}
-    for index, node in enumerate(nodes):
-        first_rack.setdefault(node.rack, index)
-        first_leaf.setdefault(node.leaf, index)
-    return sorted(nodes, key=lambda node: (first_rack[node.rack] if node.rack else math.inf,
-                                           first_leaf[node.leaf] if node.leaf else math.inf))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ attribution are unit-tested; those two are tested with real iperf3 between real 
 """
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -17,6 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
+from inventory.model import Node
 from runners.transport import Result, Transport
 
 Pair = tuple[str, str]
@@ -79,14 +81,17 @@ ALL_PAIRS_MAX_NODES = 64  # full depth measures every pair up to this many nodes
 SAMPLE_PARTNERS = 8  # above it, each node is paired with about this many partners
 
 
-def placement_order(nodes: Sequence[str], placement: Mapping[str, tuple]) -> list[str]:
-    """The nodes grouped by placement ((leaf, rack) from the inventory), groups in order of
-    first appearance, inventory order within: ring neighbours then mostly share a leaf, and the
+def placement_order(nodes: Sequence[Node]) -> list[Node]:
+    """Nodes grouped by rack, then leaf, each in order of first appearance, the unplaced last in
+    inventory order: ring neighbours and screened groups then mostly share a leaf, and the
     sample's long strides cross leaves."""
-    groups: dict[tuple, list[str]] = {}
-    for node in nodes:
-        groups.setdefault(tuple(placement.get(node, ())), []).append(node)
-    return [node for members in groups.values() for node in members]
+    first_rack: dict[Optional[str], int] = {}
+    first_leaf: dict[Optional[str], int] = {}
+    for index, node in enumerate(nodes):
+        first_rack.setdefault(node.rack, index)
+        first_leaf.setdefault(node.leaf, index)
+    return sorted(nodes, key=lambda node: (first_rack[node.rack] if node.rack else math.inf,
+                                           first_leaf[node.leaf] if node.leaf else math.inf))
 
 
 def sample_pairs(nodes: Sequence[str], partners: int = SAMPLE_PARTNERS) -> list[Pair]:

@@ -179,11 +179,9 @@ class PairCampaign:
 
     @functools.cached_property
     def nodes(self) -> list[str]:
-        """The nodes under test in placement order (leaf, rack), which the ring follows; taken
+        """The nodes under test in placement order (rack, leaf), which the ring follows; taken
         when the first check asks, once nodes another run holds are left out."""
-        under_test = self._cluster_run.nodes
-        return pairs.placement_order([node.name for node in under_test],
-                                     {node.name: (node.leaf, node.rack) for node in under_test})
+        return [node.name for node in pairs.placement_order(self._cluster_run.nodes)]
 
     def node(self, node: str, rail: Rail = None) -> NodeLinks:
         """This node's links on a rail, measuring the whole campaign first if no check has yet."""

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from inventory.model import Node
 from runners.pairs import (
     Attribution,
     Link,
@@ -322,11 +323,14 @@ def test_the_sample_reaches_across_the_fleet_and_the_ring_stays_on_a_leaf():
 
 
 def test_placement_order_groups_nodes_by_leaf_and_rack_keeping_inventory_order_within():
-    nodes = ["a1", "b1", "a2", "c1", "b2", "a3"]
     placement = {"a1": ("L1", "r1"), "a2": ("L1", "r1"), "a3": ("L1", "r1"),
                  "b1": ("L2", "r2"), "b2": ("L2", "r2")}
-    assert placement_order(nodes, placement) == ["a1", "a2", "a3", "b1", "b2", "c1"]
-    assert placement_order(nodes, {}) == nodes  # nothing said: the inventory's order
+    names = ["a1", "b1", "a2", "c1", "b2", "a3"]
+    nodes = [Node(name, name, "ssh", leaf=placement.get(name, (None, None))[0],
+                  rack=placement.get(name, (None, None))[1]) for name in names]
+    assert [node.name for node in placement_order(nodes)] == ["a1", "a2", "a3", "b1", "b2", "c1"]
+    unplaced = [Node(name, name, "ssh") for name in names]
+    assert placement_order(unplaced) == unplaced  # nothing said: the inventory's order
 
 
 def test_pair_schedules_by_depth():
