@@ -6,9 +6,11 @@ shell process that the run starts through its transport and that lives as long a
 
 - /dev/shm is a tmpfs on every Linux node: the lock writes nothing to a customer's disks, cannot
   outlive a reboot, and needs no clean-up (the lock is the open file, not the file).
-- The holder writes a heartbeat byte down its own session every second. When the run ends, even
-  by SIGKILL of the harness, that SSH channel (or pipe) goes away, the next write kills the holder
-  with SIGPIPE, and the kernel drops the lock with it: locks end with their run.
+- Taking it is one short command per node, which leaves a background holder behind: a quiet
+  subshell that keeps the lock's file open. It carries the run's lease tag (runners.transport),
+  so when the run ends, even by SIGKILL of the harness, the node-side watchdog of the run's
+  connection kills it and the kernel drops the lock: locks end with their run. A holder costs
+  the harness nothing while it holds: no channel, no heartbeat of its own.
 - The file says who holds it (run id, start, harness host), so a refused run can say who.
 
 Nodes that share one /dev/shm (containers or network namespaces on one host, as the harness's own
@@ -18,8 +20,6 @@ The shell text is fixed; every value reaches it as a positional argument.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
 
@@ -27,29 +27,24 @@ from runners.fanout import fan_out
 from runners.transport import Result, Transport
 
 LOCK_DIR = "/dev/shm"
-HOLD_S = 7 * 24 * 3600  # the node-side bound on a holder; its heartbeat ends it with the run
+HOLD_S = 7 * 24 * 3600  # the node-side bound on a holder; the run's watchdog ends it with the run
 BUSY_WAIT_S = 300  # --busy-nodes wait: how long a run waits for another to end on a node
-SETTLE_S = 30  # beyond any wait: time for a holder to connect, start and say it has the lock
-PROBE_EVERY_S = 0.2
-RELEASE_JOIN_S = 15
+SETTLE_S = 30  # beyond any wait: time to connect and take the lock
 EXIT_BUSY = 75  # EX_TEMPFAIL: another run holds the lock
 
 _LOCK_FILE = 'lock="$1/handover-node-$(readlink /proc/self/ns/net 2>/dev/null | tr -dc 0-9).lock"\n'
 
-# $1 lock dir, $2 what the lock file says, $3 seconds to wait for the lock (0: do not wait).
-_HOLD = _LOCK_FILE + r"""
+# $1 lock dir, $2 what the lock file says, $3 seconds to wait for the lock (0: do not wait),
+# $4 seconds the holder may hold it at most. The holder (the subshell) keeps the lock file open;
+# its sleeps do not, so killing the holder frees the lock at once, and its last sleep ends
+# within a second.
+_TAKE = _LOCK_FILE + r"""
 command -v flock >/dev/null 2>&1 || { echo "flock(1) is not installed on the node" >&2; exit 69; }
 umask 0
 exec 9<>"$lock"
 if [ "$3" -gt 0 ]; then flock -w "$3" 9; else flock -n 9; fi || { cat "$lock"; exit 75; }
-printf '%s %s\n' "$$" "$2" > "$lock"
-while printf .; do sleep 1 9>&-; done
-"""
-
-# $1 lock dir: who says they hold the lock.
-_SHOW = _LOCK_FILE + r"""
-cat "$lock" 2>/dev/null
-exit 0
+( held=0; while [ "$held" -lt "$4" ]; do sleep 1 9>&-; held=$((held + 1)); done ) </dev/null >/dev/null 2>&1 &
+printf '%s %s\n' "$!" "$2" > "$lock"
 """
 
 # $1 lock dir, $2 the run's token: end our holder, never another run's.
@@ -111,67 +106,33 @@ class NodeLocks:
     def __init__(self, owner: Owner, transports: Mapping[str, Transport]):
         self.owner = owner
         self.transports = dict(transports)
-        self._threads: dict[str, threading.Thread] = {}
-        self._ended: dict[str, Result] = {}  # node -> its holder's result, once it ended
+        self._held: list[str] = []
 
     def take(self, wait_s: float = 0) -> dict[str, NodeLock]:
-        """Start a holder on every node; {node: NodeLock} once each holds, is refused or gave up.
+        """Take every node's lock at once; {node: NodeLock}, held, busy or unlocked.
 
         wait_s > 0 waits that long for another run's lock to go before the node is refused.
         """
         content = json.dumps(asdict(self.owner))
-        self._ended.clear()
-        # One look first connects every node: one that does not answer costs one connect timeout
-        # here, not one per round, and gets no holder.
-        taken = {node: NodeLock(node, "unlocked", detail=result.explain())
-                 for node, result in self._show(self.transports).items() if not result.ok}
-        for node, transport in self.transports.items():
-            if node not in taken:
-                thread = threading.Thread(target=self._hold, args=(node, transport, content, wait_s),
-                                          name=f"node-lock-{node}", daemon=True)
-                self._threads[node] = thread
-                thread.start()
-        deadline = time.monotonic() + wait_s + SETTLE_S
-        while len(taken) < len(self.transports):
-            for node, result in list(self._ended.items()):
-                if node not in taken:
-                    taken[node] = _refused(node, result)
-            pending = {n: t for n, t in self.transports.items() if n not in taken}
-            if not pending:
-                break
-            for node, shown in self._show(pending).items():
-                if node not in self._ended and Owner.parse(shown.stdout) == self.owner:
-                    taken[node] = NodeLock(node, "held")
-            if time.monotonic() > deadline:
-                for node in pending:
-                    taken.setdefault(node, NodeLock(node, "unlocked",
-                                                    detail=f"its lock holder said nothing within "
-                                                           f"{wait_s + SETTLE_S:.0f} s"))
-                break
-            time.sleep(PROBE_EVERY_S)
-        return {node: taken[node] for node in self.transports}
+        argv = lock_argv(_TAKE, content, str(int(wait_s)), str(HOLD_S))
+        taken = {node: _taken(node, result) for node, result in
+                 fan_out(self.transports, lambda t: t.run(argv, timeout=wait_s + SETTLE_S), name="node lock").items()}
+        self._held = [node for node, lock in taken.items() if lock.state == "held"]
+        return taken
 
     def release(self) -> None:
-        """End this run's holders (the lock goes with them) and wait for their sessions to close."""
-        if self._threads:
-            fan_out({node: self.transports[node] for node in self._threads},
+        """End this run's holders (the lock goes with them) before the connections close, so a
+        run started right after this one finds the nodes free."""
+        if self._held:
+            fan_out({node: self.transports[node] for node in self._held},
                     lambda t: t.run(lock_argv(_RELEASE, self.owner.token), timeout=15), name="node unlock")
-        deadline = time.monotonic() + RELEASE_JOIN_S
-        for thread in self._threads.values():
-            thread.join(max(0.0, deadline - time.monotonic()))
-        self._threads.clear()
-
-    @staticmethod
-    def _show(transports: Mapping[str, Transport]) -> dict[str, Result]:
-        """What each node's lock file says (who holds the lock)."""
-        return fan_out(transports, lambda t: t.run(lock_argv(_SHOW), timeout=15), name="node lock")
-
-    def _hold(self, node: str, transport: Transport, content: str, wait_s: float) -> None:
-        self._ended[node] = transport.run(lock_argv(_HOLD, content, str(int(wait_s))), timeout=HOLD_S)
+        self._held = []
 
 
-def _refused(node: str, result: Result) -> NodeLock:
-    """A holder that ended before it held the lock: another run has it, or it could not run."""
+def _taken(node: str, result: Result) -> NodeLock:
+    """held; busy when another run has the lock; unlocked when the node could not tell."""
+    if result.ok:
+        return NodeLock(node, "held")
     if result.exit_code == EXIT_BUSY:
         return NodeLock(node, "busy", owner=Owner.parse(result.stdout))
     return NodeLock(node, "unlocked", detail=result.explain())
