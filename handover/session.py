@@ -201,6 +201,11 @@ class AcceptanceSession:
             return None
         self.append({"type": "end", "finished": now_iso(), "exitstatus": int(exitstatus),
                      "interrupted": interrupted})
+        if self.stopped is None:
+            try:
+                self.recording.sync()
+            except WriteError as error:
+                self.stopped = error
         if self.stopped is not None:
             return None
         try:

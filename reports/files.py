@@ -1,16 +1,24 @@
 """Writing a run's files so that a full or failing disk never leaves one torn or empty.
 
 Every output (results.json, report.html, junit.xml, metrics.csv, the .sig files, raw tool output,
-the `latest` link) is written to a temporary file in its own directory, fsynced, and renamed over
-the old one: a reader sees the previous file or the new one, never half of either. A write that
-fails is a WriteError, whose str() is the one line to show: the file and the errno.
+the `latest` link) is written to a temporary file in its own directory and renamed over the old
+one: a reader sees the previous file or the new one, never half of either. A write that fails is
+a WriteError, whose str() is the one line to show: the file and the errno.
+
+The renderings are fsynced before they are renamed. The many small files written while checks
+run (ledger lines, raw outputs) are in the kernel as soon as they are written, which is all a
+killed harness needs; a DeferredSync makes them durable on disk within a second, in its own
+thread, so that a run on a thousand nodes does not wait for a disk flush per file.
 """
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
+
+SYNC_WITHIN_S = 1.0  # a DeferredSync flushes what it was given at most this long after
 
 
 class WriteError(OSError):
@@ -27,8 +35,10 @@ def write_error(path: Union[str, Path], error: OSError) -> WriteError:
     return WriteError(error.errno, error.strerror or str(error), str(path))
 
 
-def write_atomically(path: Union[str, Path], data: Union[bytes, str], mode: int = 0o644) -> Path:
-    """Replace path with data in one step (temporary file, fsync, rename, fsync of the folder)."""
+def write_atomically(path: Union[str, Path], data: Union[bytes, str], mode: int = 0o644,
+                     deferred: Optional["DeferredSync"] = None) -> Path:
+    """Replace path with data in one step (temporary file, fsync, rename, fsync of the folder);
+    with `deferred`, the fsyncs are its to do, soon after."""
     path = Path(path)
     content = data.encode("utf-8") if isinstance(data, str) else data
     try:
@@ -39,7 +49,8 @@ def write_atomically(path: Union[str, Path], data: Union[bytes, str], mode: int 
         with os.fdopen(descriptor, "wb") as stream:
             stream.write(content)
             stream.flush()
-            os.fsync(stream.fileno())
+            if deferred is None:
+                os.fsync(stream.fileno())
         os.chmod(temporary, mode)
         os.replace(temporary, path)
     except OSError as error:
@@ -48,7 +59,10 @@ def write_atomically(path: Union[str, Path], data: Union[bytes, str], mode: int 
     except BaseException:
         _remove(temporary)
         raise
-    sync_folder(path.parent)
+    if deferred is None:
+        sync_folder(path.parent)
+    else:
+        deferred.add(path)
     return path
 
 
@@ -76,6 +90,53 @@ def sync_folder(folder: Path) -> None:
         pass
     finally:
         os.close(descriptor)
+
+
+class DeferredSync:
+    """Files to fsync (with their folders) soon, in one background pass within SYNC_WITHIN_S of
+    the first of them; a failure is kept and raised, naming the file, by the next check()."""
+
+    def __init__(self, within_s: float = SYNC_WITHIN_S):
+        self.within_s = within_s
+        self._pending: dict[Path, None] = {}  # in the order given
+        self._lock = threading.Lock()
+        self._timer: Optional[threading.Timer] = None
+        self._failed: Optional[WriteError] = None
+
+    def add(self, path: Path) -> None:
+        with self._lock:
+            self._pending[Path(path)] = None
+            if self._timer is None:
+                self._timer = threading.Timer(self.within_s, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def check(self) -> None:
+        """Raise the WriteError of a background flush that failed (once)."""
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
+
+    def flush(self) -> None:
+        """fsync every pending file and folder now; safe to call from any thread."""
+        with self._lock:
+            pending, self._pending = list(self._pending), {}
+            self._timer = None
+        folders: dict[Path, None] = {}
+        for path in pending:
+            try:
+                descriptor = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(descriptor)
+                finally:
+                    os.close(descriptor)
+            except FileNotFoundError:
+                continue  # replaced or removed since: its successor is pending, or nothing is
+            except OSError as error:
+                self._failed = self._failed or write_error(path, error)
+            folders[path.parent] = None
+        for folder in folders:
+            sync_folder(folder)
 
 
 def _remove(path: str) -> None:

@@ -13,6 +13,10 @@ Run directory layout (a public interface; keep the names):
 Each entry is one write of one whole line, undone if the write fails, so a full disk never leaves
 half a line for later appends to build on; a line torn all the same (the harness killed mid-write)
 can only be the last, which reading ignores with a warning and --resume cuts off before appending.
+An entry is in the kernel once append() returns, so a killed harness loses nothing; the ledger and
+the raw outputs reach the disk within a second (reports.files.DeferredSync), and at once when the
+run ends, so a crash of the harness's own machine costs at most that last second of checks, which
+--resume runs again.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from reports.files import WriteError, link_atomically, write_atomically, write_error
+from reports.files import DeferredSync, WriteError, link_atomically, write_atomically, write_error
 
 LEDGER_SCHEMA = "handover.ledger/1"
 LEDGER_FILE = "ledger.jsonl"
@@ -54,7 +58,7 @@ class LedgerError(Exception):
 
 
 class Ledger:
-    """Appends entries durably (flush + fsync per entry) from any thread."""
+    """Appends entries from any thread, each line whole or not at all; durable within a second."""
 
     def __init__(self, run_dir: Path, started: Optional[str] = None):
         self.run_dir = Path(run_dir)
@@ -62,6 +66,7 @@ class Ledger:
         self.path = self.run_dir / LEDGER_FILE
         self._lock = threading.Lock()
         self._torn_at: Optional[int] = None  # where a failed append could not be cut back yet
+        self._sync = DeferredSync()
 
     @classmethod
     def create(cls, base: Path, cluster: str, header: dict) -> "Ledger":
@@ -99,6 +104,7 @@ class Ledger:
     def append(self, entry: dict) -> None:
         """Add one line, durably; a failed write is cut back off, so the ledger stays whole."""
         data = _line(entry).encode("utf-8")
+        self._sync.check()
         with self._lock:
             try:
                 descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -113,7 +119,6 @@ class Ledger:
                     written = 0
                     while written < len(data):
                         written += os.write(descriptor, data[written:])
-                    os.fsync(descriptor)
                 except OSError:
                     self._cut_back(descriptor, whole)
                     raise
@@ -121,6 +126,12 @@ class Ledger:
                 raise write_error(self.path, error) from None
             finally:
                 os.close(descriptor)
+        self._sync.add(self.path)
+
+    def sync(self) -> None:
+        """Make everything appended and saved so far durable now (the end of a run)."""
+        self._sync.flush()
+        self._sync.check()
 
     def _cut_back(self, descriptor: int, size: int) -> None:
         """Undo a partial append; if even that fails, the next append tries again first."""
@@ -149,7 +160,7 @@ class Ledger:
         saved = []
         for suffix, text in (("command", command), ("stdout", stdout), ("stderr", stderr)):
             if text:
-                path = write_atomically(folder / f"{safe_name(node)}.{suffix}", text)
+                path = write_atomically(folder / f"{safe_name(node)}.{suffix}", text, deferred=self._sync)
                 saved.append(str(path.relative_to(self.run_dir)))
         return saved
 

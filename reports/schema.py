@@ -3,6 +3,10 @@
 The schema files are for consumers too: a customer validates results.json with any JSON Schema
 (draft 2020-12) validator, without handover. Within a schema version keys are only added, so the
 schemas admit keys they do not list.
+
+Two validators, one schema: jsonschema-rs (compiled) says whether a document is valid, in well
+under a millisecond for a thousand-node run where the pure-Python jsonschema takes seconds; only
+a document it rejects goes through jsonschema, whose errors name the offending path best.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import cast
 
+import jsonschema_rs
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
@@ -30,23 +35,34 @@ class SchemaError(ValueError):
 
 def validate_results(document: dict, *, source: str = "results.json") -> None:
     """Raise SchemaError unless `document` is a valid handover.results/1 document."""
-    _validate(_validator(RESULTS_SCHEMA_FILE), document, source)
+    _validate(RESULTS_SCHEMA_FILE, document, source)
 
 
 def validate_ledger_entry(entry: dict, *, source: str = "ledger.jsonl") -> None:
     """Raise SchemaError unless `entry` is a valid line of a handover.ledger/1 ledger;
     `source` names it in the message, e.g. 'out/x/ledger.jsonl:7'."""
-    _validate(_validator(LEDGER_ENTRY_SCHEMA_FILE), entry, source)
+    _validate(LEDGER_ENTRY_SCHEMA_FILE, entry, source)
+
+
+@cache
+def _schema(name: str) -> dict:
+    return json.loads((SCHEMA_DIR / name).read_text(encoding="utf-8"))
+
+
+@cache
+def _fast_validator(name: str) -> jsonschema_rs.Draft202012Validator:
+    return jsonschema_rs.Draft202012Validator(_schema(name))
 
 
 @cache
 def _validator(name: str) -> Draft202012Validator:
-    schema = json.loads((SCHEMA_DIR / name).read_text(encoding="utf-8"))
-    return Draft202012Validator(schema)
+    return Draft202012Validator(_schema(name))
 
 
-def _validate(validator: Draft202012Validator, document: object, source: str) -> None:
-    errors = list(validator.iter_errors(document))
+def _validate(name: str, document: object, source: str) -> None:
+    if _fast_validator(name).is_valid(document):
+        return
+    errors = list(_validator(name).iter_errors(document))
     if errors:
         error = best_match(_discriminated(errors) or errors)
         raise SchemaError(f"{source}: {_describe(error)}")
