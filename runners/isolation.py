@@ -1,27 +1,29 @@
-"""Bad-node isolation inside a collective, and the multi-scale table of collectives: the planning.
+"""Bad-node isolation inside a run across nodes, and the multi-scale table of collectives: the planning.
 
-An all-reduce across N nodes that misses its band says the cluster is slow, not why. Running it
-again on all nodes says nothing new, and every pair is N(N-1)/2 runs. Instead (group testing):
-screen disjoint groups of about sqrt(N) nodes at once, bisect the groups that miss the band, and
-pair each suspect with a node already cleared. A suspect whose pair with a known-good node still
-misses the band is the culprit, each step's figure its evidence. One bad node costs one round of
-sqrt(N) runs, then about log2(sqrt(N)) rounds of a few runs, all within a time budget; what the
-budget did not allow is said, never guessed.
+An all-reduce (or a DDP training run) across N nodes that misses its band says the cluster is
+slow, not why. Running it again on all nodes says nothing new, and every pair is N(N-1)/2 runs.
+Instead (group testing): screen disjoint groups of about sqrt(N) nodes at once, bisect the groups
+that miss the band, and pair each suspect with a node already cleared. A suspect whose pair with a
+known-good node still misses the band is the culprit, each step's figure its evidence. One bad
+node costs one round of sqrt(N) runs, then about log2(sqrt(N)) rounds of a few runs, all within a
+time budget; what the budget did not allow is said, never guessed. The figure is whatever the run
+measures, in its unit (busbw in GB/s, scaling efficiency in %), higher being better.
 
 The multi-scale table runs the collective at every scale the inventory can name: pairs (a ring,
 each node in two), the nodes under one leaf, under one rack, and the whole cluster, beside each
 node's own figure. A bad node drags down both its pairs and every group it is in; a slow spine
 leaves pairs and leaf groups alone and shows only at the scale above them.
 
-Everything here is pure: node names and figures in, runs and readings out. The suite
-(suites/test_collectives.py) runs what is planned, one round at a time, the runs of a round at once.
+The planning is pure: node names and figures in, runs and readings out. run_rounds drives a plan
+with the caller's "measure these groups at once" (suites/test_collectives.py, suites/test_training.py).
 """
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from inventory.model import Node
 from runners.pairs import attribute, placement_order, ring_rounds
@@ -77,8 +79,22 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Unit:
+    """How the isolated figure is written: '0.035 GB/s', '87.5 %'; also how it is rounded when judged."""
+
+    name: str
+    decimals: int
+
+    def format(self, figure: float) -> str:
+        return f"{figure:.{self.decimals}f} {self.name}"
+
+
+BUSBW = Unit("GB/s", 3)  # an all-reduce's busbw at its largest size, the first figure isolated
+
+
+@dataclass(frozen=True)
 class Outcome:
-    busbw: Optional[float]  # GB/s at the largest size; None: the run gave no figure
+    figure: Optional[float]  # in the isolation's unit; None: the run gave no figure
     why: str = ""  # why there is no figure, in one line
     cut: bool = False  # stopped by the budget's deadline: says nothing about its nodes
 
@@ -88,12 +104,13 @@ class Step:
     round: int  # 0: the run that triggered the isolation
     run: Run
     outcome: Outcome
+    unit: Unit
 
     def met(self, low_bound: float) -> bool:
-        return self.outcome.busbw is not None and self.outcome.busbw >= low_bound
+        return self.outcome.figure is not None and self.outcome.figure >= low_bound
 
     def describe(self) -> str:
-        figure = (f"{self.outcome.busbw:.3f} GB/s" if self.outcome.busbw is not None
+        figure = (self.unit.format(self.outcome.figure) if self.outcome.figure is not None
                   else f"no figure ({self.outcome.why or 'no reason given'})")
         return f"{self.run.describe()} {figure}" + (" (cut by the budget)" if self.outcome.cut else "")
 
@@ -108,11 +125,20 @@ class Verdict:
     spent_s: float
     budget_s: float
     low_bound: float
+    unit: Unit
     findings: tuple[str, ...] = ()  # what the steps say beyond single nodes (the fabric)
 
     def evidence(self, node: str) -> list[Step]:
         """Every step the node took part in, in order."""
         return [step for step in self.steps if node in step.run.nodes]
+
+    def figures_by_phase(self) -> dict[str, list[tuple[float, float]]]:
+        """phase -> (round, figure) of each step with a figure: the report's curve of the isolation."""
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for step in self.steps:
+            if step.outcome.figure is not None:
+                lines.setdefault(step.run.phase, []).append((step.round, step.outcome.figure))
+        return lines
 
     def summary(self) -> str:
         """One paragraph for the check's message: culprits with each step's figure, the rest counted."""
@@ -126,7 +152,7 @@ class Verdict:
             parts.append("no single node isolated")
         parts += self.findings
         total = len(self.culprits) + len(self.cleared) + len(self.unresolved)
-        parts.append(f"band >= {self.low_bound:g} GB/s; cleared {len(self.cleared)} of {total} node(s); "
+        parts.append(f"band >= {self.low_bound:g} {self.unit.name}; cleared {len(self.cleared)} of {total} node(s); "
                      f"{self.rounds} round(s) in {self.spent_s:.0f} s of a {self.budget_s:g} s budget")
         by_reason: dict[str, list[str]] = {}
         for node, why in self.unresolved.items():
@@ -136,7 +162,7 @@ class Verdict:
 
 
 class Isolation:
-    """The isolation of a collective that missed its band, one round of concurrent runs at a time.
+    """The isolation of a run across nodes that missed its band, one round of concurrent runs at a time.
 
     next_round(spent_s) gives the runs to start now (disjoint node sets), record() takes each
     run's outcome, and verdict() says what was found once next_round gives nothing more.
@@ -145,14 +171,15 @@ class Isolation:
     of it is to be stopped after timeout_s(spent_s).
     """
 
-    def __init__(self, nodes: Sequence[str], low_bound: float, *, budget_s: float = DEFAULT_BUDGET_S,
-                 cluster: Optional[Outcome] = None):
+    def __init__(self, nodes: Sequence[str], low_bound: float, *, unit: Unit = BUSBW,
+                 budget_s: float = DEFAULT_BUDGET_S, cluster: Optional[Outcome] = None):
         if len(set(nodes)) != len(nodes):
             raise ValueError(f"node names must be distinct: {list(nodes)}")
         if len(nodes) < 2:
             raise ValueError("isolation needs at least two nodes")
         self.nodes = tuple(nodes)
         self.low_bound = low_bound
+        self.unit = unit
         self.budget_s = budget_s
         self.steps: list[Step] = []
         self._pending: list[Run] = []  # group runs for the next round
@@ -170,7 +197,7 @@ class Isolation:
         self._pair_rounds = 0
         groups = screen_groups(self.nodes)
         if cluster is not None:
-            self.steps.append(Step(0, Run(CLUSTER, self.nodes), cluster))
+            self.steps.append(Step(0, Run(CLUSTER, self.nodes), cluster, unit))
         if len(groups) == 1:  # the one group is the whole cluster, whose run already missed
             self._failing.append(groups[0])
         else:
@@ -217,7 +244,7 @@ class Isolation:
         if run not in self._in_flight:
             raise ValueError(f"{run.describe()} is not a run of the current round")
         self._in_flight.remove(run)
-        step = Step(self._rounds, run, outcome)
+        step = Step(self._rounds, run, outcome, self.unit)
         self.steps.append(step)
         if outcome.cut:
             for node in run.nodes[:1] if run.phase == CONFIRM else run.nodes:
@@ -279,7 +306,25 @@ class Isolation:
                             "slow, or more nodes are bad than the groups can separate")
         cleared = tuple(node for node in self.nodes if node in self._good)
         return Verdict(tuple(self._culprits), cleared, unresolved, tuple(self.steps), self._rounds,
-                       self._spent, self.budget_s, self.low_bound, tuple(findings))
+                       self._spent, self.budget_s, self.low_bound, self.unit, tuple(findings))
+
+
+# measure(groups, round, timeout_s) -> each group's outcome: one run per group (disjoint node sets),
+# all at once, each stopped after timeout_s; `round` (from 1) names the round's raw output
+MeasureAtOnce = Callable[[list[tuple[str, ...]], int, float], Mapping[tuple[str, ...], Outcome]]
+
+
+def run_rounds(plan: Isolation, measure: MeasureAtOnce,
+               clock: Callable[[], float] = time.monotonic) -> Verdict:
+    """The plan run to its end, one round of `measure` at a time, the budget's time on `clock`."""
+    started = clock()
+    rounds = 0
+    while runs := plan.next_round(clock() - started):
+        rounds += 1
+        outcomes = measure([run.nodes for run in runs], rounds, plan.timeout_s(clock() - started))
+        for run in runs:
+            plan.record(run, outcomes[run.nodes])
+    return plan.verdict()
 
 
 # ---------------------------------------------------------------------------------------------

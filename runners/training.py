@@ -177,15 +177,16 @@ def loss_falls(losses: Sequence[Optional[float]], fraction: float) -> Optional[s
     return None
 
 
-def why_not_sane(report: TrainingReport, ranks: int) -> Optional[str]:
+def why_not_sane(report: TrainingReport, ranks: int, *, learning: bool = True) -> Optional[str]:
     """Why the run is not sane, None when it is: all `ranks` ranks reported, every rank ran every
-    step with a finite loss, and the loss fell to LOSS_FALL_FRACTION of its first value."""
+    step with a finite loss, and (unless `learning` is False: a run of a few steps, timed for its
+    throughput, is too short to show it) the loss fell to LOSS_FALL_FRACTION of its first value."""
     if report.ranks != ranks or len(report.per_rank) != ranks:
         return f"{len(report.per_rank)} of {ranks} rank(s) reported"
     if not report.ok:
         short = [r.rank for r in report.per_rank if len(r.step_times) != report.config.get("steps")]
         return "the run is incomplete" + (f": rank(s) {short} missed steps" if short else ": a loss is not finite")
-    return loss_falls(report.losses, LOSS_FALL_FRACTION)
+    return loss_falls(report.losses, LOSS_FALL_FRACTION) if learning else None
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Callable, NoReturn, Optional, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, NoReturn, Optional, Sequence, TypeVar
 
 from _pytest.mark.expression import Expression  # how -m is evaluated; pytest has no public API for it
 
 from handover.failures import (
+    CheckFailure,
     CommandTimedOut,
     ExpectationFailure,
     NodeUnreachable,
@@ -21,13 +23,15 @@ from handover.failures import (
     excerpt,
     transport_failure,
 )
-from inventory.model import Profile
+from inventory.model import Node, Profile
+from runners import isolation
 from runners.parsing import ParseError
 from runners.scratch import missing_tool, refusal
 from runners.torchrun import Launch
 from runners.transport import Result
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 
 def depth_of_selection(markexpr: str, area: str) -> str:
@@ -177,3 +181,67 @@ def odd_ones_out(label: str, values: dict[str, object]) -> str:
     odd = {node: value for node, value in values.items() if value != common}
     listed = ", ".join(f"{node} has {value!r}" for node, value in sorted(odd.items()))
     return f"{label}: {listed}, while {count} node(s) have {common!r}"
+
+
+def first_line(failure: BaseException) -> str:
+    """A failure in one line, for a figure's place in a table or an isolation step."""
+    return str(failure).splitlines()[0][:200] if str(failure) else type(failure).__name__
+
+
+def at_once(groups: Sequence[K], measure: Callable[[K], T], name: str) -> dict[K, T]:
+    """measure(group) for every group at once (disjoint node sets: one thread each)."""
+    with ThreadPoolExecutor(max_workers=max(len(groups), 1), thread_name_prefix=name) as pool:
+        return dict(zip(groups, pool.map(measure, groups), strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad-node isolation behind a figure across nodes (runners/isolation.py plans it)
+
+
+def band_low(profile: Profile, metric: str, unit: str) -> Optional[float]:
+    """The lowest figure the profile admits for `metric` in `unit`, None when it sets none."""
+    reference = profile.references.get(metric)
+    return reference.low_bound if reference is not None and reference.unit == unit else None
+
+
+def isolation_outcome(figure: Optional[float], failure: Optional[CheckFailure], timeout_s: float,
+                      full_timeout_s: float) -> isolation.Outcome:
+    """A run as the isolation reads it; a timeout shorter than the run's own was the budget's."""
+    if figure is not None:
+        return isolation.Outcome(figure)
+    cut = isinstance(failure, CommandTimedOut) and timeout_s < full_timeout_s
+    return isolation.Outcome(None, first_line(failure) if failure else "", cut)
+
+
+def isolate_below_band(profile: Profile, record, nodes: Sequence[Node], metric: str, figure: float,
+                       unit: isolation.Unit, series: tuple[str, str],
+                       measure: isolation.MeasureAtOnce) -> Optional[isolation.Verdict]:
+    """Below its band, the node(s) behind a figure across all nodes, found by runners.isolation's
+    plan, each round's runs at once by `measure`, within the profile's isolation_budget_s; the
+    steps' figures go into the report as `series` (its name, the figure's label). None when the
+    figure (rounded as judged) is within the band, no band is set in `unit`, or the budget is 0."""
+    low = band_low(profile, metric, unit.name)
+    budget = profile.expect.isolation_budget_s
+    budget = isolation.DEFAULT_BUDGET_S if budget is None else budget
+    if low is None or round(figure, unit.decimals) >= low or budget <= 0:
+        return None
+    plan = isolation.Isolation([node.name for node in isolation.placement_order(nodes)], low, unit=unit,
+                               budget_s=budget, cluster=isolation.Outcome(figure))
+    verdict = isolation.run_rounds(plan, measure)
+    record.series(series[0], x=("round", ""), y=(series[1], unit.name), lines=verdict.figures_by_phase())
+    return verdict
+
+
+def judge_isolated(metrics: Metrics, verdict: Optional[isolation.Verdict],
+                   **figures: tuple[Optional[float], str]) -> None:
+    """metrics.judge(**figures) with the isolation's time, rounds and culprit count beside them;
+    a miss carries the verdict's summary (the culprits and their evidence)."""
+    if verdict is not None:
+        figures.update(isolation_time=(round(verdict.spent_s, 1), "s"), isolation_rounds=(verdict.rounds, "rounds"),
+                       isolated_nodes=(len(verdict.culprits), "nodes"))
+    try:
+        metrics.judge(**figures)
+    except PerformanceFailure as miss:
+        if verdict is None:
+            raise
+        raise PerformanceFailure(f"{miss}; {verdict.summary()}") from None

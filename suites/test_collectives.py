@@ -22,8 +22,6 @@ in the nodes.
 from __future__ import annotations
 
 import statistics
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -31,9 +29,7 @@ import pytest
 
 from handover.failures import (
     CheckFailure,
-    CommandTimedOut,
     ExpectationFailure,
-    PerformanceFailure,
     SanityFailure,
     excerpt,
 )
@@ -42,7 +38,17 @@ from runners.collectives import Figure, Plan, plan_for
 from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
-from suites.checks import launch_failure, parsed, require
+from suites.checks import (
+    at_once,
+    band_low,
+    first_line,
+    isolate_below_band,
+    isolation_outcome,
+    judge_isolated,
+    launch_failure,
+    parsed,
+    require,
+)
 
 pytestmark = [pytest.mark.training]
 
@@ -229,10 +235,6 @@ def node_figures(cluster_run, profile, measure_node) -> dict[str, tuple[Optional
     return figures
 
 
-def first_line(failure: BaseException) -> str:
-    return str(failure).splitlines()[0][:200] if str(failure) else type(failure).__name__
-
-
 @pytest.mark.quick
 @pytest.mark.cluster
 def test_allreduce_spread(cluster_run, profile, measure_node, record):
@@ -299,10 +301,8 @@ class Measured:
 
     def outcome(self) -> isolation.Outcome:
         """As the isolation reads it; a timeout shorter than a node's own was the budget's."""
-        if self.figure is not None:
-            return isolation.Outcome(self.figure.busbw)
-        cut = isinstance(self.failure, CommandTimedOut) and self.timeout_s < NODE_TIMEOUT_S
-        return isolation.Outcome(None, first_line(self.failure) if self.failure else "", cut)
+        return isolation_outcome(self.figure.busbw if self.figure is not None else None, self.failure,
+                                 self.timeout_s, NODE_TIMEOUT_S)
 
 
 def nccl_tests_across(cluster_run, nodes: Sequence[str], across: Across, acceptance, step: str,
@@ -367,8 +367,7 @@ def measure_at_once(cluster_run, across: Across, groups: Sequence[tuple[str, ...
         return measure_across(cluster_run, across, group, acceptance, step, timeout=timeout,
                               sizes=across.sizes()[-1:], iters=PROBE_ITERS)
 
-    with ThreadPoolExecutor(max_workers=max(len(groups), 1), thread_name_prefix=step) as pool:
-        return dict(zip(groups, pool.map(measure, groups), strict=True))
+    return at_once(groups, measure, step)
 
 
 _cluster_allreduce: dict[tuple[str, ...], Measured] = {}  # nodes -> the one run every check reads
@@ -387,38 +386,22 @@ def cluster_allreduce(cluster_run, profile, acceptance) -> tuple[Across, Measure
 
 def cluster_band(profile) -> Optional[float]:
     """The lowest all-reduce busbw across nodes the profile admits, None when it sets none."""
-    reference = profile.references.get(CLUSTER_METRIC)
-    return reference.low_bound if reference is not None and reference.unit == "GB/s" else None
+    return band_low(profile, CLUSTER_METRIC, isolation.BUSBW.name)
 
 
 def isolate(cluster_run, profile, across: Across, figure: Figure, acceptance, record) -> Optional[isolation.Verdict]:
-    """Below its band: find the node(s) behind it (runners/isolation.py's plan, each round's runs
-    at once), within the profile's budget. None when the figure is within the band, or the
-    profile's isolation_budget_s is 0."""
-    low = cluster_band(profile)
-    budget = profile.expect.isolation_budget_s
-    budget = isolation.DEFAULT_BUDGET_S if budget is None else budget
-    if low is None or round(figure.busbw, 3) >= low or budget <= 0:
-        return None
-    plan = isolation.Isolation([node.name for node in isolation.placement_order(cluster_run.nodes)], low,
-                               budget_s=budget, cluster=isolation.Outcome(figure.busbw))
-    started = time.monotonic()
-    rounds = 0
-    while runs := plan.next_round(time.monotonic() - started):
-        rounds += 1
-        timeout = min(NODE_TIMEOUT_S, plan.timeout_s(time.monotonic() - started))
-        measured = measure_at_once(cluster_run, across, [run.nodes for run in runs], acceptance,
-                                   f"{ISOLATION_STEP}_round{rounds}", timeout)
-        for run in runs:
-            record.raw(measured[run.nodes].raw)
-            plan.record(run, measured[run.nodes].outcome())
-    verdict = plan.verdict()
-    lines: dict[str, list[tuple[float, float]]] = {}
-    for step in verdict.steps:
-        if step.outcome.busbw is not None:
-            lines.setdefault(step.run.phase, []).append((step.round, step.outcome.busbw))
-    record.series("allreduce isolation busbw", x=("round", ""), y=("busbw", "GB/s"), lines=lines)
-    return verdict
+    """Below its band: find the node(s) behind it (suites.checks.isolate_below_band: each round's
+    all-reduces at once, the largest size only), within the profile's budget. None when the figure
+    is within the band, or the profile's isolation_budget_s is 0."""
+    def measure(groups: list[tuple[str, ...]], round_: int, timeout: float) -> dict[tuple[str, ...], isolation.Outcome]:
+        measured = measure_at_once(cluster_run, across, groups, acceptance, f"{ISOLATION_STEP}_round{round_}",
+                                   min(NODE_TIMEOUT_S, timeout))
+        for result in measured.values():
+            record.raw(result.raw)
+        return {group: result.outcome() for group, result in measured.items()}
+
+    return isolate_below_band(profile, record, cluster_run.nodes, CLUSTER_METRIC, figure.busbw, isolation.BUSBW,
+                              ("allreduce isolation busbw", "busbw"), measure)
 
 
 @pytest.mark.quick
@@ -436,16 +419,7 @@ def test_allreduce_cluster(cluster_run, profile, acceptance, metrics, record):
     record_curve(record, "all_reduce", figure)
     record.note(f"{len(cluster_run.nodes)} node(s): " + figure.describe())
     verdict = isolate(cluster_run, profile, across, figure, acceptance, record)
-    figures = {CLUSTER_METRIC: (round(figure.busbw, 3), "GB/s")}
-    if verdict is not None:
-        figures.update(isolation_time=(round(verdict.spent_s, 1), "s"), isolation_rounds=(verdict.rounds, "rounds"),
-                       isolated_nodes=(len(verdict.culprits), "nodes"))
-    try:
-        metrics.judge(**figures)
-    except PerformanceFailure as miss:
-        if verdict is None:
-            raise
-        raise PerformanceFailure(f"{miss}; {verdict.summary()}") from None
+    judge_isolated(metrics, verdict, **{CLUSTER_METRIC: (round(figure.busbw, 3), "GB/s")})
 
 
 @pytest.mark.full
@@ -469,10 +443,10 @@ def test_allreduce_scales(cluster_run, profile, measure_node, acceptance, metric
                 record.raw(result.raw)
                 outcome = result.outcome()
                 runs.append(isolation.ScaleRun(level.name, level.labels.get(group, "-".join(group)), group,
-                                               outcome.busbw, outcome.why))
+                                               outcome.figure, outcome.why))
     cluster_outcome = measured.outcome()
     runs.append(isolation.ScaleRun("cluster", "cluster", tuple(n.name for n in cluster_run.nodes),
-                                   cluster_outcome.busbw, cluster_outcome.why))
+                                   cluster_outcome.figure, cluster_outcome.why))
     node_reference = profile.references.get("allreduce_busbw")
     bounds = dict.fromkeys(("pair", "leaf", "rack", "cluster"), cluster_band(profile))
     bounds["node"] = node_reference.low_bound if node_reference is not None else None

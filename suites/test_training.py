@@ -8,6 +8,12 @@ per GPU), step time median and p99, time to the first step, GPU utilisation and 
 NVML, stragglers, the scaling from one node to all, and a checkpoint's round trip through the
 shared filesystem. Loss curves go into the report, and into TensorBoard event files in the run
 directory where tensorboard is installed.
+
+A scaling efficiency below its band does not just fail the cluster: the node(s) behind it are
+isolated as the collectives' are (runners/isolation.py; suites.checks.isolate_below_band), each
+run a DDP run of a few steps on a group of nodes, all of a round's groups at once, its figure the
+group's own efficiency against its nodes' own runs; the culprits and every step's figure go into
+the check's message, within the profile's isolation_budget_s.
 """
 from __future__ import annotations
 
@@ -27,17 +33,29 @@ from handover.failures import (
     transport_failure,
 )
 from reports import tensorboard
-from runners import collectives, training
+from runners import collectives, isolation, training
 from runners.parsing import ParseError
 from runners.torchrun import Launch
 from runners.transport import Result, Transport
-from suites.checks import launch_failure, parsed, require
+from suites.checks import (
+    at_once,
+    isolate_below_band,
+    isolation_outcome,
+    judge_isolated,
+    launch_failure,
+    parsed,
+    require,
+)
 
 pytestmark = [pytest.mark.training]
 
 PROBE_STEP = "collectives_probe"  # the same probe the collectives suite runs: torch, CUDA devices
 TIMEOUT_S = {"quick": 600, "full": 1800}
 STRAGGLER_FRACTION = 0.2  # unless the profile sets training_straggler_fraction
+SCALING_METRIC = "scaling_efficiency"
+EFFICIENCY = isolation.Unit("%", 1)  # as scaling_efficiency is judged
+ISOLATION_STEP = "training_isolation"
+ISOLATION_STEPS = 6  # each isolation run: the quick model for a few steps (the first is warm-up), timed
 
 
 @dataclass(frozen=True)
@@ -127,12 +145,12 @@ def explain_failed_run(result: Result, ranks: int) -> None:
     require(result)
 
 
-def sane_report(result: Result, ranks: int) -> training.TrainingReport:
-    """Every rank started, ran every step and exited cleanly; the loss fell far."""
+def sane_report(result: Result, ranks: int, *, learning: bool = True) -> training.TrainingReport:
+    """Every rank started, ran every step and exited cleanly; the loss fell far (when `learning`)."""
     if not result.ok:
         explain_failed_run(result, ranks)
     report = parsed(training.parse_training, result)
-    why = training.why_not_sane(report, ranks)
+    why = training.why_not_sane(report, ranks, learning=learning)
     if why:
         raise SanityFailure(f"{result.node}: {why}")
     return report
@@ -254,17 +272,22 @@ def launch_on_all_nodes(cluster_run, cluster, profile, acceptance, depth: str, n
         result = cluster_run.gather(step, node_step(cluster_run, profile, depth, checkpoint_dir))[nodes[0]]
         return judged_launch(lambda: sane_report(result, plan.ranks), where, 1,
                              cluster_run.raw_paths(step, nodes[0]))
-    transports = {node: cluster_run.transport(node) for node in nodes}
-    addresses = {node: cluster.node(node).address for node in nodes}
-    launch = training.run_across(transports, addresses, plan.ranks, plan.model,
-                                 timeout=TIMEOUT_S[depth], checkpoint_dir=checkpoint_dir,
-                                 socket_ifname=cluster.launch_interface)
-    raw = [path for result in launch.results.values()
-           for path in acceptance.save_result(f"training_cluster_{depth}", result)]
+    launch, raw = launch_across(cluster_run, cluster, acceptance, f"training_cluster_{depth}", nodes,
+                                plan.ranks, plan.model, timeout=TIMEOUT_S[depth], checkpoint_dir=checkpoint_dir)
     return judged_launch(lambda: sane_launch(launch, plan.ranks * len(nodes)), where, len(nodes), raw)
 
 
-def sane_launch(launch: Launch, ranks: int) -> training.TrainingReport:
+def launch_across(cluster_run, cluster, acceptance, step: str, nodes, ranks: int, model: training.ModelConfig,
+                  *, timeout: float, checkpoint_dir: Optional[str] = None) -> tuple[Launch, list[str]]:
+    """One DDP run on `nodes` (the rendezvous on the first), every node's raw output saved."""
+    transports = {node: cluster_run.transport(node) for node in nodes}
+    addresses = {node: cluster.node(node).address for node in nodes}
+    launch = training.run_across(transports, addresses, ranks, model, timeout=timeout,
+                                 checkpoint_dir=checkpoint_dir, socket_ifname=cluster.launch_interface)
+    return launch, [path for result in launch.results.values() for path in acceptance.save_result(step, result)]
+
+
+def sane_launch(launch: Launch, ranks: int, *, learning: bool = True) -> training.TrainingReport:
     if launch.first_failure is not None:
         launch_failure(launch, training.launch_cause(launch, ranks))
     if launch.leftovers:
@@ -274,7 +297,7 @@ def sane_launch(launch: Launch, ranks: int) -> training.TrainingReport:
     if result is None:
         raise SanityFailure("no rank printed the run's report", excerpt(
             "\n".join(r.stdout for r in launch.results.values())))
-    return sane_report(result, ranks)
+    return sane_report(result, ranks, learning=learning)
 
 
 def judged_launch(judge: Callable[[], training.TrainingReport], where: str, nodes: int,
@@ -303,10 +326,38 @@ def test_training_cluster_sustained(request, cluster_run, cluster, profile, metr
               acceptance=acceptance, check="training_cluster_sustained")
 
 
+def measure_groups(cluster_run, cluster, plan: Plan, single: dict[str, float], acceptance,
+                   record) -> isolation.MeasureAtOnce:
+    """The isolation's runs: per group a DDP run of ISOLATION_STEPS steps, its efficiency (tokens/s
+    over the group's size times the median of its nodes' own runs) the figure."""
+    model = plan.model.with_steps(ISOLATION_STEPS)
+
+    def measure(groups: list[tuple[str, ...]], round_: int, timeout: float) -> dict[tuple[str, ...], isolation.Outcome]:
+        step, timeout = f"{ISOLATION_STEP}_round{round_}", min(TIMEOUT_S["quick"], timeout)
+
+        def run(group: tuple[str, ...]) -> tuple[list[str], isolation.Outcome]:
+            launch, raw = launch_across(cluster_run, cluster, acceptance, step, group, plan.ranks, model,
+                                        timeout=timeout)
+            try:
+                report = sane_launch(launch, plan.ranks * len(group), learning=False)
+            except CheckFailure as failure:
+                return raw, isolation_outcome(None, failure, timeout, TIMEOUT_S["quick"])
+            own = {node: single[node] for node in group}
+            return raw, isolation.Outcome(training.scaling_efficiency(report.tokens_per_s, own))
+
+        done = at_once(groups, run, step)
+        for raw, _ in done.values():
+            record.raw(raw)
+        return {group: outcome for group, (_, outcome) in done.items()}
+
+    return measure
+
+
 @pytest.mark.quick
 @pytest.mark.cluster
 def test_training_scaling(request, cluster_run, cluster, profile, metrics, record, acceptance):
-    """Tokens/s on all nodes over N times one node (the median node's own run)."""
+    """Tokens/s on all nodes over N times one node (the median node's own run). Below its band,
+    the node(s) behind it are isolated (screened, bisected, confirmed) and named with the evidence."""
     nodes = [n.name for n in cluster_run.nodes]
     if len(nodes) < 2:
         pytest.skip("scaling needs at least two nodes")
@@ -326,9 +377,14 @@ def test_training_scaling(request, cluster_run, cluster, profile, metrics, recor
     record.note(f"{len(nodes)} nodes: {run.report.tokens_per_s:,.0f} tokens/s; one node (median of "
                 f"{len(single)}): {statistics.median(single.values()):,.0f} tokens/s; "
                 f"efficiency {efficiency:.1f}%")
-    metrics.judge(scaling_efficiency=(round(efficiency, 1), "%"),  # the scaling table's three rows
-                  tokens_per_s_one_node=(round(statistics.median(single.values()), 1), "tokens/s"),
-                  tokens_per_s_all_nodes=(round(run.report.tokens_per_s, 1), "tokens/s"))
+    plan = node_plan(cluster_run, profile, nodes[0], "quick")
+    verdict = isolate_below_band(profile, record, cluster_run.nodes, SCALING_METRIC, efficiency, EFFICIENCY,
+                                 ("training isolation efficiency", "efficiency"),
+                                 measure_groups(cluster_run, cluster, plan, single, acceptance, record))
+    judge_isolated(metrics, verdict,  # the scaling table's three rows
+                   scaling_efficiency=(round(efficiency, EFFICIENCY.decimals), EFFICIENCY.name),
+                   tokens_per_s_one_node=(round(statistics.median(single.values()), 1), "tokens/s"),
+                   tokens_per_s_all_nodes=(round(run.report.tokens_per_s, 1), "tokens/s"))
 
 
 @pytest.mark.quick

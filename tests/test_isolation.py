@@ -1,4 +1,4 @@
-"""The isolation planner and the multi-scale table (runners/isolation.py), without nodes.
+"""The isolation planner, its round loop and the multi-scale table (runners/isolation.py), without nodes.
 
 A model cluster stands in for the collective: a run's busbw is the slowest member's speed
 (1.0 GB/s for a good node, 0.1 for a bad one), which is what a ring all-reduce does, and every
@@ -141,6 +141,48 @@ def test_a_run_without_a_figure_counts_as_missing_the_band():
     with pytest.raises(ValueError, match="record the outcome"):
         plan.next_round(ROUND_S)
     assert "screen n0001,n0002 no figure (rank 1 failed)" in [step.describe() for step in plan.steps]
+
+
+class Clock:
+    """The budget's time: each round of the model takes ROUND_S."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_run_rounds_measures_each_round_at_once_until_the_plan_ends():
+    """The loop both suites share: one call per round with disjoint groups, the round's number
+    and what is left of the budget; the verdict is what the plan alone would give."""
+    clock, calls = Clock(), []
+
+    def measure(groups, round_, timeout_s):
+        calls.append((round_, timeout_s, list(groups)))
+        clock.now += ROUND_S
+        return {group: Outcome(BAD if "n0005" in group else GOOD) for group in groups}
+
+    verdict = isolation.run_rounds(Isolation(names(8), BAND, budget_s=100, cluster=Outcome(BAD)), measure, clock)
+    assert verdict == simulate(names(8), {"n0005"}, budget_s=100)
+    assert [(round_, timeout_s) for round_, timeout_s, _ in calls] == [(1, 100.0), (2, 90.0)]
+    assert calls[0][2] == [("n0001", "n0002", "n0003"), ("n0004", "n0005", "n0006"), ("n0007", "n0008")]
+    assert verdict.figures_by_phase() == {"cluster": [(0, BAD)], "screen": [(1, GOOD), (1, BAD), (1, GOOD)],
+                                          "confirm": [(2, GOOD), (2, BAD), (2, GOOD)]}
+
+
+def test_any_figure_with_its_unit_reads_in_that_unit():
+    """A training run's efficiency in %, one decimal, where the all-reduce writes GB/s with three."""
+    percent = isolation.Unit("%", 1)
+    plan = Isolation(names(4), 40.0, unit=percent, cluster=Outcome(27.46))
+    while runs := plan.next_round(0):
+        for run in runs:
+            plan.record(run, Outcome(21.04 if "n0003" in run.nodes else 96.5))
+    summary = plan.verdict().summary()
+    assert summary.startswith("isolated n0003 (cluster n0001,n0002,n0003,n0004 27.5 %; screen n0003,n0004 21.0 %; "
+                              "confirm n0003 with n0001 21.0 %)"), summary
+    assert "band >= 40 %; cleared 3 of 4 node(s)" in summary
+    assert isolation.BUSBW.format(0.0351) == "0.035 GB/s"
 
 
 def test_nodes_must_be_distinct_and_two_or_more():
