@@ -26,14 +26,13 @@ def ns_cluster(tmp_path_factory):
         yield cluster
 
 
-@pytest.fixture
-def ns_cluster_factory(tmp_path):
-    """make(count, prefix="node") -> a fresh started cluster, stopped at the end of the test."""
+def _clusters(workdir):
+    """make(count, prefix="node") -> a fresh started cluster under workdir; all stopped at the end."""
     _require_netns()
     clusters: list[NamespaceCluster] = []
 
     def make(count: int, prefix: str = "node") -> NamespaceCluster:
-        cluster = NamespaceCluster(tmp_path / f"cluster{len(clusters)}", count, prefix)
+        cluster = NamespaceCluster(workdir / f"cluster{len(clusters)}", count, prefix)
         clusters.append(cluster)
         return cluster.start()
 
@@ -46,6 +45,18 @@ def ns_cluster_factory(tmp_path):
             errors.append(str(error))
     if errors:
         pytest.fail("; ".join(errors))
+
+
+@pytest.fixture
+def ns_cluster_factory(tmp_path):
+    """make(count, prefix="node") -> a fresh started cluster, stopped at the end of the test."""
+    yield from _clusters(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_ns_cluster_factory(tmp_path_factory):
+    """ns_cluster_factory for a module's tests that read one run together."""
+    yield from _clusters(tmp_path_factory.mktemp("module_clusters"))
 
 
 @pytest.fixture(scope="session")
