@@ -151,7 +151,7 @@ class Expectations:
     fp64_peak_tflops: Optional[float] = None  # theoretical FP64 peak of one node, Tflop/s
     # Training (suites/test_training.py)
     training_straggler_fraction: Optional[float] = None  # a rank's forward pass this far above the median straggles
-    isolation_budget_s: Optional[float] = None  # seconds to isolate the node(s) behind a low all-reduce (default 600)
+    isolation_budget_s: Optional[float] = None  # s to find the node(s) behind a low all-reduce or scaling (600)
     ib_symbol_errors_max: Optional[int] = None  # per port sysfs symbol_error above this fails (default 0)
     ib_link_downed_max: Optional[int] = None  # per port sysfs link_downed above this fails (default 0)
     ib_port_rcv_errors_max: Optional[int] = None  # per port sysfs port_rcv_errors above this fails (default 0)
