@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from reports.files import WriteError, link_atomically, write_atomically, write_error
+from reports.redact import redact
 
 LEDGER_SCHEMA = "handover.ledger/1"
 LEDGER_FILE = "ledger.jsonl"
@@ -149,7 +150,7 @@ class Ledger:
         saved = []
         for suffix, text in (("command", command), ("stdout", stdout), ("stderr", stderr)):
             if text:
-                path = write_atomically(folder / f"{safe_name(node)}.{suffix}", text)
+                path = write_atomically(folder / f"{safe_name(node)}.{suffix}", redact(text))
                 saved.append(str(path.relative_to(self.run_dir)))
         return saved
 
