@@ -23,6 +23,7 @@ Pure text in, text out: lines, quotes and JSON validity are kept, a redacted val
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 REDACTED = "[REDACTED]"
 
@@ -31,6 +32,9 @@ _SECRET_ENDINGS = ("token", "secret", "secrets", "password", "passwd", "passphra
 _SECRET_WORDS = frozenset({"key", "pass", "pw", "pwd"})  # only as one word of several
 _WORD_SPLIT = re.compile(r"[_.-]+")
 
+# Every shape below lies within one line, and every secret name holds one of these stems: only
+# the lines that hold one (or a URL) go through the patterns, so a long log costs one scan.
+_STEMS = re.compile("token|secret|pass|pw|key|credential|auth|://")
 _NAME = r"-{0,2}[A-Za-z_][A-Za-z0-9_.-]*"
 # "NAME": "value" or 'NAME': 'value': a JSON member or a Python dict's repr.
 _MEMBER = re.compile(
@@ -45,9 +49,10 @@ _LINE = re.compile(rf"^(?P<lead>[ \t]*(?:export[ \t]+)?)(?P<name>{_NAME})=(?P<va
 # NAME=value as a word among others: a command line, a log line, `[1,0]<stdout>:NAME=value`.
 _WORD = re.compile(rf"(?<![A-Za-z0-9_.=-])(?P<name>{_NAME})=(?P<value>[^\s\"'&;|<>()]*)")
 # scheme://user:password@host
-_URL = re.compile(r"(?P<lead>[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:\"']*:)(?P<value>[^\s/@\"']+)(?=@)")
+_URL = re.compile(r"(?P<lead>://[^\s/@:\"']*:)(?P<value>[^\s/@\"']+)(?=@)")
 
 
+@lru_cache(maxsize=4096)
 def secret_name(name: str) -> bool:
     """Whether a variable (or option, or JSON key) of this name holds a secret, by its words."""
     words = [word for word in _WORD_SPLIT.split(name.lower()) if word]
@@ -61,8 +66,24 @@ def secret_name(name: str) -> bool:
 
 def redact(text: str) -> str:
     """text with the value of every secret-named variable, and every URL password, replaced."""
-    if not text:
-        return text
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a character whose lower case is longer: no positions to share
+        return _redact_lines(text)
+    parts = []
+    done = 0
+    for found in _STEMS.finditer(lowered):
+        if found.start() < done:
+            continue  # in a line already redacted
+        start = text.rfind("\n", 0, found.start()) + 1
+        end = text.find("\n", found.end())
+        end = len(text) if end < 0 else end + 1
+        parts += [text[done:start], _redact_lines(text[start:end])]
+        done = end
+    return "".join(parts) + text[done:] if parts else text
+
+
+def _redact_lines(text: str) -> str:
+    """Every pattern over text, whole lines of it."""
     text = _MEMBER.sub(_by_name, text)
     text = _QUOTED.sub(_by_name, text)
     text = _LINE.sub(_by_name, text)
@@ -72,9 +93,9 @@ def redact(text: str) -> str:
 
 def _by_name(found: re.Match) -> str:
     """The match with its value group redacted when its name group names a secret."""
-    value = found.group("value")
     if not secret_name(found.group("name")):
         return found.group(0)
+    value = found.group("value")
     start, end = found.start("value") - found.start(), found.end("value") - found.start()
     whole = found.group(0)
     return whole[:start] + _hidden(value) + whole[end:]

@@ -135,6 +135,8 @@ def test_made_up_lines_of_each_shape(line, expected):
                                   "--hf-token", "password"])
 def test_names_that_hold_secrets(name):
     assert secret_name(name)
+    assert redact(f"{name}=made-up") == f"{name}={REDACTED}"
+    assert redact(f'{{"{name}": "made-up"}}') == f'{{"{name}": "{REDACTED}"}}'
 
 
 @pytest.mark.parametrize("name", ["PWD", "OLDPWD", "SSH_AUTH_SOCK", "TOKENIZERS_PARALLELISM", "MAX_TOKENS",
@@ -142,6 +144,7 @@ def test_names_that_hold_secrets(name):
                                   "NCCL_DEBUG", "NCCL_IB_HCA", "HPL_N", "CUDA_VISIBLE_DEVICES", "PASSES"])
 def test_names_that_do_not(name):
     assert not secret_name(name)
+    assert redact(f"{name}=kept") == f"{name}=kept"
 
 
 # --- Where raw output is stored --------------------------------------------------------------------------
