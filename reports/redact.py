@@ -38,7 +38,7 @@ _STEMS = re.compile("token|secret|pass|pw|key|credential|auth|://")
 _NAME = r"-{0,2}[A-Za-z_][A-Za-z0-9_.-]*"
 # "NAME": "value" or 'NAME': 'value': a JSON member or a Python dict's repr.
 _MEMBER = re.compile(
-    r"""(?P<q>["'])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=q)(?P<sep>[ \t]*:[ \t]*)"""
+    rf"""(?P<q>["'])(?P<name>{_NAME})(?P=q)(?P<sep>[ \t]*:[ \t]*)"""
     r"""(?P<vq>["'])(?P<value>(?:\\.|(?!(?P=vq))[^\\\n])*)(?P=vq)""")
 # "NAME=value" inside quotes: a JSON string (nccl-tests' env list) or a quoted shell word.
 _QUOTED = re.compile(
