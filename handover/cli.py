@@ -1,7 +1,7 @@
 """The `handover` command: render, verify and inspect runs outside pytest.
 
     handover report RUN_DIR [--sign-key KEY]       render (and sign) a run from its ledger
-    handover verify RUN_DIR [--allowed-signers F]  check the signatures; non-zero on any mismatch
+    handover verify RUN_DIR [--allowed-signers F]  check every signature and every file's digest
     handover inventory FILE                        validate an inventory and list its nodes
     handover parse TOOL FILE                       a tool's saved output as JSON (sanity in `ok`)
 
@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Ed25519 OpenSSH private key (default: this machine's handover key)")
     report.set_defaults(handler=cmd_report)
 
-    verify = verbs.add_parser("verify", help="verify report.html.sig and results.json.sig")
+    verify = verbs.add_parser("verify", help="check the signatures and every file's SHA-256 in manifest.json; "
+                                             "non-zero on any problem")
     verify.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     verify.add_argument("--allowed-signers", type=Path, metavar="FILE",
                         help="OpenSSH allowed_signers file of keys you trust")
@@ -76,22 +77,22 @@ def cmd_report(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from reports import signing
-    from reports.render import SIGNED_FILES
+    """One line per signature and per file that changed, went missing or was added; who signed."""
+    from reports.render import verify_run
 
     if not args.run_dir.is_dir():
         return fail(f"{args.run_dir}: no such run directory")
     if args.allowed_signers and not args.allowed_signers.is_file():
         return fail(f"{args.allowed_signers}: no such allowed_signers file")
-    all_good = True
-    for name in SIGNED_FILES:
-        check = signing.verify_file(args.run_dir / name, allowed_signers=args.allowed_signers)
-        print(f"{'OK ' if check.ok else 'BAD'} {name}: {check.reason}")
-        all_good = all_good and check.ok
-    if all_good and not args.allowed_signers:
-        print("note: the signer was not checked against keys you trust; compare the fingerprint "
-              "with the operator's, or pass --allowed-signers")
-    return 0 if all_good else 1
+    check = verify_run(args.run_dir, args.allowed_signers)
+    for finding in check.findings:
+        print(finding)
+    if check.signer:
+        print(check.signer)
+    if not check.ok:
+        print(f"handover: {args.run_dir}: {len(check.problems)} problem(s); do not trust this run's files",
+              file=sys.stderr)
+    return 0 if check.ok else 1
 
 
 def cmd_inventory(args) -> int:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from reports.files import DeferredSync, WriteError, link_atomically, write_atomically, write_error
+from reports.redact import redact
 
 LEDGER_SCHEMA = "handover.ledger/1"
 LEDGER_FILE = "ledger.jsonl"
@@ -160,7 +161,7 @@ class Ledger:
         saved = []
         for suffix, text in (("command", command), ("stdout", stdout), ("stderr", stderr)):
             if text:
-                path = write_atomically(folder / f"{safe_name(node)}.{suffix}", text, deferred=self._sync)
+                path = write_atomically(folder / f"{safe_name(node)}.{suffix}", redact(text), deferred=self._sync)
                 saved.append(str(path.relative_to(self.run_dir)))
         return saved
 

@@ -1,6 +1,8 @@
 """Turn a run directory's ledger into its renderings and sign them: the one reporting path.
 
-Used at the end of a pytest run and by `handover report RUN_DIR` for an interrupted one.
+Used at the end of a pytest run and by `handover report RUN_DIR` for an interrupted one. The
+last step seals the bundle: manifest.json and manifest.sha256 (reports/bundle.py) list the
+digest of every file of the run directory, and are signed by the same key as the report.
 """
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from reports import signing
+from reports import bundle, signing
+from reports.bundle import ALLOWED_SIGNERS_FILE
 from reports.html import write_html
 from reports.junit import write_junit
 from reports.ledger import read_ledger
@@ -16,8 +19,8 @@ from reports.results import build_results, write_metrics_csv, write_results
 from reports.verdict import Verdict
 
 REPORT_FILE = "report.html"
-ALLOWED_SIGNERS_FILE = "allowed_signers"
-SIGNED_FILES = ("results.json", REPORT_FILE)
+SIGNED_FILES = ("results.json", REPORT_FILE)  # signed as they are rendered
+BUNDLE_SIGNED = SIGNED_FILES + bundle.MANIFEST_FILES  # every signature of a run directory
 
 
 @dataclass
@@ -30,7 +33,8 @@ class RenderedRun:
 
 
 def render_run(run_dir: Path, key: Optional[signing.SigningKey]) -> RenderedRun:
-    """Write results.json, metrics.csv, junit.xml and report.html; sign the first and last."""
+    """Write results.json, metrics.csv, junit.xml and report.html; sign the first and last; then
+    write and sign the manifest of the whole run directory."""
     run_dir = Path(run_dir)
     record = read_ledger(run_dir)
     signer = {"fingerprint": key.fingerprint, "public_key": key.public_line} if key else None
@@ -43,7 +47,13 @@ def render_run(run_dir: Path, key: Optional[signing.SigningKey]) -> RenderedRun:
         for name in SIGNED_FILES:
             signing.sign_file(run_dir / name, key)
         signing.write_allowed_signers(run_dir / ALLOWED_SIGNERS_FILE, key, signer_identity(key))
+    bundle.seal(run_dir, results["run"]["run_id"], key, BUNDLE_SIGNED)
     return RenderedRun(run_dir, results, verdict, report, key)
+
+
+def verify_run(run_dir: Path, allowed_signers: Optional[Path] = None) -> bundle.BundleCheck:
+    """Every signature and every digest of a rendered run directory (`handover verify`)."""
+    return bundle.verify(Path(run_dir), BUNDLE_SIGNED, allowed_signers)
 
 
 def signer_identity(key: signing.SigningKey) -> str:

@@ -773,3 +773,20 @@ def verify_file(
         ok=True, file=path, fingerprint=fingerprint, identity=identity,
         reason=f"good signature by {identity}",
     )
+
+
+def named_signer(sig_path: StrPath, allowed_signers: StrPath) -> tuple[Optional[str], str]:
+    """(principals, "") that allowed_signers gives the key inside sig_path, else (None, why).
+
+    For naming who signed from a bundle's own allowed_signers, which proves nothing by itself:
+    whether the signature is good is verify_file's question, whether the key is trusted the
+    customer's (their own --allowed-signers)."""
+    sig_path = Path(sig_path)
+    try:
+        signature = _parse_signature(sig_path.read_bytes())
+    except OSError as exc:
+        return None, f"cannot read {sig_path}: {exc.strerror or exc}"
+    except _Malformed as exc:
+        return None, f"{sig_path} is malformed: {exc}"
+    return _allowed_identity(Path(allowed_signers), signature.public_blob,
+                             _fingerprint(signature.public_blob))

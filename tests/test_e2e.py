@@ -85,7 +85,7 @@ def test_report_and_results_are_signed_and_verify_with_stock_ssh_keygen(healthy_
     assert ssh_keygen_verifies(run_dir, "results.json")
     verified = handover("verify", run_dir, "--allowed-signers", run_dir / "allowed_signers")
     assert verified.returncode == 0, verified.stdout
-    assert verified.stdout.count("good signature by ops@example.com") == 2
+    assert verified.stdout.count("good signature by ops@example.com") == 4
 
 
 def test_changing_one_byte_fails_verification(healthy_run, tmp_path):

@@ -1,0 +1,106 @@
+"""Secrets out of stored tool output: the run directory goes to the customer, and tools embed
+their environment in what they print (nccl-tests' `-J` JSON has `"env": ["K=V", ...]`, the
+payloads print `"env": {"NCCL_...": "..."}`, a command line carries `env K=V` or `mpirun -x K=V`).
+
+`redact(text)` replaces the value of every variable whose name looks like it holds a secret, in
+the shapes tools print:
+
+    NAME=value            a line of `env` (the value runs to the end of the line)
+    ... NAME=value ...    a word of a command line (the value runs to a space, quote or ; & |)
+    "NAME=value"          a JSON string or quoted shell word (the value runs to the quote)
+    "NAME": "value"       a JSON member (or 'NAME': 'value', Python's repr of a dict)
+    scheme://user:pw@     a password inside a URL, whatever the variable
+
+A name holds a secret when one of its words (split at _ - .) ends in token, secret(s),
+password, passwd, passphrase, apikey, credential(s) or privatekey; or, in a name of several
+words, is key, pass, pw or pwd (API_KEY, MYSQL_PWD; not PWD, nor a bare key=value), or is auth
+as the last (NPM_CONFIG__AUTH, not SSH_AUTH_SOCK). So TOKENIZERS_PARALLELISM, tokens_per_s and
+iperf3's "cookie" stay.
+
+Pure text in, text out: lines, quotes and JSON validity are kept, a redacted value becomes
+[REDACTED], and redacting twice changes nothing more.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+REDACTED = "[REDACTED]"
+
+_SECRET_ENDINGS = ("token", "secret", "secrets", "password", "passwd", "passphrase", "apikey",
+                   "credential", "credentials", "privatekey")
+_SECRET_WORDS = frozenset({"key", "pass", "pw", "pwd"})  # only as one word of several
+_WORD_SPLIT = re.compile(r"[_.-]+")
+
+# Every shape below lies within one line, and every secret name holds one of these stems: only
+# the lines that hold one (or a URL) go through the patterns, so a long log costs one scan.
+_STEMS = re.compile("token|secret|pass|pw|key|credential|auth|://")
+_NAME = r"-{0,2}[A-Za-z_][A-Za-z0-9_.-]*"
+# "NAME": "value" or 'NAME': 'value': a JSON member or a Python dict's repr.
+_MEMBER = re.compile(
+    rf"""(?P<q>["'])(?P<name>{_NAME})(?P=q)(?P<sep>[ \t]*:[ \t]*)"""
+    r"""(?P<vq>["'])(?P<value>(?:\\.|(?!(?P=vq))[^\\\n])*)(?P=vq)""")
+# "NAME=value" inside quotes: a JSON string (nccl-tests' env list) or a quoted shell word.
+_QUOTED = re.compile(
+    rf"""(?P<q>["'])(?P<name>{_NAME})=(?P<value>(?:\\.|(?!(?P=q))[^\\\n])*)(?=(?P=q))""")
+# NAME=value as a whole line, as `env` prints it (optionally `export NAME=value`).
+_LINE = re.compile(rf"^(?P<lead>[ \t]*(?:export[ \t]+)?)(?P<name>{_NAME})=(?P<value>[^\r\n]*)",
+                   re.MULTILINE)
+# NAME=value as a word among others: a command line, a log line, `[1,0]<stdout>:NAME=value`.
+_WORD = re.compile(rf"(?<![A-Za-z0-9_.=-])(?P<name>{_NAME})=(?P<value>[^\s\"'&;|<>()]*)")
+# scheme://user:password@host
+_URL = re.compile(r"(?P<lead>://[^\s/@:\"']*:)(?P<value>[^\s/@\"']+)(?=@)")
+
+
+@lru_cache(maxsize=4096)
+def secret_name(name: str) -> bool:
+    """Whether a variable (or option, or JSON key) of this name holds a secret, by its words."""
+    words = [word for word in _WORD_SPLIT.split(name.lower()) if word]
+    for position, word in enumerate(words):
+        if word.endswith(_SECRET_ENDINGS):
+            return True
+        if len(words) > 1 and (word in _SECRET_WORDS or (word == "auth" and position == len(words) - 1)):
+            return True
+    return False
+
+
+def redact(text: str) -> str:
+    """text with the value of every secret-named variable, and every URL password, replaced."""
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a character whose lower case is longer: no positions to share
+        return _redact_lines(text)
+    parts = []
+    done = 0
+    for found in _STEMS.finditer(lowered):
+        if found.start() < done:
+            continue  # in a line already redacted
+        start = text.rfind("\n", 0, found.start()) + 1
+        end = text.find("\n", found.end())
+        end = len(text) if end < 0 else end + 1
+        parts += [text[done:start], _redact_lines(text[start:end])]
+        done = end
+    return "".join(parts) + text[done:] if parts else text
+
+
+def _redact_lines(text: str) -> str:
+    """Every pattern over text, whole lines of it."""
+    text = _MEMBER.sub(_by_name, text)
+    text = _QUOTED.sub(_by_name, text)
+    text = _LINE.sub(_by_name, text)
+    text = _WORD.sub(_by_name, text)
+    return _URL.sub(lambda found: found.group("lead") + _hidden(found.group("value")), text)
+
+
+def _by_name(found: re.Match) -> str:
+    """The match with its value group redacted when its name group names a secret."""
+    if not secret_name(found.group("name")):
+        return found.group(0)
+    value = found.group("value")
+    start, end = found.start("value") - found.start(), found.end("value") - found.start()
+    whole = found.group(0)
+    return whole[:start] + _hidden(value) + whole[end:]
+
+
+def _hidden(value: str) -> str:
+    """REDACTED for a value; an empty one stays empty (nothing to hide, and it says so)."""
+    return REDACTED if value else value
