@@ -11,7 +11,7 @@ DEBS    := openssh-server openssh-client iproute2 procps sudo stress-ng fio iper
 INVENTORY ?= inventory/local.yaml
 PYTEST_ARGS ?=
 # make accept runs the quick depth; a real delivery runs the full one too (-m full).
-ACCEPT_ARGS ?= -m "not full"
+ACCEPT_ARGS ?= -m quick
 # The scratch path inventory/local.yaml declares: storage (fio) and HPL (hpcc) write only there.
 SCRATCH := /var/tmp/handover-scratch
 

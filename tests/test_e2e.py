@@ -52,7 +52,7 @@ def ssh_keygen_verifies(run_dir: Path, name: str) -> bool:
 def healthy_run(ns_cluster, sign_key, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("healthy")
     inventory = ns_cluster.write_inventory(tmp / "cluster.yaml")
-    done = run_suites(inventory, tmp / "out", sign_key, "-m", "not full")
+    done = run_suites(inventory, tmp / "out", sign_key, "-m", "quick")
     return done, run_dir_of(tmp / "out", "nscluster")
 
 
@@ -108,7 +108,7 @@ def test_local_inventory_is_certified(sign_key, tmp_path):
     inventory = tmp_path / "local.yaml"
     inventory.write_text((ROOT / "inventory" / "local.yaml").read_text()
                          .replace("/var/tmp/handover-scratch", str(scratch)))
-    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "not full")
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "quick")
     assert done.returncode == 0, done.stdout + done.stderr
     assert results_of(run_dir_of(tmp_path / "out", "local"))["verdict"]["status"] == "CERTIFIED"
 
