@@ -62,11 +62,7 @@ def synthetic_ledger(template: list[dict], count: int, seed: int = 1) -> list[di
     entries = []
     for index in range(count):
         source = sources[index % len(sources)]
-        offset = index - sources.index(source)
-
-        def rename(match: re.Match) -> str:
-            return node_name((int(match.group(1)) - 1 + offset) % count)
-
+        rename = renamer(index - sources.index(source), count)
         scale = 0.8 if index % SLOW_EVERY == SLOW_EVERY - 1 else 1.0
         for position, entry in enumerate(per_node[source]):
             copied = json.loads(_NODE.sub(rename, json.dumps(entry)))
@@ -87,6 +83,13 @@ def synthetic_ledger(template: list[dict], count: int, seed: int = 1) -> list[di
                          + [e["test_id"] for e in cluster])
         entries.append(entry) if entry["type"] != "end" else None
     return [header] + entries + cluster + [e for e in ends if e["type"] == "end"]
+
+
+def renamer(offset: int, count: int):
+    """nodeK -> the synthetic node `offset` places further on, around the ring of `count`."""
+    def rename(match: re.Match) -> str:
+        return node_name((int(match.group(1)) - 1 + offset) % count)
+    return rename
 
 
 def vary(entry: dict, rng: random.Random, scale: float) -> None:
