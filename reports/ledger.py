@@ -37,6 +37,7 @@ from reports.redact import redact
 LEDGER_SCHEMA = "handover.ledger/1"
 LEDGER_FILE = "ledger.jsonl"
 RAW_DIR = "raw"
+REDACTED_FIELDS = ("message", "log_excerpt")  # of a check entry: text quoted from tool output
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -103,7 +104,11 @@ class Ledger:
         return ledger
 
     def append(self, entry: dict) -> None:
-        """Add one line, durably; a failed write is cut back off, so the ledger stays whole."""
+        """Add one line; a failed write is cut back off, so the ledger stays whole. A check's
+        message and log excerpt quote tool output, so they are redacted like the raw files."""
+        if entry.get("type") == "check":
+            entry = {**entry, **{field: redact(entry[field]) for field in REDACTED_FIELDS
+                                 if isinstance(entry.get(field), str)}}
         data = _line(entry).encode("utf-8")
         self._sync.check()
         with self._lock:

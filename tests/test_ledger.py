@@ -362,3 +362,16 @@ def test_safe_name_is_a_single_visible_path_component(name):
 @pytest.mark.parametrize("name", ["gpu001", "node-07.rack1", "n_1"])
 def test_safe_name_keeps_inventory_names(name):
     assert safe_name(name) == name
+
+
+def test_a_checks_message_and_excerpt_are_redacted_like_raw_output(ledger):
+    """Made-up lines in the shapes tools print (an `env` line, a JSON member); the message of a
+    failed check quotes them, and the ledger (so results.json and the report) must not."""
+    excerpt = 'NCCL_DEBUG=INFO\nHF_TOKEN=hf_made_up_value\n{"WANDB_API_KEY": "made-up-key"}'
+    ledger.append(check("n1", "training", "failed", message="rank 0: HF_TOKEN=hf_made_up_value",
+                        log_excerpt=excerpt))
+    ledger.append({"type": "tool", "node": "n1", "tool": "torch", "version": "2.13.0"})
+    [entry] = read_ledger(ledger.run_dir).checks
+    assert entry["message"] == "rank 0: HF_TOKEN=[REDACTED]"
+    assert entry["log_excerpt"] == 'NCCL_DEBUG=INFO\nHF_TOKEN=[REDACTED]\n{"WANDB_API_KEY": "[REDACTED]"}'
+    assert "made" not in ledger.path.read_text()
