@@ -79,6 +79,7 @@ _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
 _BOOL = "tag:yaml.org,2002:bool"
 _NULL = "tag:yaml.org,2002:null"
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _SCALAR_CONSTRUCTOR = SafeConstructor()
 
 
@@ -781,8 +782,13 @@ def known_checks() -> dict[str, bool]:
 
 
 def _iso_date(at: _At) -> str:
-    """A calendar date written as YYYY-MM-DD (YAML reads it as a date; it is kept as text)."""
-    value = _string(at)
+    """A calendar date written as YYYY-MM-DD, kept as text (YAML would read it as a date, and
+    stop at an impossible one with its own words)."""
+    if not isinstance(at.node, yaml.ScalarNode) or at.node.tag == _NULL:
+        raise _wrong_type(at, "a date as YYYY-MM-DD")
+    if at.node.tag not in (_STR, _TIMESTAMP):
+        _scalar_value(at)  # rejects unknown tags such as !vault
+    value = at.node.value
     try:
         if len(value) != 10:
             raise ValueError
