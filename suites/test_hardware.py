@@ -304,6 +304,12 @@ def test_pcie_bandwidth(on_node, profile, record, metrics):
                   d2h_bandwidth=(run.slowest("d2h_gbps"), "GB/s"))
 
 
+def kernel_action(events: list[kernel_log.KernelEvent]) -> str:
+    """The recommended actions of NVIDIA's catalog for the events, once each: 'xid 79: ...'."""
+    return "; ".join(dict.fromkeys(f"{e.kind}{f' {e.code}' if e.code is not None else ''}: {e.action}"
+                                   for e in events))
+
+
 def describe_events(events: list[kernel_log.KernelEvent]) -> list[str]:
     return [f"{e.kind} {e.code if e.code is not None else ''} {e.device}: {e.meaning} -> "
             f"{e.action}".replace("  ", " ") for e in events]
@@ -336,5 +342,4 @@ def test_kernel_log(on_node, profile, acceptance, record):
     if problems:
         critical = [e for e in log.log.events if e.severity == kernel_log.CRITICAL]
         raise SanityFailure("critical kernel event(s) " + "; ".join(problems), "\n".join(e.line for e in critical),
-                            action="; ".join(dict.fromkeys(f"{e.kind} {e.code if e.code is not None else ''}: "
-                                                           f"{e.action}".replace(" :", ":") for e in critical)))
+                            action=kernel_action(critical))
