@@ -16,6 +16,7 @@ from typing import Optional
 import pytest
 
 from handover import failures
+from handover.cli import main
 from handover.session import run_header
 from inventory.loader import load_inventory
 from reports.diff import diff_runs, load_run, render_text
@@ -111,6 +112,16 @@ def handover(*args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+def diff_command(capsys, *args) -> tuple[int, str, str]:
+    """`handover diff ...` in this process (the command's own main), for its exit status and output."""
+    try:
+        status = main(["diff", *map(str, args)])
+    except SystemExit as usage:  # argparse's usage errors
+        status = int(usage.code or 0)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
 def test_what_got_worse_and_what_got_better(runs):
     old, new = runs
     assert (old / "results.json").is_file() and not (new / "results.json").exists()
@@ -172,14 +183,14 @@ def test_the_command_prints_text_and_exits_1_when_something_got_worse(runs):
     assert "  gpu001 · stress_ng · stress_cpu: 100 -> 65 bogo-ops/s (-35.0%): moved more than 10% (worse)" in lines
     assert lines[-1] == "something got worse"
     same = handover("diff", old, old)
-    assert same.returncode == 0 and same.stdout.endswith("nothing got worse\n")
+    assert same.returncode == 0 and same.stdout.endswith("nothing got worse\n") and same.stderr == ""
 
 
-def test_the_command_prints_json_for_scripts(runs):
+def test_the_command_prints_json_for_scripts(runs, capsys):
     old, new = runs
-    done = handover("diff", old, new, "--json", "--threshold", "0.5")
-    assert done.returncode == 1
-    found = json.loads(done.stdout)
+    status, out, _ = diff_command(capsys, old, new, "--json", "--threshold", "0.5")
+    assert status == 1
+    found = json.loads(out)
     assert found == diff_runs(load_run(old), load_run(new), 0.5)
     assert found["old"]["report_id"] == f"pod-{old.name}" and found["threshold"] == 0.5
 
@@ -191,17 +202,17 @@ def test_the_command_prints_json_for_scripts(runs):
     (lambda tmp: (tmp / "results.json").write_text('{"schema": "handover.results/1"}') and tmp,
      "results.json: run: required, but missing"),
 ])
-def test_a_run_that_cannot_be_read_is_one_line_and_exit_2(runs, tmp_path, make, message):
+def test_a_run_that_cannot_be_read_is_one_line_and_exit_2(runs, tmp_path, capsys, make, message):
     old, _ = runs
-    done = handover("diff", old, make(tmp_path))
-    assert done.returncode == 2
-    assert message in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-    assert done.stdout == ""
+    status, out, err = diff_command(capsys, old, make(tmp_path))
+    assert status == 2
+    assert err.startswith("handover: ") and message in err and err.count("\n") == 1
+    assert out == ""
 
 
-def test_a_threshold_that_is_no_fraction_is_a_usage_error(runs):
+def test_a_threshold_that_is_no_fraction_is_a_usage_error(runs, capsys):
     old, new = runs
-    done = handover("diff", old, new, "--threshold", "ten")
-    assert done.returncode == 2 and "expected a fraction such as 0.1, got 'ten'" in done.stderr
-    help_text = handover("diff", "--help").stdout
-    assert "0 when nothing got worse, 1 when" in " ".join(help_text.split())
+    status, _, err = diff_command(capsys, old, new, "--threshold", "ten")
+    assert status == 2 and "expected a fraction such as 0.1, got 'ten'" in err
+    status, help_text, _ = diff_command(capsys, "--help")
+    assert status == 0 and "0 when nothing got worse, 1 when" in " ".join(help_text.split())
