@@ -4,6 +4,7 @@
     handover verify RUN_DIR [--allowed-signers F]  check every signature and every file's digest
     handover inventory FILE                        validate an inventory and list its nodes
     handover parse TOOL FILE                       a tool's saved output as JSON (sanity in `ok`)
+    handover diff OLD_RUN NEW_RUN [--json]         what got worse or better from one run to another
 
 Running the acceptance suites is pytest's job: pytest --inventory inventory/<cluster>.yaml
 """
@@ -42,6 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     parse.add_argument("tool", metavar="TOOL", help="one of: " + ", ".join(sorted(tool_parsers())))
     parse.add_argument("file", type=Path, metavar="FILE")
     parse.set_defaults(handler=cmd_parse)
+
+    diff = verbs.add_parser(
+        "diff", help="compare two runs: new failures, fixed checks and nodes, moved metrics, nodes added or missing",
+        description="Compare two run directories (their results.json, or their ledgers when it is missing) check "
+                    "by check. Exit status: 0 when nothing got worse, 1 when something did (the verdict fell, a "
+                    "check fails that did not, a node failed or is missing, a metric left its band or moved by "
+                    "more than --threshold on its bad side), 2 when a run cannot be read.")
+    diff.add_argument("old_run", type=Path, metavar="OLD_RUN")
+    diff.add_argument("new_run", type=Path, metavar="NEW_RUN")
+    diff.add_argument("--threshold", type=_fraction, default=0.1, metavar="FRACTION",
+                      help="a metric that moved by more than this fraction of its old value is listed (default 0.1)")
+    diff.add_argument("--json", action="store_true", help="print the differences as one JSON document, for scripts")
+    diff.set_defaults(handler=cmd_diff)
 
     args = parser.parse_args(argv)
     return args.handler(args)
@@ -154,6 +168,31 @@ def cmd_parse(args) -> int:
         result = dataclasses.asdict(parsed)
     print(json.dumps(result, indent=2))
     return 0
+
+
+def _fraction(value: str) -> float:
+    """--threshold: a positive fraction such as 0.1 (10%)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.1, got {value!r}") from None
+    if not 0 < number < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value!r}")
+    return number
+
+
+def cmd_diff(args) -> int:
+    import json
+
+    from reports.diff import DiffError, diff_runs, load_run, render_text
+
+    try:
+        old, new = load_run(args.old_run), load_run(args.new_run)
+    except DiffError as error:
+        return fail(str(error))
+    found = diff_runs(old, new, args.threshold)
+    print(json.dumps(found, indent=2) if args.json else render_text(found), end="\n" if args.json else "")
+    return 1 if found["worse"] else 0
 
 
 if __name__ == "__main__":

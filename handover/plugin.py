@@ -88,7 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except SessionError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
-    config.pluginmanager.register(Recorder(session.append), Recorder.name)
+    config.pluginmanager.register(Recorder(session.append, session.cluster.waivers), Recorder.name)
     config.pluginmanager.register(SessionHooks(session), "handover-session")
     signal.signal(signal.SIGTERM, interrupt_on_sigterm)
 

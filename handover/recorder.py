@@ -2,16 +2,22 @@
 
 Checks hand over their evidence through item.user_properties (metrics, notes, raw output paths,
 curves, a node's pairs), as pytest's record_property does; the record fixture writes them.
+
+A failure says what to do next (`action`, the failure's own or its kind's). A failure the
+inventory waives stays failed in the ledger, marked `waived` with the waiver's reason and owner,
+and is reported to pytest as an expected failure (xfail, with the waiver as its reason): it is
+shown, and it does not fail the run's exit status, the CI gate.
 """
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import cast
+from typing import Sequence, cast
 
 import pytest
 
-from handover.failures import CheckFailure, excerpt
+from handover.failures import CheckFailure, action_for, excerpt
+from inventory.model import Waiver
 from reports.ledger import now_iso
 
 AREAS = ("system", "hardware", "network", "storage", "hpc", "training")
@@ -27,8 +33,9 @@ class Recorder:
 
     name = "handover-recorder"
 
-    def __init__(self, append):
+    def __init__(self, append, waivers: Sequence[Waiver] = ()):
         self._append = append
+        self._waivers = tuple(waivers)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
@@ -40,7 +47,12 @@ class Recorder:
             report.longrepr = f"[{error.kind}] {error}" + (f"\n{error.log}" if error.log else "")
         if report.when == "call" or (report.when == "setup" and not report.passed) or \
                 (report.when == "teardown" and report.failed):
-            self._append(check_entry(item, call, report))
+            entry = check_entry(item, call, report, self._waivers)
+            if entry.get("waived"):
+                waived = entry["waived"]
+                report.outcome = "skipped"  # as pytest's own xfail does: shown, not counted failed
+                report.wasxfail = f"waived ({waived['owner']}): {waived['reason']}"
+            self._append(entry)
 
 
 def test_id(item: pytest.Item) -> str:
@@ -62,21 +74,22 @@ def _suite_file(path: str) -> str:
     return ""
 
 
-def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> dict:
+def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport,
+                waivers: Sequence[Waiver] = ()) -> dict:
     """One ledger line for one test outcome."""
     props: dict = dict(report.user_properties)
     markers = {mark.name for mark in item.iter_markers()}
     callspec = getattr(item, "callspec", None)
     params: dict = callspec.params if callspec else {}
     outcome: str = report.outcome
-    kind, message, log = None, "", ""
+    kind, message, log, action = None, "", "", ""
     if report.skipped:
         message = _skip_reason(report)
     elif report.failed:
         excinfo = call.excinfo
         error = excinfo.value if excinfo else None
         if isinstance(error, CheckFailure):
-            kind, message, log = error.kind, str(error), error.log
+            kind, message, log, action = error.kind, str(error), error.log, error.action
         elif isinstance(error, AssertionError):
             kind, message, log = "expectation", str(error).split("\nassert")[0], excerpt(report.longreprtext)
         else:
@@ -84,7 +97,8 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
             log = excerpt(report.longreprtext)
         if report.when != "call" and not isinstance(error, CheckFailure):
             outcome = "error"
-    entry = {
+        action = action or action_for(kind or "error")
+    entry: dict = {
         "type": "check",
         "test_id": test_id(item),
         "check": getattr(item, "originalname", item.name).removeprefix("test_"),
@@ -108,6 +122,12 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
     if PROPERTY_PAIRS in props:  # a node's pairs with their states, judged once by the suite
         entry["pairs"] = props[PROPERTY_PAIRS]["pairs"]
         entry["pair_median"] = props[PROPERTY_PAIRS]["median"]
+    if report.failed:
+        entry["action"] = action
+        day = entry["finished"][:10]  # UTC: the date an expiring waiver is held against
+        waiver = next((w for w in waivers if w.covers(entry["check"], entry["node"], day)), None)
+        if waiver is not None:
+            entry["waived"] = {"reason": waiver.reason, "owner": waiver.owner, "expires": waiver.expires}
     return entry
 
 

@@ -315,6 +315,7 @@ def run_header(cluster: Cluster, nodes: list[Node]) -> dict:
         "harness": harness_identity(),
         "argv": sys.argv,
         "nodes": [node.name for node in nodes],
+        **cluster.delivery(),  # cluster_id, waivers, sign_off: the delivery's record
     }
 
 

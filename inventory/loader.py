@@ -10,8 +10,11 @@ keeps every line number, and it lets fields declared as strings take a scalar ex
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import datetime
 import difflib
+import functools
 import hashlib
 import math
 import os
@@ -35,10 +38,14 @@ from inventory.model import (
     Profile,
     Reference,
     ScratchPath,
+    SignOff,
     SshSettings,
+    Waiver,
 )
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+# The suites ship beside this package; their check names are read from the files, not imported.
+SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 
 # Cluster, group, node, profile and metric names end up in pytest ids and report anchors.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
@@ -53,12 +60,15 @@ NULLABLE_SETTINGS = ("user", "port", "identity_file", "known_hosts", "jump")
 
 TOP_LEVEL_KEYS = (
     "cluster", "profile", "transport", "python", "sudo", "ssh", "nodes", "groups", "scratch",
-    "references", "launch",
+    "references", "launch", "cluster_id", "waivers", "sign_off",
 )
 LAUNCH_KEYS = ("interface",)
 NODE_KEYS = ("name", "address", "data_address") + NODE_SETTING_KEYS
 GROUP_KEYS = ("nodes",) + NODE_SETTING_KEYS
 SCRATCH_KEYS = ("path", "kind", "destructive")
+WAIVER_KEYS = ("check", "nodes", "reason", "owner", "expires")
+WAIVER_REQUIRED = ("check", "nodes", "reason", "owner")
+SIGN_OFF_KEYS = ("engineer", "customer")
 PROFILE_KEYS = ("profile", "description", "mandatory", "expect", "references")
 REFERENCE_KEYS = ("check", "value", "lower", "upper", "unit", "source")
 # What a metric new to the profile must give; lower/upper default to unbounded, source to the file.
@@ -69,6 +79,7 @@ _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
 _BOOL = "tag:yaml.org,2002:bool"
 _NULL = "tag:yaml.org,2002:null"
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _SCALAR_CONSTRUCTOR = SafeConstructor()
 
 
@@ -725,29 +736,95 @@ class _Group:
 
 
 def _groups(at: _At, node_names: list[str]) -> list[_Group]:
-    position = {name: index for index, name in enumerate(node_names)}
     groups = []
     for name, key_at, value_at in _read_mapping(at):
         _name(key_at, "group name")
         fields = _fields(value_at, GROUP_KEYS, required=("nodes",))
-        members_at = fields["nodes"]
-        if isinstance(members_at.node, yaml.SequenceNode):
-            listed = [(item, n) for item in _list(members_at) for n in _expand(item, "node name")]
-        else:
-            listed = [(members_at, n) for n in _expand(members_at, "node name")]
-        if not listed:
-            raise members_at.error("empty; a group needs at least one node")
-        members: list[str] = []
-        for where, member in listed:
-            if member not in position:
-                close = difflib.get_close_matches(member, node_names, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise where.error(f"unknown node {member!r}{hint}")
-            if member not in members:
-                members.append(member)
-        members.sort(key=position.__getitem__)
+        members = _inventory_nodes(fields["nodes"], node_names, "a group")
         groups.append(_Group(name, members, _settings(fields)))
     return groups
+
+
+def _inventory_nodes(at: _At, node_names: list[str], what: str) -> list[str]:
+    """Nodes of the inventory named by a hostlist expression or a list of them, in inventory
+    order; a name that is no node of the inventory is an error with a did-you-mean."""
+    position = {name: index for index, name in enumerate(node_names)}
+    if isinstance(at.node, yaml.SequenceNode):
+        listed = [(item, n) for item in _list(at) for n in _expand(item, "node name")]
+    else:
+        listed = [(at, n) for n in _expand(at, "node name")]
+    if not listed:
+        raise at.error(f"empty; {what} needs at least one node")
+    members: list[str] = []
+    for where, member in listed:
+        if member not in position:
+            close = difflib.get_close_matches(member, node_names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise where.error(f"unknown node {member!r}{hint}")
+        if member not in members:
+            members.append(member)
+    return sorted(members, key=position.__getitem__)
+
+
+@functools.lru_cache(maxsize=1)
+def known_checks() -> dict[str, bool]:
+    """Check name -> whether it runs once for the whole cluster, from the suites' test functions
+    (test_<check>, marked `cluster`), read with ast rather than imported: the suites import
+    the harness, and an inventory is checked before any of it runs."""
+    checks: dict[str, bool] = {}
+    for path in sorted(SUITES_DIR.glob("test_*.py")):
+        for function in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+            if isinstance(function, ast.FunctionDef) and function.name.startswith("test_"):
+                marks = {decorator.attr for decorator in function.decorator_list
+                         if isinstance(decorator, ast.Attribute)}
+                checks[function.name.removeprefix("test_")] = "cluster" in marks
+    return checks
+
+
+def _iso_date(at: _At) -> str:
+    """A calendar date written as YYYY-MM-DD, kept as text (YAML would read it as a date, and
+    stop at an impossible one with its own words)."""
+    if not isinstance(at.node, yaml.ScalarNode) or at.node.tag == _NULL:
+        raise _wrong_type(at, "a date as YYYY-MM-DD")
+    if at.node.tag not in (_STR, _TIMESTAMP):
+        _scalar_value(at)  # rejects unknown tags such as !vault
+    value = at.node.value
+    try:
+        if len(value) != 10:
+            raise ValueError
+        datetime.date.fromisoformat(value)
+    except ValueError:
+        raise at.error(f"expected a date as YYYY-MM-DD, got {value!r}") from None
+    return value
+
+
+def _waivers(at: _At, node_names: list[str]) -> tuple[Waiver, ...]:
+    """waivers: known failures the delivery accepts, each a check on nodes with a reason and an
+    owner; a check the suites do not have, or one that runs once for the whole cluster (it has
+    no node to waive it on), is an error."""
+    checks = known_checks()
+    waivers = []
+    for item in _list(at):
+        fields = _fields(item, WAIVER_KEYS, required=WAIVER_REQUIRED)
+        check = _name(fields["check"], "check name")
+        if check not in checks:
+            raise fields["check"].error(_unknown(f"unknown check {check!r}", check, sorted(checks)))
+        if checks[check]:
+            raise fields["check"].error(
+                f"check {check!r} runs once for the whole cluster, so it has no node to waive it on")
+        waivers.append(Waiver(
+            check=check,
+            nodes=tuple(_inventory_nodes(fields["nodes"], node_names, "a waiver")),
+            reason=_string(fields["reason"]),
+            owner=_string(fields["owner"]),
+            expires=_iso_date(fields["expires"]) if "expires" in fields else None,
+        ))
+    return tuple(waivers)
+
+
+def _sign_off(at: _At) -> SignOff:
+    fields = _fields(at, SIGN_OFF_KEYS)
+    return SignOff(**{key: _string(value) for key, value in fields.items()})
 
 
 def _resolve_settings(
@@ -904,4 +981,7 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
         launch_interface=_launch_interface(fields["launch"]) if "launch" in fields else None,
         source_path=os.path.abspath(path),
         digest=hashlib.sha256(data).hexdigest(),
+        cluster_id=_name(fields["cluster_id"], "cluster ID") if "cluster_id" in fields else "",
+        waivers=_waivers(fields["waivers"], node_names) if "waivers" in fields else (),
+        sign_off=_sign_off(fields["sign_off"]) if "sign_off" in fields else SignOff(),
     )

@@ -181,6 +181,40 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class Waiver:
+    """A known failure the delivery accepts: `check` on `nodes`, with why and who answers for it.
+
+    A waived failure stays failed in the ledger and is shown as waived, never as passed; the
+    verdict counts it apart and does not fail the gate on it. `expires` (an ISO date, the last
+    day it holds) makes a forgotten waiver lapse: the failure counts again after it.
+    """
+
+    check: str
+    nodes: tuple[str, ...]
+    reason: str
+    owner: str
+    expires: Optional[str] = None  # YYYY-MM-DD, inclusive
+
+    def covers(self, check: str, node: Optional[str], day: str) -> bool:
+        """Whether a failure of `check` on `node` recorded on `day` (YYYY-MM-DD) is waived."""
+        return (check == self.check and node in self.nodes
+                and (self.expires is None or day <= self.expires))
+
+    def as_dict(self) -> dict:
+        """The run header's form (and results.json's run.waivers)."""
+        return {"check": self.check, "nodes": list(self.nodes), "reason": self.reason,
+                "owner": self.owner, "expires": self.expires}
+
+
+@dataclass(frozen=True)
+class SignOff:
+    """Who signs the delivery on paper; None leaves a blank line to write the name on."""
+
+    engineer: Optional[str] = None  # the operator's engineer who ran the acceptance
+    customer: Optional[str] = None  # who accepts the cluster for the customer
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     profile: Profile  # with the inventory's reference overrides applied
@@ -193,6 +227,21 @@ class Cluster:
     # The interface multi-node jobs' sockets use (Gloo/NCCL bootstrap, mpirun's TCP); None: each
     # node's route toward its peers decides.
     launch_interface: Optional[str] = None
+    # The customer's or the contract's identifier of the cluster (`cluster_id:`); else the name.
+    cluster_id: str = ""
+    waivers: tuple[Waiver, ...] = ()
+    sign_off: SignOff = field(default_factory=SignOff)
+
+    @property
+    def identity(self) -> str:
+        """The cluster ID reports carry: the inventory's cluster_id, or the cluster's name."""
+        return self.cluster_id or self.name
+
+    def delivery(self) -> dict:
+        """What the run header records for the delivery's paperwork: the cluster ID, the
+        waivers in force and the names of the sign-off block."""
+        return {"cluster_id": self.identity, "waivers": [w.as_dict() for w in self.waivers],
+                "sign_off": {"engineer": self.sign_off.engineer, "customer": self.sign_off.customer}}
 
     def node(self, name: str) -> Node:
         for node in self.nodes:

@@ -4,6 +4,10 @@ The report is signed and attached to contracts, so it loads nothing from anywher
 well, and renders the same bytes for the same results (no "generated at" timestamp). Every
 string in the results is untrusted: the Jinja environment autoescapes everything, and this
 module only hands the template plain values and numbers, never markup.
+
+A failure the inventory waived (results.json marks it `waived`) has a state of its own here,
+"waived": it is drawn as waived in the matrix, listed in its own section with the waiver's
+reason and owner, and never counted or drawn as passed, nor as a failure to act on.
 """
 from __future__ import annotations
 
@@ -27,9 +31,11 @@ TEMPLATE = "report.html.j2"
 
 AREA_ORDER = ("system", "hardware", "network", "storage", "hpc", "training")
 # Worst first: a matrix cell holding several results shows the worst of them.
-OUTCOME_RANK = {"error": 4, "failed": 3, "skipped": 2, "passed": 1}
+OUTCOME_RANK = {"error": 5, "failed": 4, "waived": 3, "skipped": 2, "passed": 1}
+RESULT_OUTCOMES = ("passed", "failed", "skipped", "error")  # what results.json may say
 FAILED_OUTCOMES = ("failed", "error")
-SYMBOLS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–", "missing": "?"}
+SYMBOLS = {"passed": "✓", "failed": "✗", "error": "!", "waived": "W", "skipped": "–", "missing": "?"}
+SIGN_OFF_ROLES = (("engineer", "Operator engineer"), ("customer", "Customer"))
 VERDICT_CLASSES = {"CERTIFIED": "certified", "NOT CERTIFIED": "not-certified",
                    "INCOMPLETE": "incomplete"}
 CLUSTER_ROW = "cluster"
@@ -235,6 +241,43 @@ class Failure:
     finished: str
     raw: list[str]
     metrics: list[MetricRow]
+    action: str = ""
+
+
+@dataclass
+class Waived:
+    """A failure the inventory waived: the failure as recorded, and the waiver beside it."""
+
+    anchor: str
+    where: str
+    check: str
+    kind: str
+    message: str
+    reason: str
+    owner: str
+    expires: str
+
+
+@dataclass
+class AreaFailure:
+    """Failures of one check alike in kind and action, on the nodes listed."""
+
+    check: str
+    kind: str
+    where: str  # the nodes, as a hostlist
+    count: int
+    message: str  # the first one's first line
+    action: str
+    anchor: str  # the first one's details
+    waived: bool = False
+
+
+@dataclass
+class AreaSummary:
+    area: str
+    status: str  # failed | waived | passed | skipped (nothing but skips)
+    counts: dict  # outcome -> number of checks
+    failures: list[AreaFailure]  # the failures first, then the waived ones
 
 
 @dataclass
@@ -319,6 +362,12 @@ class View:
     pairs: Optional[PairSection] = None
     schema: str = ""
     curves: list[CurveChart] = field(default_factory=list)
+    report_id: str = ""
+    cluster_id: str = ""
+    areas: list[AreaSummary] = field(default_factory=list)
+    waived: list[Waived] = field(default_factory=list)
+    waivers: list[dict] = field(default_factory=list)  # as the inventory declared them
+    sign_off: list[dict] = field(default_factory=list)  # [{role, name}], name "" for a blank line
 
 
 def build_view(results: dict) -> View:
@@ -361,6 +410,13 @@ def build_view(results: dict) -> View:
         pairs=_pair_section(checks, layout, _number(run.get("pair_low_fraction"))),
         schema=text(results.get("schema")),
         curves=build_curves(checks, lambda check: text(_where(check)), format_number),
+        report_id=text(run.get("report_id")),
+        cluster_id=text(run.get("cluster_id")),
+        areas=_areas(checks, layout),
+        waived=_waived(checks, layout),
+        waivers=_waivers(run.get("waivers") or []),
+        sign_off=[{"role": label, "name": text((run.get("sign_off") or {}).get(role))}
+                  for role, label in SIGN_OFF_ROLES],
     )
 
 
@@ -433,14 +489,21 @@ def _where(check: dict) -> str:
 
 
 def _outcome(check: dict) -> str:
-    """The check's outcome; anything unrecognised counts as an error, so it cannot pass unseen."""
+    """The check's outcome, or "waived" for a failure results.json marks waived; anything
+    unrecognised counts as an error, so it cannot pass unseen."""
     outcome = text(check.get("outcome"))
-    return outcome if outcome in OUTCOME_RANK else "error"
+    if outcome not in RESULT_OUTCOMES:
+        return "error"
+    if outcome in FAILED_OUTCOMES and isinstance(check.get("waived"), dict):
+        return "waived"
+    return outcome
 
 
 def _anchor(check_index: int, outcome: str) -> str:
     if outcome in FAILED_OUTCOMES:
         return f"fail-{check_index}"
+    if outcome == "waived":
+        return f"waived-{check_index}"
     if outcome == "skipped":
         return f"skip-{check_index}"
     return ""
@@ -507,6 +570,8 @@ def _node_counts(node_entries: list[dict]) -> list[Count]:
     counts = [Count("nodes", len(statuses), "total"),
               Count("passed", statuses.count("passed"), "passed"),
               Count("failed", statuses.count("failed"), "failed")]
+    if statuses.count("waived"):
+        counts.append(Count("waived", statuses.count("waived"), "waived"))
     if statuses.count("incomplete"):
         counts.append(Count("incomplete", statuses.count("incomplete"), "skipped"))
     counts.append(Count("untested", statuses.count("untested"), "missing"))
@@ -520,6 +585,8 @@ def _check_counts(checks: list[dict]) -> list[Count]:
               Count("failed", outcomes.count("failed"), "failed")]
     if outcomes.count("error"):
         counts.append(Count("errors", outcomes.count("error"), "error"))
+    if outcomes.count("waived"):
+        counts.append(Count("waived", outcomes.count("waived"), "waived"))
     counts.append(Count("skipped", outcomes.count("skipped"), "skipped"))
     return counts
 
@@ -544,8 +611,63 @@ def _failures(checks: list[dict], layout: Layout) -> list[Failure]:
             finished=text(check.get("finished")),
             raw=[text(r) for r in check.get("raw") or []],
             metrics=[m for m in metrics if m.ok is False] or metrics,
+            action=text(check.get("action")),
         ))
     return failures
+
+
+def _waived(checks: list[dict], layout: Layout) -> list[Waived]:
+    """The waived failures, in matrix order, each with its waiver."""
+    waived = [(i, c) for i, c in enumerate(checks) if _outcome(c) == "waived"]
+    return [Waived(anchor=f"waived-{index}", where=_where(check), check=text(check.get("check")),
+                   kind=text(check.get("kind")), message=_first_line(check.get("message")),
+                   reason=text(check["waived"].get("reason")), owner=text(check["waived"].get("owner")),
+                   expires=text(check["waived"].get("expires")) or "no end")
+            for index, check in sorted(waived, key=lambda pair: layout.order(*pair))]
+
+
+def _waivers(waivers: list) -> list[dict]:
+    """The inventory's waivers, nodes as a hostlist, with how many failures each waived."""
+    return [{"check": text(w.get("check")), "nodes": _compress(text(n) for n in w.get("nodes") or []),
+             "reason": text(w.get("reason")), "owner": text(w.get("owner")),
+             "expires": text(w.get("expires")) or "no end", "waived": int(_number(w.get("waived")) or 0)}
+            for w in waivers if isinstance(w, dict)]
+
+
+def _areas(checks: list[dict], layout: Layout) -> list[AreaSummary]:
+    """One summary per area: the areas with failures first, each listing its failures (alike
+    ones on their nodes together) before its waived ones; then the areas with waived failures,
+    then the rest in pipeline order. One pass over the checks: tens of thousands at 1,024 nodes."""
+    counts: dict[str, dict[str, int]] = {}
+    failing: dict[str, list[tuple[int, dict, str]]] = {}
+    for index, check in enumerate(checks):
+        area, outcome = text(check.get("area")) or "other", _outcome(check)
+        tally = counts.setdefault(area, {})
+        tally[outcome] = tally.get(outcome, 0) + 1
+        if outcome in FAILED_OUTCOMES or outcome == "waived":
+            failing.setdefault(area, []).append((index, check, outcome))
+    summaries = []
+    for area, tally in counts.items():
+        alike: dict[tuple[bool, str, str, str], list[tuple[int, dict, str]]] = {}
+        for found in sorted(failing.get(area, []), key=lambda item: layout.order(item[0], item[1])):
+            _, check, outcome = found
+            key = (outcome == "waived", text(check.get("check")), text(check.get("kind")), text(check.get("action")))
+            alike.setdefault(key, []).append(found)
+        failures = [AreaFailure(check=check_name, kind=kind, action=action, waived=waived,
+                                where=_compress(dict.fromkeys(text(check.get("node")) or CLUSTER_ROW
+                                                              for _, check, _ in found)), count=len(found),
+                                message=_first_line(found[0][1].get("message")),
+                                anchor=_anchor(found[0][0], found[0][2]))
+                    for (waived, check_name, kind, action), found in alike.items()]
+        failures.sort(key=lambda failure: (failure.waived, -failure.count))
+        ordered = {outcome: tally[outcome] for outcome in OUTCOME_RANK if outcome in tally}
+        failed = sum(tally.get(outcome, 0) for outcome in FAILED_OUTCOMES)
+        status = ("failed" if failed else "waived" if tally.get("waived") else
+                  "passed" if tally.get("passed") else "skipped")
+        summaries.append(AreaSummary(area, status, ordered, failures))
+    known = {area: position for position, area in enumerate(AREA_ORDER)}
+    rank = {"failed": 0, "waived": 1}
+    return sorted(summaries, key=lambda s: (rank.get(s.status, 2), known.get(s.area, len(known))))
 
 
 def _skips(checks: list[dict], layout: Layout) -> list[Skip]:
@@ -650,7 +772,7 @@ def _metric_view(key: str, check_name: str, metric_name: str, group: pd.DataFram
     for entry in sorted(group.to_dict("records"), key=_worst_first):
         check = checks[entry["index"]]
         metric = check["metrics"][entry["position"]]
-        anchor = f"fail-{entry['index']}" if _outcome(check) in FAILED_OUTCOMES else ""
+        anchor = _anchor(entry["index"], _outcome(check)) if _outcome(check) != "skipped" else ""
         table.append(_metric_row(check, metric, anchor))
 
     values = group["value"].dropna()

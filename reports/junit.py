@@ -2,6 +2,12 @@
 
 Test case names equal pytest's ids (test_memory[node07]); nodes without any result and the
 verdict itself are test cases too, so a run where nodes vanished never looks green.
+
+A failure's text ends with what to do next; a waived failure is a <skipped> case whose message
+names the waiver and the failure: Jenkins, GitLab and GitHub's test reporters all list skipped
+cases with their message, apart from passes, and a waiver must not turn the pipeline red when
+the gate (pytest's exit status) is green. Both carry <properties> (handover.action,
+handover.waived_owner, handover.waived_reason) for tools that read them.
 """
 from __future__ import annotations
 
@@ -30,11 +36,21 @@ def render_junit(results: dict) -> bytes:
         case = _case(suite, counts, module.removesuffix(".py").replace("/", "."), _xml_text(name),
                      check.get("duration_s") or 0)
         message = check.get("message") or ""
-        if check["outcome"] == "failed":
-            _outcome(case, counts, "failure", f"[{check.get('kind')}] {message}",
-                     check.get("log_excerpt") or message)
+        evidence = check.get("log_excerpt") or message
+        action = check.get("action") or ""
+        waived = check.get("waived") if check["outcome"] in ("failed", "error") else None
+        if isinstance(waived, dict):
+            _properties(case, {"handover.action": action, "handover.waived_owner": waived.get("owner"),
+                               "handover.waived_reason": waived.get("reason")})
+            _outcome(case, counts, "skipped",
+                     f"waived ({waived.get('owner')}: {waived.get('reason')}); failed "
+                     f"[{check.get('kind')}] {message}", _with_action(evidence, action))
+        elif check["outcome"] == "failed":
+            _properties(case, {"handover.action": action})
+            _outcome(case, counts, "failure", f"[{check.get('kind')}] {message}", _with_action(evidence, action))
         elif check["outcome"] == "error":
-            _outcome(case, counts, "error", message, check.get("log_excerpt") or message)
+            _properties(case, {"handover.action": action})
+            _outcome(case, counts, "error", message, _with_action(evidence, action))
         elif check["outcome"] == "skipped":
             _outcome(case, counts, "skipped", message, "")
     for node in results["nodes"]:
@@ -60,6 +76,19 @@ def _document(suite: ET.Element) -> bytes:
 def _case(suite, counts, classname, name, seconds) -> ET.Element:
     counts["tests"] += 1
     return ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{seconds:.3f}")
+
+
+def _with_action(text: str, action: str) -> str:
+    return f"{text}\n\nwhat to do next: {action}" if action else text
+
+
+def _properties(case: ET.Element, values: dict) -> None:
+    """<properties> of a test case, as pytest's record_property writes them; empty values left out."""
+    given = {name: str(value) for name, value in values.items() if value}
+    if given:
+        properties = ET.SubElement(case, "properties")
+        for name, value in given.items():
+            ET.SubElement(properties, "property", name=name, value=_xml_text(value))
 
 
 def _outcome(case, counts, tag, message, text) -> None:

@@ -6,11 +6,14 @@ the verdict, each node's status, the outliers among per-node figures. The render
 Keys (a public interface; add, never rename; reports/schemas/results.schema.json describes each):
     schema, run{run_id, cluster, profile, profile_description, inventory{path, sha256},
     harness{version, commit}, started, finished, interrupted, argv, nodes, tools[],
-    pair_low_fraction? (the profile's: a pair this far from the median of its peers is low)},
-    signer{fingerprint, public_key}?, verdict{status, reasons, cluster_checks?},
+    pair_low_fraction? (the profile's: a pair this far from the median of its peers is low),
+    report_id, cluster_id, sign_off{engineer, customer},
+    waivers[{check, nodes[], reason, owner, expires, waived}]},
+    signer{fingerprint, public_key}?, verdict{status, reasons, cluster_checks?, waived},
     nodes[{name, status, reasons}],
     checks[{test_id, check, area, depth[], node, outcome, kind, message, log_excerpt, duration_s,
             finished, raw[], metrics[{name, value, unit, reference, criterion, margin, ok, band?}],
+            action? (failures: what to do next), waived{reason, owner, expires}? (a waived failure),
             pair[a, b]? (tests between two nodes), rail? (perftest: HCA index),
             pair_state?, pair_median? (the pair's heatmap state, judged against its campaign),
             series[{name, x_label, x_unit, y_label, y_unit, x_scale, lines[{label, points[[x, y]]}]}]?
@@ -28,19 +31,28 @@ from typing import Optional
 from reports.files import write_atomically
 from reports.ledger import RunRecord
 from reports.schema import validate_results
-from reports.verdict import Verdict, judge
+from reports.verdict import Verdict, is_waived, judge
 
 RESULTS_SCHEMA = "handover.results/1"
+SIGN_OFF_ROLES = ("engineer", "customer")  # the operator's engineer, then the customer
+WAIVER_KEYS = ("check", "nodes", "reason", "owner", "expires")
 OUTLIER_FRACTION = 0.10  # a node this far on the bad side of its peers' median is an outlier
 OUTLIER_MIN_NODES = 3  # fewer figures make no median to stand out from
 RESULTS_FILE = "results.json"
 METRICS_CSV = "metrics.csv"
 
 
+def report_id(cluster_id: str, run_id: str) -> str:
+    """The report's ID: the cluster ID and the run ID, so it is the same however often the run is
+    rendered, and tells apart reports of different clusters started in the same second."""
+    return f"{cluster_id}-{run_id}"
+
+
 def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dict, Verdict]:
     header = record.header
     profile = header.get("profile", {})
     verdict = judge(profile, record.nodes, record.checks, record.planned, record.interrupted)
+    cluster_id = header.get("cluster_id") or header.get("cluster") or ""
     results: dict = {
         "schema": RESULTS_SCHEMA,
         "run": {
@@ -56,8 +68,12 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
             "argv": header.get("argv", []),
             "nodes": record.nodes,
             "tools": [{k: t.get(k) for k in ("node", "tool", "version")} for t in record.tools],
+            "report_id": report_id(cluster_id, header["run_id"]),
+            "cluster_id": cluster_id,
+            "sign_off": {role: (header.get("sign_off") or {}).get(role) for role in SIGN_OFF_ROLES},
+            "waivers": waivers_applied(header.get("waivers") or [], record.checks),
         },
-        "verdict": {"status": verdict.status, "reasons": verdict.reasons},
+        "verdict": {"status": verdict.status, "reasons": verdict.reasons, "waived": verdict.waived},
         "nodes": verdict.nodes,
         "checks": [{k: v for k, v in entry.items() if k != "type"} for entry in record.checks],
         "outliers": outliers(record.checks),
@@ -70,6 +86,16 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
     if signer:
         results["signer"] = signer
     return results, verdict
+
+
+def waivers_applied(waivers: list[dict], checks: list[dict]) -> list[dict]:
+    """The inventory's waivers as the run held them, each with how many failures it waived
+    (0: nothing failed there, or the waiver had expired)."""
+    def count(waiver: dict) -> int:
+        return sum(1 for entry in checks if is_waived(entry) and entry["check"] == waiver.get("check")
+                   and entry.get("node") in (waiver.get("nodes") or [])
+                   and entry["waived"].get("reason") == waiver.get("reason"))
+    return [{**{key: waiver.get(key) for key in WAIVER_KEYS}, "waived": count(waiver)} for waiver in waivers]
 
 
 def outliers(checks: list[dict]) -> list[dict]:

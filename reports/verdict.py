@@ -2,13 +2,17 @@
 
 Fail closed: a mandatory check without a result on some node, a mandatory metric without a
 reference to judge it, a node with no result at all, or an interrupted run make the verdict
-INCOMPLETE; any failed check makes it NOT CERTIFIED.
+INCOMPLETE; any failed check makes it NOT CERTIFIED, unless the inventory waived it: a waived
+failure (its entry marked `waived` when it was recorded) is counted apart, named in the reasons,
+and makes its node `waived`, never `passed`, but it does not fail the verdict or the gate.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
+
+import hostlist
 
 CERTIFIED = "CERTIFIED"
 NOT_CERTIFIED = "NOT CERTIFIED"
@@ -21,9 +25,10 @@ FAILED_OUTCOMES = ("failed", "error")
 class Verdict:
     status: str
     reasons: list[str]
-    nodes: list[dict]  # [{"name", "status": passed|failed|incomplete|untested, "reasons"}]
+    nodes: list[dict]  # [{"name", "status": passed|failed|incomplete|waived|untested, "reasons"}]
     untested_nodes: list[str] = field(default_factory=list)
     cluster_checks: Optional[str] = None  # passed|failed|incomplete; None: no cluster-wide check
+    waived: int = 0  # failures the inventory waived: not counted against the verdict
 
     @property
     def gate_failed(self) -> bool:
@@ -40,14 +45,24 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
     failures, incomplete = [], []
     # One unreachable node fails every check the same way: say so once, naming the checks.
     failed_alike: dict[tuple[str, str, str], list[str]] = {}
-    per_node: dict = defaultdict(lambda: {"failed": [], "incomplete": [], "seen": False})
+    # Waived failures, one reason per waiver: (check, owner, reason) -> nodes.
+    waived: dict[tuple[str, str, str], list[str]] = {}
+    per_node: dict = defaultdict(lambda: {"failed": [], "incomplete": [], "waived": [], "seen": False})
     by_check: dict = defaultdict(list)
     for entry in checks:
         by_check[entry["check"]].append(entry)
         where = entry.get("node") or "cluster"
         if entry.get("node"):
             per_node[entry["node"]]["seen"] = True
-        if entry["outcome"] in FAILED_OUTCOMES:
+        if entry["outcome"] in FAILED_OUTCOMES and is_waived(entry):
+            waiver = entry["waived"]
+            waived.setdefault((entry["check"], str(waiver.get("owner")), str(waiver.get("reason"))),
+                              []).append(where)
+            if entry.get("node"):
+                per_node[entry["node"]]["waived"].append(
+                    f"{where}: {entry['check']} failed ({entry.get('kind') or 'error'}), waived "
+                    f"({waiver.get('owner')}: {waiver.get('reason')}): {_first_line(entry)}")
+        elif entry["outcome"] in FAILED_OUTCOMES:
             kind, message = entry.get("kind") or "error", _first_line(entry)
             failed_alike.setdefault((where, kind, message), []).append(entry["check"])
             why = f"{where}: {entry['check']} failed ({kind}): {message}"
@@ -95,6 +110,8 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
             node_rows.append({"name": name, "status": "failed", "reasons": state["failed"]})
         elif state["incomplete"]:
             node_rows.append({"name": name, "status": "incomplete", "reasons": state["incomplete"]})
+        elif state["waived"]:
+            node_rows.append({"name": name, "status": "waived", "reasons": state["waived"]})
         else:
             node_rows.append({"name": name, "status": "passed", "reasons": []})
 
@@ -103,17 +120,37 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
         incomplete.insert(0, f"{len(untested)} node(s) without any result: {', '.join(untested)}")
     if interrupted:
         incomplete.insert(0, "the run was interrupted before it finished")
+    waived_count = sum(len(where) for where in waived.values())
+    waived_reasons = [f"waived: {check} failed on {_compress(where)} ({owner}: {reason})"
+                      for (check, owner, reason), where in waived.items()]
     if failures:
-        return Verdict(NOT_CERTIFIED, failures + incomplete, node_rows, untested, cluster_checks)
+        return Verdict(NOT_CERTIFIED, failures + incomplete + waived_reasons, node_rows, untested,
+                       cluster_checks, waived_count)
     passed = sum(1 for entry in checks if entry["outcome"] == "passed")
     if not passed:
         incomplete.append("no check passed")
     if incomplete:
-        return Verdict(INCOMPLETE, incomplete, node_rows, untested, cluster_checks)
-    skipped = len(checks) - passed
-    summary = (f"all {passed} checks passed on {len(nodes)} node(s)" if not skipped else
-               f"{passed} checks passed on {len(nodes)} node(s), {skipped} optional ones skipped")
-    return Verdict(CERTIFIED, [summary], node_rows, untested, cluster_checks)
+        return Verdict(INCOMPLETE, incomplete + waived_reasons, node_rows, untested, cluster_checks,
+                       waived_count)
+    skipped = sum(1 for entry in checks if entry["outcome"] == "skipped")
+    summary = (f"all {passed} checks passed on {len(nodes)} node(s)" if not skipped and not waived_count else
+               f"{passed} checks passed on {len(nodes)} node(s)"
+               + (f", {skipped} optional ones skipped" if skipped else "")
+               + (f", {waived_count} failure(s) waived" if waived_count else ""))
+    return Verdict(CERTIFIED, [summary, *waived_reasons], node_rows, untested, cluster_checks, waived_count)
+
+
+def is_waived(entry: dict) -> bool:
+    """A failure the inventory waived when it was recorded (see handover.recorder)."""
+    return entry.get("outcome") in FAILED_OUTCOMES and isinstance(entry.get("waived"), dict)
+
+
+def _compress(names: list[str]) -> str:
+    """node1,node2,node3 -> node[1-3]; a plain list for names hostlist rejects."""
+    try:
+        return hostlist.collect_hostlist(names)
+    except Exception:  # hostlist raises its own BadHostlist and ValueError on odd names
+        return ", ".join(names)
 
 
 def cluster_status(entries: list[dict]) -> Optional[str]:

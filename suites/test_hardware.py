@@ -44,9 +44,30 @@ def gpu_facts_of(on_node, profile) -> nvml.GpuFacts:
     return facts
 
 
-def fail_on(problems: list[str], kind=ExpectationFailure) -> None:
+# What to do next where the check knows the part (handover.failures.ACTIONS has the rest).
+GPU_MISSING = "reseat the GPU(s) named (or power-cycle the node); a GPU still missing or wrong: replace it (RMA)"
+PCIE_LINK = ("reseat the GPU (and its riser or cable); a link still degraded: replace the GPU or the "
+             "baseboard (RMA)")
+NVLINK = "reset the GPUs (nvidia-smi -r) or reboot; NVLinks still down: replace the GPU or the baseboard (RMA)"
+DCGM = "run dcgmi diag -r 3 again; a GPU that fails it again: replace the GPU (RMA)"
+BURN = ("a GPU whose results differ bit for bit: replace it (RMA); one that throttles or is slow: check its "
+        "cooling and power, then re-run")
+
+
+def ecc_action(problems: list[str]) -> str:
+    """What the GPUs' ECC problems call for: a replacement (RMA) for uncorrectable errors or
+    a failed row remap, a reset for pending remaps or retirements, a setting for ECC off."""
+    words = " ".join(problems)
+    if "uncorrectable" in words or "remapping failed" in words:
+        return "drain the node and replace the GPU(s) named (RMA): uncorrectable memory errors do not heal"
+    if "pending" in words:
+        return "reset the GPU(s) named (nvidia-smi -r, or reboot) and re-run; if it comes back, replace the GPU (RMA)"
+    return "enable ECC (nvidia-smi -e 1), reset the GPU(s) named, then re-run"
+
+
+def fail_on(problems: list[str], kind=ExpectationFailure, action: str = "") -> None:
     if problems:
-        raise kind("; ".join(problems))
+        raise kind("; ".join(problems), action=action)
 
 
 @quick
@@ -58,7 +79,7 @@ def test_gpu_inventory(on_node, profile, acceptance, node, record, metrics):
     record.note(f"{len(facts.gpus)} GPU(s): {', '.join(models) or 'none'}; driver {facts.driver}, "
                 f"CUDA driver {facts.cuda_driver}, VBIOS {firmware['VBIOS']}, InfoROM "
                 f"{firmware['InfoROM']}; serials {', '.join(g.serial for g in facts.gpus)}")
-    fail_on(nvml.inventory_problems(facts, profile.expect))
+    fail_on(nvml.inventory_problems(facts, profile.expect), action=GPU_MISSING)
     sizes = [gpu.memory_total_mib for gpu in facts.gpus if gpu.memory_total_mib is not None]
     smallest = round(min(sizes) * GIB_PER_MIB, 2) if sizes else None
     metrics.judge(gpu_memory=(smallest, "GiB"))
@@ -70,7 +91,7 @@ def test_gpu_ecc(on_node, profile, record):
     problems, warnings = nvml.ecc_problems(facts, profile.expect)
     record.note("; ".join(["WARNING: " + w for w in warnings])
                 or f"ECC clean on {len(facts.gpus)} GPU(s)")
-    fail_on(problems)
+    fail_on(problems, action=ecc_action(problems))
 
 
 @quick
@@ -83,7 +104,7 @@ def test_gpu_pcie(on_node, profile, record):
     replays = sum(g.pcie_replay or 0 for g in facts.gpus)
     record.note(f"capable of {', '.join(capable)}; running {', '.join(running)}; {replays} replay(s)"
                 + ("; " + "; ".join(notes) if notes else ""))
-    fail_on(problems)
+    fail_on(problems, action=PCIE_LINK)
 
 
 @quick
@@ -91,7 +112,7 @@ def test_gpu_nvlink(on_node, profile, record):
     facts = gpu_facts_of(on_node, profile)
     active = [g.nvlink_active or 0 for g in facts.gpus]
     record.note(f"active NVLinks per GPU: {active}")
-    fail_on(nvml.nvlink_problems(facts, profile.expect))
+    fail_on(nvml.nvlink_problems(facts, profile.expect), action=NVLINK)
 
 
 @quick
@@ -111,7 +132,8 @@ def test_gpu_topology(on_node, profile, node, record):
     pairs = {topology.links[a][b] for i, a in enumerate(topology.gpus) for b in topology.gpus[i + 1:]}
     record.note(f"{len(topology.gpus)} GPU(s); GPU pairs joined by {', '.join(sorted(pairs)) or 'nothing'}; "
                 f"NUMA affinity {','.join(topology.numa_affinity.values())}")
-    fail_on([f"{node}: {problem}" for problem in nvidia_smi.nvlink_pair_problems(topology, profile.expect)])
+    fail_on([f"{node}: {problem}" for problem in nvidia_smi.nvlink_pair_problems(topology, profile.expect)],
+            action=NVLINK)
 
 
 @quick
@@ -198,7 +220,8 @@ def test_dcgm_diag(on_node, profile, record):
     if diag.runtime_error:
         failing.append(f"runtime error: {diag.runtime_error}")
     if failing or result.exit_code != 0:
-        raise ExpectationFailure(f"dcgmi diag ({meaning}): " + ("; ".join(failing) or "no failing test named"))
+        raise ExpectationFailure(f"dcgmi diag ({meaning}): " + ("; ".join(failing) or "no failing test named"),
+                                 action=DCGM)
 
 
 def burn_seconds(variable: str, default: int) -> float:
@@ -235,7 +258,7 @@ def judge_burn(on_node, profile, node, record, metrics, step, seconds) -> None:
         if not problems:
             raise
         problems.append(str(miss))
-    fail_on(problems)
+    fail_on(problems, action=BURN)
 
 
 @quick
@@ -281,6 +304,12 @@ def test_pcie_bandwidth(on_node, profile, record, metrics):
                   d2h_bandwidth=(run.slowest("d2h_gbps"), "GB/s"))
 
 
+def kernel_action(events: list[kernel_log.KernelEvent]) -> str:
+    """The recommended actions of NVIDIA's catalog for the events, once each: 'xid 79: ...'."""
+    return "; ".join(dict.fromkeys(f"{e.kind}{f' {e.code}' if e.code is not None else ''}: {e.action}"
+                                   for e in events))
+
+
 def describe_events(events: list[kernel_log.KernelEvent]) -> list[str]:
     return [f"{e.kind} {e.code if e.code is not None else ''} {e.device}: {e.meaning} -> "
             f"{e.action}".replace("  ", " ") for e in events]
@@ -311,5 +340,6 @@ def test_kernel_log(on_node, profile, acceptance, record):
                 for label, events in (("during this run", during), ("earlier since boot", before))
                 if (worst := [e for e in events if e.severity == kernel_log.CRITICAL])]
     if problems:
-        raise SanityFailure("critical kernel event(s) " + "; ".join(problems),
-                            "\n".join(e.line for e in log.log.events if e.severity == kernel_log.CRITICAL))
+        critical = [e for e in log.log.events if e.severity == kernel_log.CRITICAL]
+        raise SanityFailure("critical kernel event(s) " + "; ".join(problems), "\n".join(e.line for e in critical),
+                            action=kernel_action(critical))

@@ -47,6 +47,10 @@ SECOND_PASS_BASE_PORTS = {"iperf3": 5401, "ib_write_bw": 23515, "ib_write_lat": 
 RAIL_PORT_STRIDE = 100  # rail r of pair i in a round listens on base + r * stride + i
 COUNTERS_STEP = "ib_counters"
 NEEDS_TWO = "needs at least two nodes"
+PORT_ACTION = ("a port down or at the wrong rate: reseat or replace its cable (and transceiver), check the switch "
+               "port and the subnet manager, then re-run")
+COUNTERS_ACTION = ("reseat or replace the cable of each port named, check its switch port, clear the counters "
+                   "(perfquery -x) and re-run: errors that come back mean a bad cable, transceiver or HCA")
 
 
 # ------------------------------------------------------------------------------ port health
@@ -80,7 +84,7 @@ def test_ib_ports(on_node, profile, record, acceptance, node):
         else f"{hca.name}/{port.port} {port.state}" for hca, port in ports))
     problems = ibstat.port_problems(devices, profile.expect)
     if problems:
-        raise ExpectationFailure("; ".join(problems))
+        raise ExpectationFailure("; ".join(problems), action=PORT_ACTION)
 
 
 @pytest.mark.quick
@@ -119,7 +123,7 @@ def test_ib_counters(on_node, profile, record):
         for p in found.ports))
     problems = ibstat.counter_problems(found, profile.expect)
     if problems:
-        raise ExpectationFailure("; ".join(problems))
+        raise ExpectationFailure("; ".join(problems), action=COUNTERS_ACTION)
 
 
 # ------------------------------------------------------------------------------ pairs
@@ -142,6 +146,7 @@ class NodeLinks:
     runs: list[RailRun]
     raw: list[str]
     median: Optional[float]
+    action: str = ""  # what to do about the links attribution holds against the node
 
 
 class PairCampaign:
@@ -191,7 +196,8 @@ class PairCampaign:
                          finding=self._findings.get(rail, {}).get(node, ""),
                          runs=[self.runs.get((pair, rail)) or self.second_runs[(pair, rail)] for pair in mine],
                          raw=[path for pair in mine for path in self.raw.get((pair, rail), [])],
-                         median=self._medians.get(rail))
+                         median=self._medians.get(rail),
+                         action=link_action(self.attributions.get(rail), node, rail, self.tool.name))
 
     def measure(self) -> None:
         with self._lock:
@@ -299,6 +305,23 @@ def pairwise_ib_write_lat(request, cluster_run, acceptance, profile) -> PairCamp
 LINKS_NAMED = 8  # a note names this many of a node's low or failed pairs, then counts the rest
 
 
+def link_action(attribution: Optional[pairs.Attribution], node: str, rail: Rail, tool: str) -> str:
+    """What to do about what attribution holds against a node: the cable between the two ends
+    of a suspect link (on its rail), or the node's own port when all its pairs failed."""
+    if attribution is None:
+        return ""
+    if rail is None:  # iperf3: the data (Ethernet) network
+        port, cable = "data-network port (NIC, cable, switch port)", "the data-network cabling"
+    else:
+        port, cable = f"HCA port on rail {rail} (ibstat, its error counters)", "the cable"
+    steps = []
+    if node in attribution.suspect_nodes:
+        steps.append(f"check {node}'s {port}: reseat its cable, then replace the transceiver or the NIC")
+    steps += [f"reseat or replace {cable} between {a} and {b}" + (f" on rail {rail}" if rail is not None else "")
+              + " and check the switch ports at both ends" for a, b in attribution.suspect_links if node in (a, b)]
+    return "; ".join(steps) + f", then re-run {tool}" if steps else ""
+
+
 def node_links(campaign: PairCampaign, node: str, rail: Rail, record) -> NodeLinks:
     """This node's links, recorded as its evidence (pairs with states, raw outputs) before any
     verdict; a node in no measured pair skips."""
@@ -336,7 +359,7 @@ def sane_runs(found: NodeLinks, node: str, judge: Callable, finding: str):
         raise other(blamed)
     if run.client_result.timed_out:
         raise CommandTimedOut(blamed, excerpt(run.client_result.stdout + run.client_result.stderr))
-    raise SanityFailure(blamed, excerpt(run.client_result.stdout + run.client_result.stderr))
+    raise SanityFailure(blamed, excerpt(run.client_result.stdout + run.client_result.stderr), found.action)
 
 
 def links_note(found: NodeLinks, depth: str, best: str) -> str:
@@ -349,14 +372,16 @@ def links_note(found: NodeLinks, depth: str, best: str) -> str:
             + (f"; low or failed: {named}{more}" if bad else ""))
 
 
-def judge_links(metrics, figures: dict[str, tuple[Optional[float], str]], finding: str) -> None:
-    """The node's best pair against the bands, then what attribution holds against it."""
+def judge_links(metrics, figures: dict[str, tuple[Optional[float], str]], found: NodeLinks) -> None:
+    """The node's best pair against the bands, then what attribution holds against it; the
+    failure says which cable or port to look at, where attribution names one."""
+    finding = found.finding
     try:
         metrics.judge(**figures)
     except PerformanceFailure as miss:
-        raise PerformanceFailure(f"{miss}; {finding}" if finding else str(miss)) from None
+        raise PerformanceFailure(f"{miss}; {finding}" if finding else str(miss), action=found.action) from None
     if finding:
-        raise PerformanceFailure(finding)
+        raise PerformanceFailure(finding, action=found.action)
 
 
 @pytest.mark.quick
@@ -374,7 +399,7 @@ def test_iperf3(node, pairwise_iperf3, metrics, record, acceptance):
     record.note(links_note(found, pairwise_iperf3.depth,
                            f"{best.gbps:.2f} Gb/s with {peer}, {best.retransmits} retransmits"))
     judge_links(metrics, {"iperf3_bandwidth": (round(best.gbps, 3), "Gb/s"),
-                          "iperf3_retransmits": (best.retransmits, "count")}, found.finding)
+                          "iperf3_retransmits": (best.retransmits, "count")}, found)
 
 
 def rail_links(pairwise: PairCampaign, node: str, rail: int, profile, record) -> tuple[NodeLinks, list]:
@@ -394,7 +419,7 @@ def rail_links(pairwise: PairCampaign, node: str, rail: int, profile, record) ->
             raise ExpectationFailure(f"{reason}, but profile {profile.name} expects {expected} HCA(s)",
                                      excerpt(absent.stderr or absent.stdout))
         pytest.skip(reason)
-    found = NodeLinks(found.links, found.finding, started, found.raw, found.median)
+    found = NodeLinks(found.links, found.finding, started, found.raw, found.median, found.action)
     return found, sane_runs(found, node, perftest.judge, found.finding)
 
 
@@ -418,7 +443,7 @@ def test_ib_write_bw(node, rail: int, pairwise_ib_write_bw, profile, metrics, re
     mode = (" bidirectional" if tool.mode.bidirectional else "") + (" GPUDirect" if tool.mode.use_cuda else "")
     record.note(f"rail {rail}{mode}: " + links_note(
         found, pairwise_ib_write_bw.depth, f"{figures[tool.main_metric]:.2f} Gb/s with {peer}"))
-    judge_links(metrics, {name: (value, "Gb/s") for name, value in figures.items()}, found.finding)
+    judge_links(metrics, {name: (value, "Gb/s") for name, value in figures.items()}, found)
 
 
 @pytest.mark.quick
@@ -433,7 +458,7 @@ def test_ib_write_lat(node, rail: int, pairwise_ib_write_lat, profile, metrics, 
     record.note(f"rail {rail}: " + links_note(
         found, pairwise_ib_write_lat.depth,
         f"typical {figures['ib_write_lat_typical']} us, p99 {figures['ib_write_lat_p99']} us with {peer}"))
-    judge_links(metrics, {name: (value, "us") for name, value in figures.items()}, found.finding)
+    judge_links(metrics, {name: (value, "us") for name, value in figures.items()}, found)
 
 
 @pytest.mark.quick

@@ -427,7 +427,7 @@ def test_unknown_key_without_a_close_match_lists_the_allowed(tmp_path, key):
     error = error_of(path)
     assert str(error) == (
         f"{path}:5: ssh_options: unknown key; allowed: cluster, profile, transport, python, sudo,"
-        " ssh, nodes, groups, scratch, references, launch"
+        " ssh, nodes, groups, scratch, references, launch, cluster_id, waivers, sign_off"
     )
 
 

@@ -271,10 +271,12 @@ def test_results_document(tmp_path):
         "argv": ["pytest", "--inventory", "inventory/testcluster.yaml"],
         "nodes": ["n1", "n2"],
         "tools": [{"node": "n1", "tool": "python", "version": "3.11.2"},
-                  {"node": "n2", "tool": "python", "version": "3.12.0"}]}
+                  {"node": "n2", "tool": "python", "version": "3.12.0"}],
+        "report_id": f"testcluster-{run_dir.name}", "cluster_id": "testcluster",
+        "sign_off": {"engineer": None, "customer": None}, "waivers": []}
     assert results["signer"] == signer
     assert results["verdict"] == {"status": verdict.status, "reasons": verdict.reasons,
-                                  "cluster_checks": verdict.cluster_checks}
+                                  "cluster_checks": verdict.cluster_checks, "waived": 0}
     assert results["verdict"]["status"] == "NOT CERTIFIED"
     assert results["nodes"] == verdict.nodes
     assert [row["name"] for row in results["nodes"]] == ["n1", "n2"]

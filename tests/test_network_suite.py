@@ -92,6 +92,7 @@ def test_full_with_a_dead_link_names_the_node_and_spares_its_partners(ns_cluster
     assert {node: c["outcome"] for node, c in found.items()} == {
         "node1": "passed", "node2": "passed", "node3": "passed", "node4": "failed"}
     assert found["node4"]["kind"] == "unreachable", found["node4"]
+    assert found["node4"]["action"].startswith("check the node's power, BMC and network link")
     for node in ("node1", "node2", "node3"):  # every pair at full depth; the one with node4 failed
         assert peers(found[node]) == {"node1", "node2", "node3", "node4"} - {node}
         assert peers(found[node], "failed") == {"node4"}, found[node]["pairs"]
@@ -198,6 +199,7 @@ def test_quick_a_slow_node_makes_its_pairs_low_or_failed_and_the_others_ok(ns_cl
     assert {node: c["outcome"] for node, c in found.items()} == {
         "node1": "passed", "node2": "passed", "node3": "passed", "node4": "passed", "node5": "failed"}
     assert found["node5"]["kind"] == "performance" and "suspect node" in found["node5"]["message"]
+    assert found["node5"]["action"].startswith("check node5's data-network port (NIC, cable, switch port)")
     assert {link["state"] for link in found["node5"]["pairs"]} <= {"low", "failed"}, found["node5"]
     assert peers(found["node1"], "ok") == {"node2"} and peers(found["node4"], "ok") == {"node3"}
     assert peers(found["node3"], "ok") == {"node2", "node4"}  # the first pass; a second may run slower

@@ -284,7 +284,7 @@ def broken(document: dict, change) -> dict:
     (lambda d: d["verdict"].update(status="certified"),
      "results.json: verdict.status: 'certified' is not one of ['CERTIFIED', 'NOT CERTIFIED', 'INCOMPLETE']"),
     (lambda d: d["nodes"][0].update(status="ok"),
-     "results.json: nodes[0].status: 'ok' is not one of ['passed', 'failed', 'incomplete', 'untested']"),
+     "results.json: nodes[0].status: 'ok' is not one of ['passed', 'failed', 'incomplete', 'waived', 'untested']"),
     (lambda d: d["checks"][1]["metrics"][0].update(ok=None),
      "results.json: checks[1].metrics[0].ok: None is not of type 'boolean'"),
     (lambda d: d["checks"][5]["series"][0].update(x_scale="log10"),
