@@ -519,9 +519,14 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str]) -> Ma
     has_cluster_row = bool((frame["row"] == layout.cluster_row).any())
     row_count = len(layout.nodes) + (1 if has_cluster_row else 0)
     # Worst outcome per (row, check); ties go to the earliest entry so the anchor is stable.
-    worst = (frame.sort_values(["rank", "index"], ascending=[False, True])
-             .groupby(["row", "check"], sort=False).first())
-    members = frame.groupby(["row", "check"], sort=False)["index"].agg(list)
+    ranked = (frame.sort_values(["rank", "index"], ascending=[False, True])
+              .groupby(["row", "check"], sort=False).first())
+    # Plain dicts for the cell loop: a pandas lookup per cell cost seconds at a thousand nodes.
+    worst = {(int(row), str(check)): (str(outcome), int(index)) for (row, check), outcome, index
+             in zip(ranked.index, ranked["outcome"], ranked["index"], strict=True)}
+    members: dict[tuple[int, str], list[int]] = {}
+    for row, check, index in zip(frame["row"], frame["check"], frame["index"], strict=True):
+        members.setdefault((int(row), str(check)), []).append(int(index))
     per_node_checks = set(frame.loc[frame["row"] < layout.cluster_row, "check"])
     cluster_checks = set(frame.loc[frame["row"] == layout.cluster_row, "check"])
 
@@ -534,11 +539,10 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str]) -> Ma
         cells = []
         for column in columns:
             key = (row, column.check)
-            if key in worst.index:
-                outcome = str(worst.at[key, "outcome"])
+            if key in worst:
+                outcome, first = worst[key]
                 tooltip = _tooltip([_cell_line(checks[i], label) for i in members[key]])
-                cells.append(Cell(outcome, SYMBOLS[outcome], tooltip,
-                                  _anchor(int(str(worst.at[key, "index"])), outcome)))
+                cells.append(Cell(outcome, SYMBOLS[outcome], tooltip, _anchor(first, outcome)))
                 if outcome in FAILED_OUTCOMES:
                     column.failed += 1
             elif column.check in (cluster_checks if is_cluster else per_node_checks):

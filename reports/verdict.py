@@ -88,8 +88,11 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
         if cluster_wide:
             incomplete.extend(f"cluster: {reason}" for e in cluster_wide if (reason := _not_done(e)))
             continue
+        by_node: dict[str, list[dict]] = {}
+        for entry in entries:
+            by_node.setdefault(entry.get("node"), []).append(entry)
         for node in nodes:
-            reasons = [_not_done(e) for e in entries if e.get("node") == node] or \
+            reasons = [_not_done(e) for e in by_node.get(node, [])] or \
                 [f"mandatory check {check!r} has no result"]
             for reason in filter(None, reasons):
                 per_node[node]["incomplete"].append(reason)
