@@ -125,6 +125,9 @@ def cmd_inventory(args) -> int:
     for scratch in cluster.scratch:
         print(f"scratch {scratch.path} ({scratch.kind}{', destructive' if scratch.destructive else ''})")
     for node in cluster.nodes:
+        if node.transport == "local":
+            print(f"node {node.name}: this machine; from {node.source}")
+            continue
         user = node.ssh.user or "(ssh default)"
         port = node.ssh.port or "(ssh default)"
         print(f"node {node.name}: address {node.address}, user {user}, port {port}; from {node.source}")
