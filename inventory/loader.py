@@ -721,6 +721,10 @@ def _node_entries(at: _At) -> list[_NodeEntry]:
 
 
 SOURCE_KEYS = ("slurm", "ansible")
+# What another file may give as an address or user: a host name or IP address, a plain login;
+# nothing that ssh or mpirun's host list would read as an option or split (`-o...`, `a,b`, blanks).
+_SOURCE_ADDRESS = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")
+_SOURCE_USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$\\-]*")
 
 
 def _is_source_entry(item: _At) -> bool:
@@ -779,6 +783,10 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
     for name, address, settings in found:
         if not NAME_PATTERN.fullmatch(name):
             raise item.error(f"invalid node name {name!r} from {source}; {NAME_RULE}")
+        if address is not None and not _SOURCE_ADDRESS.fullmatch(address):
+            raise item.error(f"node {name!r} from {source}: address {address!r} is not a host name or IP address")
+        if "user" in settings and not _SOURCE_USER.fullmatch(settings["user"]):
+            raise item.error(f"node {name!r} from {source}: user {settings['user']!r} is not a login name")
         entries.append(_NodeEntry(name, item, address, {k: _Setting(v, item) for k, v in settings.items()},
                                   source=source))
     return entries

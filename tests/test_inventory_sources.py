@@ -469,6 +469,10 @@ def test_hook_bad_entries_are_one_line_naming_file_line_and_field(tmp_path):
     assert str(hook_error(tmp_path, "{ansible: {inventory: rel.ini, group: gpu}}")) == (
         f"{inv}:5: nodes[0]: host 'g1' in {tmp_path / 'rel.ini'}: ansible_ssh_private_key_file 'keys/id' is "
         "relative, and Ansible resolves it from where it runs; make it absolute")
+    write(tmp_path, "[gpu]\ng1 ansible_host=-oProxyCommand=touch\n", "inject.ini")
+    assert str(hook_error(tmp_path, "{ansible: {inventory: inject.ini, group: gpu}}")) == (
+        f"{inv}:5: nodes[0]: node 'g1' from ansible inject.ini group gpu: address '-oProxyCommand=touch' is not "
+        "a host name or IP address")
     write(tmp_path, "[gpu]\ng1 ansible_port=ssh\n", "port.ini")
     assert str(hook_error(tmp_path, "{ansible: {inventory: port.ini, group: gpu}}")) == (
         f"{tmp_path / 'port.ini'}:2: host 'g1': ansible_port: expected a port number, got 'ssh'")
