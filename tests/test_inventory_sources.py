@@ -289,6 +289,18 @@ def test_ansible_bad_input_is_one_line_with_file_and_line(tmp_path, name, text, 
     assert str(error) == f"{path}:{line}: {problem}"
 
 
+def test_ansible_vault_encrypted_values_and_vars_files_are_refused(tmp_path):  # constructed
+    path = write(tmp_path, "gpu:\n  hosts:\n    g1:\n      ansible_user: !vault |\n        $ANSIBLE_VAULT;1.1;AES256\n"
+                           "        6162\n", "hosts.yml")
+    with pytest.raises(AnsibleInventoryError) as caught:
+        read_ansible_inventory(path).hosts["g1"].connection()
+    assert str(caught.value) == (f"{path}:4: host 'g1': ansible_user: is encrypted with ansible-vault; handover "
+                                 "cannot read it")
+    vars_file = write(tmp_path, "$ANSIBLE_VAULT;1.1;AES256\n6162\n", "group_vars/all/vault")
+    assert str(ansible_error(path)) == (f"{vars_file}:1: is encrypted with ansible-vault; handover cannot read the "
+                                        "variables it may set")
+
+
 def test_ansible_integer_host_name_refused_like_ansible():
     error = ansible_error(ANSIBLE / "ansible_inventory_yaml_test_int_hostname.yml")
     assert (error.line, error.problem) == (5, "group 'kids': host 1234 is not a string; quote it")
