@@ -2,7 +2,7 @@
 
     handover report RUN_DIR [--sign-key KEY]       render (and sign) a run from its ledger
     handover verify RUN_DIR [--allowed-signers F]  check every signature and every file's digest
-    handover inventory FILE                        validate an inventory and list its nodes
+    handover inventory FILE [--json]               validate an inventory and list its nodes
     handover parse TOOL FILE                       a tool's saved output as JSON (sanity in `ok`)
     handover diff OLD_RUN NEW_RUN [--json]         what got worse or better from one run to another
 
@@ -35,8 +35,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="OpenSSH allowed_signers file of keys you trust")
     verify.set_defaults(handler=cmd_verify)
 
-    inventory = verbs.add_parser("inventory", help="validate an inventory and list its nodes")
+    inventory = verbs.add_parser("inventory", help="validate an inventory and list its nodes, where each "
+                                                   "came from and how it is reached")
     inventory.add_argument("file", type=Path, metavar="FILE")
+    inventory.add_argument("--json", action="store_true",
+                           help='print {"nodes": [{"name", "address", "port", "user", "identity_file", '
+                                '"source"}, ...]} for scripts')
     inventory.set_defaults(handler=cmd_inventory)
 
     parse = verbs.add_parser("parse", help="parse a saved tool output into JSON on stdout")
@@ -110,6 +114,8 @@ def cmd_verify(args) -> int:
 
 
 def cmd_inventory(args) -> int:
+    import json
+
     import hostlist
 
     from inventory.loader import InventoryError, load_inventory
@@ -118,6 +124,12 @@ def cmd_inventory(args) -> int:
         cluster = load_inventory(args.file)
     except InventoryError as error:
         return fail(str(error))
+    if args.json:
+        # A public interface: these keys, this shape; ssh's defaults are null.
+        nodes = [{"name": node.name, "address": node.address, "port": node.ssh.port, "user": node.ssh.user,
+                  "identity_file": node.ssh.identity_file, "source": node.source} for node in cluster.nodes]
+        print(json.dumps({"nodes": nodes}, indent=2))
+        return 0
     names = [node.name for node in cluster.nodes]
     print(f"cluster {cluster.name}: {len(names)} node(s) {hostlist.collect_hostlist(names)}")
     print(f"profile {cluster.profile.name}: {cluster.profile.description}")
@@ -126,6 +138,13 @@ def cmd_inventory(args) -> int:
         print(f"group {group}: {hostlist.collect_hostlist(list(members))}")
     for scratch in cluster.scratch:
         print(f"scratch {scratch.path} ({scratch.kind}{', destructive' if scratch.destructive else ''})")
+    for node in cluster.nodes:
+        if node.transport == "local":
+            print(f"node {node.name}: this machine; from {node.source}")
+            continue
+        user = node.ssh.user or "(ssh default)"
+        port = node.ssh.port or "(ssh default)"
+        print(f"node {node.name}: address {node.address}, user {user}, port {port}; from {node.source}")
     return 0
 
 

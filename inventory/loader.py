@@ -682,6 +682,7 @@ class _NodeEntry:
     address: Optional[str]
     settings: dict[str, _Setting]
     data_address: Optional[str] = None  # the node on the data network (iperf3), if not `address`
+    source: str = "yaml"  # where the node was listed (Node.source)
 
 
 def _expand(at: _At, what: str) -> list[str]:
@@ -704,7 +705,9 @@ def _node_entries(at: _At) -> list[_NodeEntry]:
     if not items:
         raise at.error("empty; list at least one node")
     for item in items:
-        if isinstance(item.node, yaml.MappingNode):
+        if isinstance(item.node, yaml.MappingNode) and _is_source_entry(item):
+            new = _source_entries(item)
+        elif isinstance(item.node, yaml.MappingNode):
             fields = _fields(item, NODE_KEYS, required=("name",))
             new = [
                 _NodeEntry(
@@ -726,6 +729,90 @@ def _node_entries(at: _At) -> list[_NodeEntry]:
             first_line[entry.name] = item.line
         entries.extend(new)
     return entries
+
+
+SOURCE_KEYS = ("slurm", "ansible")
+# What another file may give as an address or user: a host name or IP address, a plain login;
+# nothing that ssh or mpirun's host list would read as an option or split (`-o...`, `a,b`, blanks).
+_SOURCE_ADDRESS = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")
+_SOURCE_USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$\\-]*")
+
+
+def _is_source_entry(item: _At) -> bool:
+    return any(isinstance(key, yaml.ScalarNode) and key.value in SOURCE_KEYS for key, _ in item.node.value)
+
+
+def _source_entries(item: _At) -> list[_NodeEntry]:
+    """`{slurm: {conf, partition}}` or `{ansible: {inventory, group}}`: the nodes another file lists.
+
+    The files are read, never run (inventory/slurm_conf.py, inventory/ansible_inventory.py), and
+    what they say is data: each node's name, address, and from Ansible its port, user and key, as
+    the node's own settings (over the inventory's groups and ssh:). slurm.conf's Port is slurmd's,
+    not SSH's, so it is not used. Resolving a partition through a live `sinfo` is not done here.
+    """
+    from inventory.ansible_inventory import AnsibleInventoryError, read_ansible_inventory
+    from inventory.slurm_conf import SlurmConfError, read_slurm_conf
+
+    fields = _fields(item, SOURCE_KEYS)
+    if len(fields) != 1:
+        raise item.error("give either slurm: or ansible: in one entry, not both")
+    kind, at = next(iter(fields.items()))
+    found: list[tuple[str, Optional[str], dict[str, Any]]] = []  # name, address, settings
+    try:
+        if kind == "slurm":
+            spec = _fields(at, ("conf", "partition"), required=("partition",))
+            if "conf" not in spec:
+                raise at.whole_error("partition without conf: reading it from a live sinfo is not supported "
+                                     "yet; give conf: the path of the cluster's slurm.conf")
+            written, name = _string(spec["conf"]), _string(spec["partition"])
+            conf = read_slurm_conf(_path_setting(spec["conf"]))
+            shown = _display_path(Path(conf.path))
+            if name not in conf.partitions:
+                raise spec["partition"].error(_unknown(f"no partition {name!r} in {shown}", name,
+                                                       conf.partitions, "partitions"))
+            source, empty = f"slurm.conf {written} partition {name}", f"partition {name!r} in {shown} has no nodes"
+            found = [(n.name, n.address if n.address_given else None, {}) for n in conf.partition_nodes(name)]
+        else:
+            spec = _fields(at, ("inventory", "group"), required=("inventory", "group"))
+            written, name = _string(spec["inventory"]), _string(spec["group"])
+            inventory = read_ansible_inventory(_path_setting(spec["inventory"]))
+            shown = _display_path(Path(inventory.path))
+            if name not in inventory.groups:
+                raise spec["group"].error(_unknown(f"no group {name!r} in {shown}", name, inventory.groups, "groups"))
+            source, empty = f"ansible {written} group {name}", f"group {name!r} in {shown} has no hosts"
+            for host in inventory.group_hosts(name):
+                target = host.connection()
+                settings: dict[str, Any] = {"port": target.port, "user": target.user}
+                if target.identity_file is not None:
+                    settings["identity_file"] = _ansible_key(item, host, target.identity_file, shown)
+                found.append((host.name, target.address, {k: v for k, v in settings.items() if v is not None}))
+    except (SlurmConfError, AnsibleInventoryError) as exc:
+        raise InventoryError(exc.problem, _display_path(Path(exc.file)), exc.line) from None
+    if not found:
+        raise at.whole_error(empty)
+    entries = []
+    for name, address, settings in found:
+        if not NAME_PATTERN.fullmatch(name):
+            raise item.error(f"invalid node name {name!r} from {source}; {NAME_RULE}")
+        if address is not None and not _SOURCE_ADDRESS.fullmatch(address):
+            raise item.error(f"node {name!r} from {source}: address {address!r} is not a host name or IP address")
+        if "user" in settings and not _SOURCE_USER.fullmatch(settings["user"]):
+            raise item.error(f"node {name!r} from {source}: user {settings['user']!r} is not a login name")
+        entries.append(_NodeEntry(name, item, address, {k: _Setting(v, item) for k, v in settings.items()},
+                                  source=source))
+    return entries
+
+
+def _ansible_key(item: _At, host: Any, written: str, shown: str) -> str:
+    """An Ansible host's key file: `~` expanded; relative paths refused, since Ansible takes them
+    from wherever it runs; the file must exist here."""
+    path = Path(written).expanduser()
+    where = f"host {host.name!r} in {shown}: ansible_ssh_private_key_file {written!r}"
+    if not path.is_absolute():
+        raise item.error(f"{where} is relative, and Ansible resolves it from where it runs; make it absolute")
+    if not path.is_file():
+        raise item.error(f"{where}: no such file")
+    return os.path.normpath(path)
 
 
 @dataclass
@@ -968,6 +1055,7 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
                 data_address=entry.data_address,
                 rack=settings["rack"].value if "rack" in settings else None,
                 leaf=settings["leaf"].value if "leaf" in settings else None,
+                source=entry.source,
             )
         )
 

@@ -36,6 +36,8 @@ class Node:
     # Where it sits (inventory `rack:`/`leaf:`, on the node or its group); None: not said.
     rack: Optional[str] = None
     leaf: Optional[str] = None
+    # Where the node was listed: "yaml", "slurm.conf PATH partition NAME", "ansible PATH group NAME".
+    source: str = "yaml"
 
 
 @dataclass(frozen=True)
