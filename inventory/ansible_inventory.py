@@ -35,10 +35,12 @@ import string
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
 
 import yaml
 from yaml.constructor import ConstructorError
+
+from inventory.source_error import SourceFileError
 
 INI_SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
 INI_GROUP_NAME = re.compile(r"^([^:\]\s]+)\s*(?:#.*)?$")
@@ -53,18 +55,8 @@ USER_VARS = ("ansible_ssh_user", "ansible_user")
 KEY_VARS = ("ansible_ssh_private_key_file", "ansible_private_key_file")
 
 
-class AnsibleInventoryError(Exception):
+class AnsibleInventoryError(SourceFileError):
     """An inventory handover will not read; str() is one line naming the file and line."""
-
-    def __init__(self, problem: str, file: str, line: Optional[int] = None):
-        self.problem = problem
-        self.file = file
-        self.line = line
-        super().__init__(problem, file, line)
-
-    def __str__(self) -> str:
-        location = self.file if self.line is None else f"{self.file}:{self.line}"
-        return f"{location}: {self.problem}"
 
 
 class _Var(NamedTuple):
@@ -301,23 +293,21 @@ class _Builder:
         self.groups[group].variables[_var_name(key)] = var
 
     def _ancestors(self, group: str) -> set[str]:
-        found: set[str] = set()
-        stack = list(self.groups[group].parents)
-        while stack:
-            name = stack.pop()
-            if name not in found:
-                found.add(name)
-                stack.extend(self.groups[name].parents)
-        return found
+        return self._reachable(group, lambda name: self.groups[name].parents)
 
     def _descendants(self, group: str) -> set[str]:
+        return self._reachable(group, lambda name: self.groups[name].children)
+
+    @staticmethod
+    def _reachable(group: str, edges: Callable[[str], Iterable[str]]) -> set[str]:
+        """Every group reached from `group` along `edges` (parents or children), not itself."""
         found: set[str] = set()
-        stack = list(self.groups[group].children)
+        stack = list(edges(group))
         while stack:
             name = stack.pop()
             if name not in found:
                 found.add(name)
-                stack.extend(self.groups[name].children)
+                stack.extend(edges(name))
         return found
 
     def reconcile(self) -> None:

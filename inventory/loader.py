@@ -750,8 +750,9 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
     the node's own settings (over the inventory's groups and ssh:). slurm.conf's Port is slurmd's,
     not SSH's, so it is not used. Resolving a partition through a live `sinfo` is not done here.
     """
-    from inventory.ansible_inventory import AnsibleInventoryError, read_ansible_inventory
-    from inventory.slurm_conf import SlurmConfError, read_slurm_conf
+    from inventory.ansible_inventory import read_ansible_inventory
+    from inventory.slurm_conf import read_slurm_conf
+    from inventory.source_error import SourceFileError
 
     fields = _fields(item, SOURCE_KEYS)
     if len(fields) != 1:
@@ -786,7 +787,7 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
                 if target.identity_file is not None:
                     settings["identity_file"] = _ansible_key(item, host, target.identity_file, shown)
                 found.append((host.name, target.address, {k: v for k, v in settings.items() if v is not None}))
-    except (SlurmConfError, AnsibleInventoryError) as exc:
+    except SourceFileError as exc:
         raise InventoryError(exc.problem, _display_path(Path(exc.file)), exc.line) from None
     if not found:
         raise at.whole_error(empty)

@@ -27,19 +27,11 @@ from typing import Iterator, Optional, Union
 
 import hostlist
 
+from inventory.source_error import SourceFileError
 
-class SlurmConfError(Exception):
+
+class SlurmConfError(SourceFileError):
     """A slurm.conf that cannot be read as Slurm would; str() is one line naming file and line."""
-
-    def __init__(self, problem: str, file: str, line: Optional[int] = None):
-        self.problem = problem
-        self.file = file
-        self.line = line
-        super().__init__(problem, file, line)
-
-    def __str__(self) -> str:
-        location = self.file if self.line is None else f"{self.file}:{self.line}"
-        return f"{location}: {self.problem}"
 
 
 @dataclass(frozen=True)
