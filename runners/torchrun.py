@@ -30,6 +30,16 @@ _ROUTE_DEV = re.compile(r"\bdev\s+(\S+)")
 # One node: sockets between its ranks over loopback (NCCL itself uses NVLink/PCIe for the data).
 LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 FREE_PORT_SCRIPT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+# torchrun makes its log directory under the node's TMPDIR and never removes it (a torchelastic_*
+# per launch left on a customer's node): it gets one that is removed when torchrun ends.
+OWN_LOG_DIR_SCRIPT = (
+    "import runpy, shutil, sys, tempfile\n"
+    "log_dir = tempfile.mkdtemp(prefix='handover-torchrun-')\n"
+    "sys.argv = ['torchrun', '--log-dir', log_dir, *sys.argv[1:]]\n"
+    "try:\n"
+    "    runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)\n"
+    "finally:\n"
+    "    shutil.rmtree(log_dir, ignore_errors=True)\n")
 
 
 def new_run_id() -> str:
@@ -41,7 +51,8 @@ def new_run_id() -> str:
 class TorchrunLauncher(Launcher):
     """`python -m torch.distributed.run` (torchrun) with a c10d rendezvous on the first host.
 
-    The node's own interpreter runs torchrun, so no `torchrun` script needs to be on PATH;
+    The node's own interpreter runs torchrun, so no `torchrun` script needs to be on PATH,
+    in a log directory of its own that goes when it ends (OWN_LOG_DIR_SCRIPT);
     `--no-python` makes it start `command` as given (a payload passed with `python -c`).
     No restarts: an acceptance run reports the first failure instead of hiding it.
     """
@@ -58,7 +69,7 @@ class TorchrunLauncher(Launcher):
         self._check(hosts, ranks_per_node, command)
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.rdzv_id):
             raise LaunchError(f"rendezvous id {self.rdzv_id!r}: letters, digits, '_', '.', '-' only")
-        return [self.python, "-m", "torch.distributed.run",
+        return [self.python, "-c", OWN_LOG_DIR_SCRIPT,
                 "--nnodes", str(len(hosts)), "--nproc-per-node", str(ranks_per_node),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{_endpoint_host(hosts[0])}:{self.port}",
                 "--rdzv-id", self.rdzv_id, "--rdzv-conf", f"join_timeout={self.join_timeout_s}",

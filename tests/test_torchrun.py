@@ -3,6 +3,7 @@ over SSH on namespace nodes: two nodes, one node with two ranks, and a link cut 
 from __future__ import annotations
 
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ pytest.importorskip("torch", reason="torch is in the test extra (make test insta
 def test_argv_has_the_c10d_rendezvous_on_the_first_host():
     launcher = TorchrunLauncher(rdzv_id="handover-run-abc123", port=29500, python="/opt/py/bin/python")
     argv = launcher.argv(["10.0.0.1", "10.0.0.2", "10.0.0.3"], 8, ["python3", "-c", "print(1)"])
-    assert argv == ["/opt/py/bin/python", "-m", "torch.distributed.run", "--nnodes", "3",
+    assert argv == ["/opt/py/bin/python", "-c", torchrun.OWN_LOG_DIR_SCRIPT, "--nnodes", "3",
                     "--nproc-per-node", "8", "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", "10.0.0.1:29500", "--rdzv-id", "handover-run-abc123",
                     "--rdzv-conf", "join_timeout=60", "--max-restarts", "0", "--no-python",
@@ -73,7 +74,8 @@ def payload_workers(marker: str) -> int:
             argv = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if len(argv) > 2 and argv[1] == b"-c" and b"--sizes" in argv and any(marker.encode() in a for a in argv):
+        payload = len(argv) > 2 and argv[1] == b"-c" and b"--sizes" in argv and b"--rdzv-id" not in argv
+        if payload and any(marker.encode() in a for a in argv):
             count += 1
     return count
 
@@ -108,6 +110,8 @@ def test_gloo_all_reduce_across_two_nodes_over_ssh(ns_cluster, tmp_path):
     assert largest.size == 64 << 20 and largest.wrong == 0 and largest.busbw > 0
     assert largest.busbw == pytest.approx(largest.algbw)  # 2(n-1)/n = 1 for two ranks
     assert not processes(launch.marker)
+    # torchrun's log directory (named after the rendezvous id) went with it: the nodes share /tmp
+    assert not list(Path(tempfile.gettempdir()).glob(f"*/{launch.marker}_*"))
 
 
 def test_two_ranks_on_one_node_over_ssh(ns_cluster, tmp_path):
