@@ -3,6 +3,9 @@
 Severities and actions follow NVIDIA's XID catalog ("Xid Errors", docs.nvidia.com/deploy/xid-errors):
 `critical` means the GPU or node must not be handed over as is; `warning` means look before
 handover (often an application's fault, or a correctable event); `info` is recorded only.
+
+The same parser reads the node's log through the kernel_log payload and the excerpts operators
+paste into `handover parse kernel-log` (any prefix dmesg, journalctl or syslog writes).
 """
 from __future__ import annotations
 
@@ -128,12 +131,11 @@ class KernelLog:
 
 @dataclass(frozen=True)
 class _Prefix:
-    """What stood before the kernel's text on one line, and that text."""
+    """What stood before the kernel's text on one line."""
 
     time: Optional[str]
     host: Optional[str]
     uptime_s: Optional[float]
-    body: str
     recognised: bool  # the line carries a kernel-log prefix
 
 
@@ -154,7 +156,7 @@ def _split(line: str) -> _Prefix:
         uptime, rest, recognised = float(match["uptime"]), rest[match.end():], True
     elif match := _RELATIVE.match(rest):
         rest, recognised = rest[match.end():], True
-    return _Prefix(time, host, uptime, rest, recognised)
+    return _Prefix(time, host, uptime, recognised)
 
 
 def read(transport: Transport, run_started: Optional[datetime] = None) -> Result:
