@@ -4,10 +4,16 @@ Both JSON shapes are read: DCGM <= 3.x (`"DCGM GPU Diagnostic"`, results keyed b
 `gpu_id`, nvvs writes "PASS") and 4.x (`"DCGM Diagnostic"`, `entity_id`, `runtime_error`).
 dcgmi may print lines before the document (NVIDIA's own real-output fixture starts with a
 warning line, and has `null` entries among the tests): the document starts at the first `{`.
+
+Operators also paste the text table (`dcgmi diag -r N` without `-j`), read by the same parser:
+3.x writes one status per test ("Fail - All", "Pass - GPUs: 1, 2", a second line "Fail - GPU:
+0"), 4.x a test-level status and then one "GPU0: Pass" line per GPU. Each status is a result,
+so a test-level Fail fails the diagnostic even when every per-GPU line says Pass.
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -31,6 +37,15 @@ EXIT_MEANINGS = {
 }
 RAN_AND_FOUND_FAILURES = (226, 205)
 PASSING_STATUSES = ("pass", "skip")
+
+# The text table: "|" + 27 columns + "|" + 48 columns + "|"; messages wrap every 45 characters,
+# mid-word, after the value cell's one leading space.
+_TABLE_HEADER = re.compile(r"^\|\s*Diagnostic\s*\|\s*Result\s*\|")
+_TABLE_CATEGORY = re.compile(r"^[|+]-----\s+(?P<category>\w[\w ]*?)\s+-+\+")
+_TABLE_STATUS = re.compile(r"^(?P<status>Pass|Fail|Skip|Warn|Not Run)(?: - (?P<gpus>All|GPUs?: [\d, ]+))?$")
+_TABLE_ENTITY = re.compile(r"^GPU(?P<gpu>\d+): (?P<status>Pass|Fail|Skip|Warn|Not Run)$")
+_TABLE_MESSAGES = ("Warning", "Error", "Info")
+_WRAP = 45
 
 
 @dataclass(frozen=True)
@@ -64,9 +79,13 @@ def dcgmi_missing(result: Result) -> bool:
 
 
 def parse_dcgmi(text: str) -> DcgmiDiag:
+    """`dcgmi diag -j` JSON (3.x or 4.x), or the text table dcgmi prints without -j."""
+    if _is_table(text):
+        return _parse_table(text)
     start = text.find("{")
     if start < 0:
-        raise ParseError("no JSON document (expected `dcgmi diag -j` output)")
+        raise ParseError("no JSON document and no results table (expected `dcgmi diag -j` output, or "
+                         "the table `dcgmi diag` prints without -j)")
     try:
         data, _ = json.JSONDecoder().raw_decode(text[start:])
     except json.JSONDecodeError as exc:
@@ -108,6 +127,97 @@ def _warning(entry) -> str:
         text = str(entry.get("warning", ""))
         return f"{text} (error {entry['error_id']})" if "error_id" in entry else text
     return str(entry)
+
+
+def _is_table(text: str) -> bool:
+    return any(_TABLE_HEADER.match(line) or _TABLE_CATEGORY.match(line) or
+               ((cells := _cells(line)) is not None and _TABLE_STATUS.match(cells[1].strip()))
+               for line in text.splitlines())
+
+
+def _cells(line: str) -> Optional[tuple[str, str]]:
+    """The name and raw value cell of a table row ("| name | value |"), or None."""
+    line = line.rstrip()
+    split = line.find("|", 1)
+    if not line.startswith("|") or split < 0 or line.startswith("|-----"):
+        return None
+    value = line[split + 1:]
+    return line[1:split].strip(), value[:-1] if value.endswith("|") else value
+
+
+def _parse_table(text: str) -> DcgmiDiag:
+    """The last table in the text: per test, one result per status (3.x: "Fail - GPU: 0";
+    4.x: the test's own and each "GPUn:" line); Warning and Error rows are the warnings of the
+    test above them (an Error row with no test above it is a failed result of its own)."""
+    version, category = "", ""
+    tests: list[DiagResult] = []
+    message: list[str] = []  # the raw chunks of the Warning/Error row being read
+    runtime_error = None
+    current: Optional[DiagResult] = None  # the result that Warning/Error rows belong to
+
+    def close_message():
+        if message and current is not None:
+            current.warnings.append(" ".join("".join(message).split()))
+        message.clear()
+
+    for line in text.splitlines():
+        if line.startswith("Error: "):
+            runtime_error = line[len("Error: "):].strip()
+        if _TABLE_HEADER.match(line):
+            close_message()
+            version, category, tests, current = "", "", [], None  # a later table replaces it
+            continue
+        if match := _TABLE_CATEGORY.match(line):
+            close_message()
+            category, current = match["category"], None
+            continue
+        cells = _cells(line)
+        if cells is None:
+            continue
+        name, raw = cells
+        value = raw.strip()
+        if category == "Metadata":
+            if name == "DCGM Version":
+                version = value
+            continue
+        if name in _TABLE_MESSAGES:
+            close_message()
+            if name == "Info":
+                continue
+            if current is None:
+                current = DiagResult(name, category, _gpu_named(value), "Fail")
+                tests.append(current)
+            message.append(raw[1:_WRAP + 1])
+            continue
+        if name:
+            close_message()
+        elif message:
+            message.append(raw[1:_WRAP + 1])
+            continue
+        status = _TABLE_STATUS.match(value) or _TABLE_ENTITY.match(value)
+        if status is None:
+            continue  # an Info row's continuation
+        test_name = name or (current.name if current else "")
+        gpus = status.groupdict().get("gpu") or _gpu_list(status.groupdict().get("gpus"))
+        current = DiagResult(test_name, category, gpus, status["status"])
+        tests.append(current)
+    close_message()
+    if not tests:
+        raise ParseError("a dcgmi diag table without a test result")
+    ok = runtime_error is None and all(t.status.lower() in PASSING_STATUSES for t in tests)
+    return DcgmiDiag(version=version, tests=tests, runtime_error=runtime_error, ok=ok)
+
+
+def _gpu_list(gpus: Optional[str]) -> str:
+    """3.x's "GPUs: 1, 2, 3" or "GPU: 0" as "1,2,3" or "0"; "All" (or nothing) as ""."""
+    if not gpus or gpus == "All":
+        return ""
+    return ",".join(part.strip() for part in gpus.split(":", 1)[1].split(","))
+
+
+def _gpu_named(text: str) -> str:
+    match = re.match(r"GPU (\d+)\b", text.strip())
+    return match.group(1) if match else ""
 
 
 PARSERS = {"dcgmi": parse_dcgmi}

@@ -4,6 +4,13 @@ Both parsers give the same shape (HCAs, each with ports), so a check reads eithe
 without -v prints no rate and no physical state: those stay None. ibstat with no RDMA device
 prints nothing and exits 0 (infiniband-diags 44.0 on Debian 12), so empty output means "no HCA",
 which the suite decides on; the parser rejects it as not ibstat output.
+
+The tools' own error lines (stderr, in a paste interleaved with stdout) are kept and fail the
+parse's `ok` even when every port listed is Active: ibstat stops at the first CA it cannot stat
+with `ibpanic: [pid] main: stat of IB device 'mlx5_8' failed: ...` (exit 255), and since
+rdma-core 703b52c (2024-09) warns with `ibwarn: ...` and goes on (exit 0), so the CA is simply
+missing from the list; ibv_devinfo prints "Failed to open device" and the like for a device it
+cannot read and lists the others.
 """
 from __future__ import annotations
 
@@ -29,6 +36,11 @@ _DEVINFO_FIELD = re.compile(r"^\s+(\w+):\s*(.*?)\s*$")
 _DEVINFO_STATES = {"PORT_ACTIVE": "Active", "PORT_DOWN": "Down", "PORT_INIT": "Initializing",
                    "PORT_ARMED": "Armed", "PORT_ACTIVE_DEFER": "ActiveDefer"}
 MELLANOX_VENDOR_ID = "0x02c9"
+# infiniband-diags' IBPANIC/IBWARN/IBERROR prefixes (libibmad mad.h), ibstat's stat failure.
+_IBSTAT_ERROR = re.compile(r"^\s*(?:ibpanic|ibwarn|iberror): |stat of IB device .* failed")
+# ibv_devinfo's own messages on stderr (rdma-core libibverbs/examples/devinfo.c).
+_DEVINFO_ERROR = re.compile(r"^\s*(?:Failed to |IB device '.*' wasn't found|No IB devices found|"
+                            r"Invalid port requested for device)")
 
 
 @dataclass
@@ -56,14 +68,18 @@ class Hca:
 class IbDevices:
     hcas: list[Hca]
     source: str  # ibstat or ibv_devinfo
-    ok: bool  # at least one HCA, and every port Active (and LinkUp where the tool says)
+    ok: bool  # at least one HCA, every port Active (and LinkUp where the tool says), no error line
+    errors: list[str] = field(default_factory=list)  # the tool's own error lines, as written
 
 
 def parse_ibstat(text: str) -> IbDevices:
     hcas: list[Hca] = []
     port: Optional[IbPort] = None
+    errors = []
     for line in text.splitlines():
-        if match := _CA.match(line):
+        if _IBSTAT_ERROR.search(line):
+            errors.append(line.strip())
+        elif match := _CA.match(line):
             hcas.append(Hca(match.group(1)))
             port = None
         elif not hcas:
@@ -87,16 +103,19 @@ def parse_ibstat(text: str) -> IbDevices:
             elif key == "Link layer":
                 port.link_layer = value
     if not hcas:
-        raise ParseError("no \"CA '<name>'\" block: not ibstat output")
-    return IbDevices(hcas, "ibstat", _all_healthy(hcas))
+        raise ParseError("no \"CA '<name>'\" block: not ibstat output" + _said(errors))
+    return IbDevices(hcas, "ibstat", _all_healthy(hcas) and not errors, errors)
 
 
 def parse_ibv_devinfo(text: str) -> IbDevices:
     hcas: list[Hca] = []
     port: Optional[IbPort] = None
     vendor: dict[str, str] = {}
+    errors = []
     for line in text.splitlines():
-        if match := _DEVINFO_HCA.match(line):
+        if _DEVINFO_ERROR.match(line):
+            errors.append(line.strip())
+        elif match := _DEVINFO_HCA.match(line):
             hcas.append(Hca(match.group(1)))
             port = None
         elif not hcas:
@@ -119,8 +138,13 @@ def parse_ibv_devinfo(text: str) -> IbDevices:
             elif key == "link_layer":
                 port.link_layer = value
     if not hcas:
-        raise ParseError("no 'hca_id:' block: not ibv_devinfo output")
-    return IbDevices(hcas, "ibv_devinfo", _all_healthy(hcas))
+        raise ParseError("no 'hca_id:' block: not ibv_devinfo output" + _said(errors))
+    return IbDevices(hcas, "ibv_devinfo", _all_healthy(hcas) and not errors, errors)
+
+
+def _said(errors: list[str]) -> str:
+    """The tool's first error line, for a text that lists no HCA."""
+    return f" (the tool said: {errors[0]})" if errors else ""
 
 
 def natural_order(names) -> list[str]:
@@ -218,9 +242,10 @@ def counter_problems(found: IbCounters, expect: Expectations) -> list[str]:
 
 def port_problems(devices: IbDevices, expect: Expectations) -> list[str]:
     """Every way the HCAs differ from the profile's expect block, in words."""
-    problems = []
+    problems: list[str] = []
     count, ca_type = expect.ib_hcas, expect.ib_ca_type
     rate, layer = expect.ib_rate, expect.ib_link_layer
+    problems.extend(f"{devices.source} reported an error: {error}" for error in devices.errors)
     if count is not None and len(devices.hcas) != count:
         problems.append(f"{len(devices.hcas)} HCA(s), expected {count}")
     for hca in devices.hcas:

@@ -5,9 +5,9 @@ so its stdout is free, and the YAML document reaches the harness through the sam
 output, without a file on the node. The harness writes nothing outside declared scratch paths,
 and the cpu, matrix and vm stressors create no files, so this step needs no scratch path.
 
-The parser takes stress-ng's log (stderr), its YAML, or both interleaved (`2>&1`): the log gives
-failures and whether the run completed; the YAML gives the precise rates; the log's metrics table
-stands in when there is no YAML.
+The parser takes stress-ng's log (stderr, with or without `--timestamp`), its YAML, or both
+interleaved (`2>&1`): the log gives failures and whether the run completed; the YAML gives the
+precise rates; the log's metrics table stands in when there is no YAML.
 """
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ EXIT_MEANINGS = {
 # A node whose rate is below this fraction of the cluster median is named in a warning.
 SLOW_FRACTION_OF_MEDIAN = 0.5
 
-_LOG_LINE = re.compile(r"^stress-ng: (?P<tag>\w+):\s*\[(?P<pid>\d+)\]\s?(?P<text>.*)$")
+# `--timestamp` puts the time of day after "stress-ng: " on every line ("stress-ng: 00:09:46.53 info:  [13839] ").
+_LOG_LINE = re.compile(r"^stress-ng: (?:\d{2}:\d{2}:\d{2}(?:\.\d+)? )?"
+                       r"(?P<tag>\w+):\s*\[(?P<pid>\d+)\]\s?(?P<text>.*)$")
 _TABLE_ROW = re.compile(
     r"^(?P<name>[A-Za-z][\w-]*)\s+(?P<ops>\d+)\s+(?P<real>[\d.]+)\s+[\d.]+\s+[\d.]+"
     r"\s+(?P<rate>[\d.]+)\s+(?P<cpu_rate>[\d.]+)(?:\s|$)")

@@ -169,3 +169,59 @@ def test_no_sysfs_class_directory_means_no_device(tmp_path):
     assert not found.present and found.ports == []
     with pytest.raises(ParseError):
         ibstat.parse_ib_counters("not json")
+
+
+# ------------------------------------------------------------------ the tools' own error lines
+
+GPUD_IBPANIC = "gpud-testdata_ibstat-39.0_8xMT4124-Active_then_ibpanic_stat_failed.txt"
+
+
+def test_ibpanic_after_eight_active_cas_fails_the_parse():
+    """REAL ibstat (infiniband-diags 39.0, A100 node, gpud testdata): eight CAs Active/LinkUp at
+    200, then ibpanic on the ninth, which is missing from the list."""
+    devices = ibstat.parse_ibstat((DATA / GPUD_IBPANIC).read_text())
+    assert [hca.name for hca in devices.hcas] == [f"mlx5_{i}" for i in range(8)]
+    assert all(port.healthy for hca in devices.hcas for port in hca.ports)
+    assert devices.errors == ["ibpanic: [1400444] main: stat of IB device 'mlx5_8' failed: "
+                              "No such file or directory"]
+    assert not devices.ok
+    problems = ibstat.port_problems(devices, Expectations())
+    assert problems == ["ibstat reported an error: " + devices.errors[0]]
+
+
+def test_ibwarn_of_newer_ibstat_fails_the_parse_too():
+    """DERIVED from the real file: its ibpanic line in the wording rdma-core 703b52c prints
+    instead (IBWARN "stat of IB device '%s' failed", then it goes on and exits 0)."""
+    name = "derived_gpud-testdata_ibstat_ibwarn_stat_failed_as_rdma-core-703b52c.txt"
+    devices = ibstat.parse_ibstat((DATA / name).read_text())
+    assert len(devices.hcas) == 8 and devices.errors[0].startswith("ibwarn: ") and not devices.ok
+
+
+def test_an_error_line_alone_is_not_an_hca_list_but_says_what_the_tool_said():
+    """REAL: ibstat here asked for a CA that is not there (stderr, exit 255), and the ibpanic
+    line quoted in linux-rdma/rdma-core#239."""
+    local = (DATA / "local_ibstat_named_device_ibpanic.stderr.txt").read_text()
+    assert (DATA / "local_ibstat_named_device_ibpanic.rc.txt").read_text().strip() == "exit code: 255"
+    with pytest.raises(ParseError, match=r"not ibstat output \(the tool said: ibpanic: \[\d+\] main: "
+                                         r"'mlx5_0' IB device can't be found"):
+        ibstat.parse_ibstat(local)
+    with pytest.raises(ParseError, match="stat of IB device 'mlx5_1' failed: Invalid argument"):
+        ibstat.parse_ibstat((DATA / "rdma-core-pr239_ibstat_ibpanic_stat_failed_invalid_argument.txt").read_text())
+
+
+def test_ibv_devinfo_that_could_not_open_devices_fails_the_parse():
+    """REAL ibv_devinfo (hustcat/k8s-rdma-device-plugin#8): one ConnectX-3 port Active among
+    eight "Failed to open device" lines."""
+    name = "k8s-rdma-device-plugin-issue8_ibv_devinfo_failed_to_open_device_around_an_active_port.txt"
+    devices = ibstat.parse_ibv_devinfo((DATA / name).read_text())
+    assert [(hca.name, hca.ca_type, port.state) for hca in devices.hcas for port in hca.ports] == [
+        ("mlx4_2", "MT4100", "Active")]
+    assert devices.errors == ["Failed to open device"] * 8 and not devices.ok
+    with pytest.raises(ParseError, match=r"not ibv_devinfo output \(the tool said: Failed to get IB devices list"):
+        ibstat.parse_ibv_devinfo((DATA / "local_ibv_devinfo_ERROR_no_device.stderr.txt").read_text())
+
+
+def test_handover_parse_says_ok_false_for_a_list_with_an_error_line():
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "ibstat", str(DATA / GPUD_IBPANIC)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and '"ok": false' in done.stdout and "ibpanic: [1400444]" in done.stdout

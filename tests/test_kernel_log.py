@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -88,6 +89,7 @@ def test_log_with_unrelated_lines():
 
 
 DATA = Path(__file__).parent / "data" / "kernel-log"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def read_here(*args: str, argv_prefix: tuple[str, ...] = ()):
@@ -200,3 +202,134 @@ def test_a_gpu_named_before_an_unrelated_line_is_not_blamed():
     unrelated = (DATA / "local_dmesg_boot_excerpt.txt").read_text().splitlines()[0]
     [event] = kernel_log.parse_kernel_log("\n".join([first, unrelated, *rest])).events
     assert (event.code, event.device) == (79, "")
+
+
+# ------------------------------------------------------------------ pasted excerpts (handover parse)
+# Real kernel-log text from public repositories and issues: tests/data/kernel-log/PROVENANCE.md.
+
+
+def excerpt(name: str) -> kernel_log.KernelLog:
+    return kernel_log.parse_kernel_log_excerpt((DATA / name).read_text())
+
+
+def test_dmesg_ctime_dates_with_repeated_gsp_timeouts():
+    """Real `dmesg -T` (gpud testdata): five Xid 119 on one GPU among RPC history and a stack."""
+    log = excerpt("gpud-testdata_dmesg-ctime_xid119_gsp-rpc-timeout.txt")
+    assert [(e.code, e.device) for e in log.events] == [(119, "0000:9b:00")] * 5
+    first = log.events[0]
+    assert (first.time, first.uptime_s, first.severity) == ("Sun Feb 23 16:24:18 2025", None, "critical")
+    assert log.events[-1].time == "Sun Feb 23 16:30:13 2025" and not log.ok
+
+
+def test_sxid_lines_are_nvswitch_events_one_per_headline():
+    """Real dmesg (NVIDIA/nvtrust#124): Data, Non-fatal and Severity 0 lines of three links."""
+    log = excerpt("nvtrust-issue124_dmesg_sxid22013_nonfatal_with_detail_lines.txt")
+    assert [(e.kind, e.code, e.device, e.severity) for e in log.events] == [
+        ("sxid", 22013, "0000:04:00.0", "warning")] * 3
+    assert [e.meaning for e in log.events] == [
+        f"NVSwitch nvswitch3 Non-fatal: Link {link} Minion Link DLREQ interrupt" for link in (44, 45, 46)]
+    assert not any(e.kind == "xid" for e in log.events) and log.ok
+
+
+def test_xid79_with_fatal_sxids_and_a_severity_line_whose_headline_is_missing():
+    """Real dmesg quoted in gpud's SXid README: Xid 79, its repeat without the number, and
+    SXid 20034 Fatal on three switches; nvswitch2's link 60 shows only its Severity 1 line."""
+    log = excerpt("gpud-sxid-readme_dmesg_xid79_and_sxid20034_fatal.txt")
+    xids = [e for e in log.events if e.kind == "xid"]
+    assert [(e.code, e.device, e.uptime_s) for e in xids] == [(79, "0000:91:00", 6781741.548779)]
+    sxids = [e for e in log.events if e.kind == "sxid"]
+    assert [(e.code, e.line.split(":")[0].split("] ")[1], e.severity) for e in sxids] == [
+        (20034, "nvidia-nvswitch1", "critical"), (20034, "nvidia-nvswitch0", "critical"),
+        (20034, "nvidia-nvswitch2", "critical"), (20034, "nvidia-nvswitch2", "critical"),
+        (20034, "nvidia-nvswitch0", "critical")]
+    assert "engine instance 60" in sxids[2].meaning and "Fatal/Non-fatal line is not" in sxids[2].meaning
+    assert not log.ok
+
+
+def test_an_sxid_data_line_alone_is_one_event_of_unknown_severity():
+    """Real `dmesg -x --time-format iso` line quoted in leptonai/gpud#338."""
+    [event] = excerpt("gpud-pr338_dmesg-decode-iso_sxid12028_data_line_only.txt").events
+    assert (event.kind, event.code, event.device, event.severity) == ("sxid", 12028, "0000:84:00.0", "warning")
+    assert event.time == "2025-01-25T10:34:54,859532+00:00" and "only its data line" in event.meaning
+
+
+def test_aer_surprise_down_then_the_gpu_falls_off_the_bus():
+    """Real dmesg (wilicc/gpu-burn#1): corrected AER, an uncorrected fatal one, then Xid 79."""
+    log = excerpt("gpuburn-issue1_dmesg_aer_surprise_down_then_xid79.txt")
+    assert [(e.kind, e.severity) for e in log.events] == [
+        ("aer", "warning"), ("aer", "warning"), ("aer", "critical"), ("aer", "critical"),
+        ("xid", "critical")]
+    assert log.events[3].meaning == "PCIe AER: Uncorrected (Fatal)"
+    assert (log.events[-1].code, log.events[-1].device) == (79, "0000:02:00") and not log.ok
+
+
+def test_xid79_repeated_on_the_next_line_without_the_number_is_one_event():
+    """Real dmesg (NVIDIA/nvidia-docker#1553): Xid 79, then "GPU 0000:09:00.0: GPU has fallen
+    off the bus.", then a corrected AER error much later."""
+    log = excerpt("nvidia-docker-issue1553_dmesg_xid79_and_its_fallen_off_the_bus_line.txt")
+    assert [(e.kind, e.code) for e in log.events] == [("xid", 79), ("aer", None), ("aer", None)]
+    assert log.events[0].line.endswith("79, pid=0, GPU has fallen off the bus.")
+
+
+def test_syslog_prefix_with_dmesg_seconds_inside():
+    """Real syslog (pop-os/pop#3363): "Sep 19 16:18:02 bubz kernel: [68183.615790] ..."."""
+    log = excerpt("pop-issue3363_syslog_aer_correctable.txt")
+    assert len(log.events) == 6 and log.ok
+    first = log.events[0]
+    assert (first.time, first.host, first.uptime_s, first.device) == (
+        "Sep 19 16:18:02", "bubz", 68183.61579, "0000:00:03.1")
+    assert log.events[1].meaning == "PCIe AER: Correctable"
+
+
+def test_journalctl_with_a_localized_month():
+    """Real `journalctl` (hirschmann/nbfc#181): "jan. 29 20:50:17 kevin kernel: ..."."""
+    log = excerpt("nbfc-issue181_journalctl_aer_corrected_localized_month.txt")
+    assert [(e.kind, e.severity, e.time, e.host) for e in log.events] == [
+        ("aer", "warning", "jan. 29 20:50:17", "kevin")] * 2
+
+
+def test_dmesg_relative_times_and_an_uncorrected_fatal_error():
+    """Real `dmesg -H` (rwth-i6/returnn#1500): relative times, no seconds since boot."""
+    log = excerpt("returnn-issue1500_dmesg-reltime_aer_uncorrected_fatal.txt")
+    assert [e.meaning for e in log.events] == ["PCIe AER: Multiple Uncorrected (Fatal) error received: 0000:00:03.0",
+                                               "PCIe AER: Uncorrected (Fatal)"]
+    assert all(e.uptime_s is None and e.severity == "critical" for e in log.events)
+
+
+def test_kernel_prefixed_xid45_lines():
+    """Real lines (NVIDIA/open-gpu-kernel-modules#1150): "kernel: NVRM: Xid (...): 45, ..."."""
+    log = excerpt("opengpu-issue1150_kernel-prefix_xid45_after_xid149_145.txt")
+    assert [e.code for e in log.events] == [45] * 7 and {e.severity for e in log.events} == {"info"}
+    assert log.events[0].device == "0000:dc:00" and log.ok
+
+
+def test_nvlink_xids_take_their_severity_from_the_line():
+    """Real kmsg lines quoted in leptonai/gpud#1160 and #1174: Xid 144/145 Nonfatal, 149 Fatal."""
+    log = excerpt("gpud-prs1160-1174_kmsg_nvlink_xid144_145_149.txt")
+    assert [(e.code, e.severity) for e in log.events] == [
+        (144, "warning"), (149, "critical"), (149, "critical"), (145, "warning")]
+    assert log.events[1].meaning == "NVLink NETIR error (fatal)"
+
+
+def test_a_healthy_journal_is_a_kernel_log_without_events():
+    """Real `journalctl -o short-iso` (gpud testdata): kernel lines, none of them an event."""
+    log = excerpt("gpud-testdata_journalctl-short-iso_peermem_no_gpu_events.txt")
+    assert (log.lines, log.events, log.ok) == (47, [], True)
+    assert kernel_log.parse_kernel_log_excerpt((DATA / "h200_dmesg_nvrm_lines.txt").read_text()).ok
+
+
+def test_text_without_a_kernel_log_line_is_not_a_kernel_log():
+    with pytest.raises(ParseError, match="no kernel-log line"):
+        kernel_log.parse_kernel_log_excerpt("this is not the output of any tool\n")
+    with pytest.raises(ParseError, match="no kernel-log line"):  # real: journalctl with no journal
+        kernel_log.parse_kernel_log_excerpt((DATA / "local_journalctl_k_no_journal.stdout.txt").read_text())
+
+
+def test_cli_parses_a_pasted_excerpt_with_ok():
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "parse", "kernel-log",
+                           str(DATA / "gpud-sxid-readme_dmesg_xid79_and_sxid20034_fatal.txt")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    parsed = json.loads(done.stdout)
+    assert parsed["ok"] is False and parsed["events"][0]["code"] == 79
+    assert {e["kind"] for e in parsed["events"]} == {"xid", "sxid"}

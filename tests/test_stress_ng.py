@@ -121,3 +121,31 @@ def test_cli_parses_a_saved_log_and_refuses_other_files():
                           str(DATA / "local_stressng01506_error_bad_option.stderr.txt")],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_log_written_with_timestamp():
+    """Real: `stress-ng --cpu 1 --cpu-method matrixprod --timeout 2s --metrics --verify --timestamp`
+    here (0.15.06): a time of day after "stress-ng: " on every line."""
+    stem = "local_stressng01506_timestamp_cpu_matrixprod_metrics_verify"
+    assert text(f"{stem}.rc.txt").strip() == "exit code: 0"
+    run = stress_ng.parse_stress_ng(text(f"{stem}.stderr.txt"))
+    assert [(s.name, s.bogo_ops, s.bogo_ops_per_s, s.bogo_ops_per_s_cpu) for s in run.stressors] == [
+        ("cpu", 281, 139.35, 2035.35)]
+    assert run.completed is True and run.failures == [] and run.ok
+
+
+def test_failure_in_a_timestamped_log_and_its_yaml():
+    """Real: the hdd stressor with a --temp-path that is a file, `--timestamp --yaml /dev/stdout`."""
+    stem = "local_stressng01506_timestamp_error_hdd_temp_path_not_a_directory"
+    assert text(f"{stem}.rc.txt").strip() == "exit code: 2"
+    run = stress_ng.parse_stress_ng(text(f"{stem}.stderr.txt") + text(f"{stem}.stdout.yaml"))
+    assert not run.ok and run.completed is False and run.version == "0.15.06"
+    assert run.failures[0].startswith("fail: hdd: mkdir") and "errno=20 (Not a directory)" in run.failures[0]
+    assert run.failures[1].startswith("error: process [")
+
+
+def test_timestamped_lines_of_a_newer_release_are_log_lines():
+    """Real lines quoted in ColinIanKing/stress-ng#580 (`--timestamp`, a newer release): log
+    lines without a metrics table, so no rate and not ok, but stress-ng's output all the same."""
+    run = stress_ng.parse_stress_ng(text("stressng-issue580_timestamp_info_lines.txt"))
+    assert run.stressors == [] and run.failures == [] and not run.ok
