@@ -164,26 +164,27 @@ def test_without_torch_cpu_only_skips_and_a_gpu_profile_fails(profile, outcome, 
 
 
 SLOW_NODE = "node5"
-# 400 Mbit/s into one node: busbw, the bandwidth per link, cannot pass its link's 0.05 GB/s, while
-# 3-node groups of healthy namespace nodes measured 0.14-0.17 and the 8 together 0.15 (2 shared
-# cores). (200 Mbit/s, 0.024 GB/s, tells the same at twice the test's time.)
-SLOW_RATE = "400mbit"
-BAND = {"value": 0.1, "lower": -0.4, "source": "test: 8 healthy namespace nodes measured 0.15 GB/s"}
+# 300 Mbit/s into one node: busbw, the bandwidth per link, cannot pass its link's 0.0375 GB/s, below
+# the band's 0.04, while 3-node groups of healthy namespace nodes measured 0.14-0.17 and 8 together
+# 0.15 on 2 quiet shared cores, and a healthy pair beside other pairs on a loaded machine (load
+# average 20) 0.043. (200 Mbit/s tells the same at twice the test's time.)
+SLOW_RATE = "300mbit"
+BAND = {"value": 0.1, "lower": -0.6, "source": "test: 3-8 healthy namespace nodes measured 0.14-0.17 GB/s"}
 
 
 @pytest.fixture
-def eight_nodes_one_slow(ns_cluster_factory):
-    """Eight namespace nodes under two leaves, node5's bridge-side veth limited by tbf."""
-    cluster = ns_cluster_factory(8)
+def six_nodes_one_slow(ns_cluster_factory):
+    """Six namespace nodes under two leaves, node5's bridge-side veth limited by tbf."""
+    cluster = ns_cluster_factory(6)
     subprocess.run(["tc", "qdisc", "add", "dev", cluster.node(SLOW_NODE).veth_host, "root", "tbf",
                     "rate", SLOW_RATE, "burst", "32kbit", "latency", "50ms"], check=True)
     return cluster
 
 
-def test_a_slow_node_is_isolated_inside_the_cluster_all_reduce(eight_nodes_one_slow, sign_key, tmp_path):
-    inventory = eight_nodes_one_slow.write_inventory(tmp_path / "cluster.yaml", extra={
-        "groups": {"leaf-a": {"nodes": "node[1-4]", "leaf": "leaf-a"},
-                   "leaf-b": {"nodes": "node[5-8]", "leaf": "leaf-b"}},
+def test_a_slow_node_is_isolated_inside_the_cluster_all_reduce(six_nodes_one_slow, sign_key, tmp_path):
+    inventory = six_nodes_one_slow.write_inventory(tmp_path / "cluster.yaml", extra={
+        "groups": {"leaf-a": {"nodes": "node[1-3]", "leaf": "leaf-a"},
+                   "leaf-b": {"nodes": "node[4-6]", "leaf": "leaf-b"}},
         "references": {"allreduce_busbw_cluster": BAND}})
     run_suites(inventory, tmp_path / "out", sign_key, "suites/test_collectives.py", "-m", "training",
                "-k", "allreduce_cluster or allreduce_scales", timeout=1500)
@@ -194,15 +195,15 @@ def test_a_slow_node_is_isolated_inside_the_cluster_all_reduce(eight_nodes_one_s
     cluster = checks[("allreduce_cluster", None)]
     message = cluster["message"]
     assert (cluster["outcome"], cluster["kind"]) == ("failed", "performance"), message
-    assert message.startswith("allreduce_busbw_cluster = ") and "expected >= 0.06 GB/s" in message
+    assert message.startswith("allreduce_busbw_cluster = ") and "expected >= 0.04 GB/s" in message
     assert re.findall(r"isolated (\w+)", message) == [SLOW_NODE], message
     # The evidence: every step with node5 in it, from the cluster run to its confirmation beside a
     # cleared node. Healthy groups beside each other on 2 shared cores sometimes miss the band too
     # (0.035 GB/s seen): they are bisected and their nodes cleared by confirmation, a round more.
-    assert re.search(r"isolated node5 \(cluster node1\.\.node8 \(8 nodes\) 0\.0\d\d GB/s; "
+    assert re.search(r"isolated node5 \(cluster node1\.\.node6 \(6 nodes\) 0\.0\d\d GB/s; "
                      r"screen node4,node5,node6 0\.0\d\d GB/s; .*confirm node5 with node\d 0\.0\d\d GB/s\)",
                      message), message
-    assert "cleared 7 of 8 node(s)" in message and "not finished" not in message
+    assert "cleared 5 of 6 node(s)" in message and "not finished" not in message
     figures = {m["name"]: m["value"] for m in cluster["metrics"]}
     assert figures["isolated_nodes"] == 1 and 2 <= figures["isolation_rounds"] <= 5
     assert figures["isolation_time"] <= isolation.DEFAULT_BUDGET_S  # cpu-only leaves the default
@@ -212,11 +213,11 @@ def test_a_slow_node_is_isolated_inside_the_cluster_all_reduce(eight_nodes_one_s
     scales = checks[("allreduce_scales", None)]
     table = scales["message"]
     assert scales["outcome"] == "passed", table
-    assert table.startswith("node: 8 run(s)") and "pair: 8 run(s)" in table and "leaf: 2 run(s)" in table
+    assert table.startswith("node: 6 run(s)") and "pair: 6 run(s)" in table and "leaf: 2 run(s)" in table
     assert "rack: skipped (the inventory gives no rack: for any node)" in table
-    # Four pairs at once share the 2 cores, so a healthy pair may miss the band too (0.03 GB/s seen);
+    # Three pairs at once share the 2 cores, so a healthy pair may miss the band too (0.03 GB/s seen);
     # leaf-a's group meeting it clears its nodes, and node5's pairs are the slowest.
     [named] = re.findall(r"\. every pair of ([^:]+) is low: bad node\(s\), not the fabric$", table) or [table]
-    assert SLOW_NODE in named.split(", ") and not {"node1", "node2", "node3", "node4"} & set(named.split(", "))
+    assert SLOW_NODE in named.split(", ") and not {"node1", "node2", "node3"} & set(named.split(", "))
     assert re.search(r"pair: 8 run\(s\), median 0\.\d+, min 0\.0\d\d GB/s \((node4-node5|node5-node6)\)", table)
     assert "min 0.0" in table.split("leaf: ")[1].split(";")[0] and "(leaf-b)" in table
