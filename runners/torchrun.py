@@ -33,6 +33,7 @@ FREE_PORT_SCRIPT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s
 # torchrun makes its log directory under the node's TMPDIR and never removes it (a torchelastic_*
 # per launch left on a customer's node): it gets one that is removed when torchrun ends.
 OWN_LOG_DIR_SCRIPT = (
+    "# handover: torch.distributed.run (torchrun) in a log directory removed when it ends\n"
     "import runpy, shutil, sys, tempfile\n"
     "log_dir = tempfile.mkdtemp(prefix='handover-torchrun-')\n"
     "sys.argv = ['torchrun', '--log-dir', log_dir, *sys.argv[1:]]\n"
