@@ -1,0 +1,640 @@
+"""Slurm as the engine: per-node steps as one srun, multi-node jobs as srun steps, and scancel.
+
+The `slurm` transport keeps the per-node Transport interface, so the suites do not change, but a
+fan-out's commands do not become N SSH sessions: every node's command that arrives within a short
+window goes into one batch, and a batch is one
+
+    srun --nodelist=a,b,... --ntasks-per-node=1 --immediate=S --time=M python3 -c DISPATCH
+
+whose stdin (sent to every task) holds each node's command and input. The dispatcher on each node
+picks its own by SLURMD_NODENAME, runs it, and writes its stdout, stderr, exit status and
+duration back as framed base64 lines (`@hov NODE out|err|end ...`), short enough that Slurm never
+splits one; the harness reads them as they come, so each node's Result is there as soon as its
+task ends. Before a batch, `sinfo` says which nodes Slurm would not run on (down, drained, not
+responding): those are unreachable with Slurm's state and reason and the batch runs without them.
+A task that cannot start (`Task launch ... failed on node X`) makes its node unreachable too.
+
+Every srun has --immediate (a busy or down node never leaves it queued), a --time limit, the
+node-side `timeout` of runners.transport, and a harness-side deadline; on a timeout, Ctrl-C or
+SIGTERM the step is cancelled with scancel (found by its unique name), which kills its tasks on
+every node. Inside an allocation (SLURM_JOB_ID set) every srun is a step of it (--overlap);
+otherwise each asks for its own, with the inventory's partition, account, reservation and time
+limit (`launch: {engine: slurm, ...}`).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+
+import hostlist
+
+from inventory.model import LaunchSettings, Node
+from runners.launchers import Launcher
+from runners.parsing import ParseError
+from runners.transport import HARNESS_GRACE_S, Lease, Result, Transport, new_tag, node_timed_out
+
+if TYPE_CHECKING:
+    from runners.torchrun import Launch
+
+SRUN, SINFO, SCONTROL, SCANCEL, SQUEUE = "srun", "sinfo", "scontrol", "scancel", "squeue"
+JOB_PREFIX = "handover-"
+IMMEDIATE_S = 30  # how long srun may wait for its nodes before it gives up (--immediate)
+CLIENT_TIMEOUT_S = 30  # sinfo, scontrol, squeue, scancel
+BATCH_QUIET_S = 0.05  # a batch closes once no node's command came for this long ...
+BATCH_MAX_WAIT_S = 0.5  # ... or this long after its first
+FRAME_CHUNK = 700  # base64 characters per frame line: well under what Slurm's I/O keeps whole
+# Base states (sinfo %t, without its flag suffix) a task can start on.
+USABLE_STATES = ("idle", "mix", "alloc", "comp", "resv", "plnd")
+# sinfo %t's suffixes: * not responding, ~ powered off, # powering up, ! powering down,
+# % powering down, $ maintenance reservation, @ pending reboot, ^ reboot issued, - planned
+_STATE_FLAGS = "*~#!%$@^-"
+_LAUNCH_FAILED = re.compile(r"Task launch for StepId=\S+ failed on node (\S+?): (.+)$")
+_LAUNCHING = re.compile(r"launching StepId=\S+ on host (\S+?), \d+ tasks: ([\d,-]+)")
+_LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")
+_GRANTED = re.compile(r"Granted job allocation (\d+)")
+
+# Runs on every node of a batch with the node's interpreter; its text is fixed, the batch is data.
+DISPATCH = r"""
+import base64, json, os, subprocess, sys, time
+batch = json.load(sys.stdin)
+me = os.environ.get("SLURMD_NODENAME", "")
+job = batch["nodes"].get(me)
+def frame(kind, data):
+    text = base64.b64encode(data).decode()
+    for start in range(0, len(text), CHUNK):
+        sys.stdout.write("@hov %s %s %s\n" % (me, kind, text[start:start + CHUNK]))
+if job is not None:
+    started = time.monotonic()
+    given = job["stdin"]
+    try:
+        proc = subprocess.run(job["argv"], capture_output=True,
+                              **({"input": batch["inputs"][given].encode()} if given is not None
+                                 else {"stdin": subprocess.DEVNULL}))
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    except OSError as exc:
+        code, out, err = 127, b"", str(exc).encode()
+    frame("out", out)
+    frame("err", err)
+    code = 128 - code if code < 0 else code
+    sys.stdout.write("@hov %s end %d %.3f\n" % (me, code, time.monotonic() - started))
+    sys.stdout.flush()
+""".replace("CHUNK", str(FRAME_CHUNK))
+
+
+class SlurmError(Exception):
+    """A Slurm client could not do what was asked; str() is one line naming the command."""
+
+
+# -- pure parsers -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node as `sinfo -h -N -o '%N|%t|%E'` prints it."""
+
+    name: str
+    state: str  # compact, with Slurm's flag suffix: idle, down*, drain, idle~, ...
+    reason: str  # Slurm's reason ('none' when there is none)
+
+    @property
+    def usable(self) -> bool:
+        """Whether a task can start there now (a not-responding or powered-off node cannot)."""
+        base = self.state.rstrip(_STATE_FLAGS)
+        return base in USABLE_STATES and not any(flag in self.state for flag in "*~#!%")
+
+    def explain(self) -> str:
+        reason = f" ({self.reason})" if self.reason and self.reason.lower() != "none" else ""
+        return f"Slurm says {self.name} is {self.state}{reason}"
+
+
+def parse_sinfo_nodes(text: str) -> dict[str, NodeState]:
+    """{node: NodeState} from `sinfo -h -N -o '%N|%t|%E'`; a node in several partitions once."""
+    states: dict[str, NodeState] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 2)
+        if len(parts) != 3 or not parts[0] or not parts[1]:
+            raise ParseError(f"not a `sinfo -N -o %N|%t|%E` line: {line!r}")
+        name, state, reason = (part.strip() for part in parts)
+        states.setdefault(name, NodeState(name, state, reason))
+    return states
+
+
+def parse_hostnames(text: str) -> list[str]:
+    """`scontrol show hostnames` (or sinfo %n): one name a line."""
+    names = [line.strip() for line in text.splitlines() if line.strip()]
+    bad = [name for name in names if len(name.split()) != 1]
+    if bad:
+        raise ParseError(f"not a host name: {bad[0]!r}")
+    return names
+
+
+def parse_launch_failures(stderr: str) -> dict[str, str]:
+    """{node: why} from srun's `Task launch for StepId=... failed on node X: WHY` lines."""
+    failures: dict[str, str] = {}
+    for line in stderr.splitlines():
+        match = _LAUNCH_FAILED.search(line)
+        if match:
+            failures.setdefault(match.group(1), match.group(2).strip())
+    return failures
+
+
+def parse_task_hosts(stderr: str) -> dict[int, str]:
+    """{task id: node} from `srun -v`'s `launching StepId=J.S on host X, N tasks: 0-1` lines."""
+    hosts = {}
+    for line in stderr.splitlines():
+        match = _LAUNCHING.search(line)
+        if match:
+            for task in hostlist.expand_hostlist(f"[{match.group(2)}]"):
+                hosts[int(task)] = match.group(1)
+    return hosts
+
+
+def split_labelled(text: str, hosts: Mapping[int, str]) -> dict[str, str]:
+    """{node: its lines} of `srun --label` output; unlabelled lines (srun's own) are left out."""
+    lines: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        match = _LABELLED.match(line)
+        if match and int(match.group(1)) in hosts:
+            lines.setdefault(hosts[int(match.group(1))], []).append(match.group(2))
+    return {node: "".join(f"{line}\n" for line in found) for node, found in lines.items()}
+
+
+def parse_granted(stderr: str) -> str:
+    """The job id in salloc's `Granted job allocation N`."""
+    match = _GRANTED.search(stderr)
+    if not match:
+        raise ParseError("salloc did not say `Granted job allocation N`")
+    return match.group(1)
+
+
+@dataclass
+class Frames:
+    """What the dispatcher sent back for one node so far."""
+
+    out: list[str] = field(default_factory=list)
+    err: list[str] = field(default_factory=list)
+    end: Optional[tuple[int, float]] = None  # exit status, node-side duration
+
+    def text(self, kind: str) -> str:
+        chunks = self.out if kind == "out" else self.err
+        return base64.b64decode("".join(chunks)).decode("utf-8", errors="replace")
+
+
+def read_frame(line: str, frames: dict[str, Frames]) -> Optional[str]:
+    """Add one line of srun's stdout to `frames`; the node when the line ended its task."""
+    parts = line.rstrip("\n").split(" ")
+    if len(parts) < 3 or parts[0] != "@hov":
+        return None
+    node, kind = parts[1], parts[2]
+    found = frames.setdefault(node, Frames())
+    if kind in ("out", "err") and len(parts) == 4:
+        (found.out if kind == "out" else found.err).append(parts[3])
+    elif kind == "end" and len(parts) == 5:
+        found.end = (int(parts[3]), float(parts[4]))
+        return node
+    return None
+
+
+# -- argv ---------------------------------------------------------------------------------------
+
+def allocation_options(settings: LaunchSettings, *, minutes: Optional[int] = None) -> list[str]:
+    """Where srun runs: a step of the current allocation, or a job of its own from the inventory's
+    partition, account, reservation and time limit (the shorter of it and `minutes`)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        return [f"--jobid={job}", "--overlap"] + ([f"--time={minutes}"] if minutes else [])
+    options = [f"--partition={settings.partition}"] if settings.partition else []
+    options += [f"--account={settings.account}"] if settings.account else []
+    options += [f"--reservation={settings.reservation}"] if settings.reservation else []
+    limits = [m for m in (minutes, settings.time_limit_min) if m]
+    return options + ([f"--time={min(limits)}"] if limits else [])
+
+
+def minutes_for(seconds: float) -> int:
+    """srun's --time in whole minutes, beyond the node-side timeout and its kill grace."""
+    return max(1, math.ceil((seconds + HARNESS_GRACE_S) / 60))
+
+
+def batch_argv(nodes: Sequence[str], python: str, settings: LaunchSettings, *, name: str,
+               timeout: float) -> list[str]:
+    """One task on each node, each running the dispatcher with the batch on its stdin."""
+    return [SRUN, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--immediate={IMMEDIATE_S}",
+            f"--job-name={name}", "--input=all", "--kill-on-bad-exit=0", "--quiet",
+            *allocation_options(settings, minutes=minutes_for(timeout)), python, "-c", DISPATCH]
+
+
+@dataclass(frozen=True)
+class SrunLauncher(Launcher):
+    """`srun` as the launcher of multi-node jobs: ranks_per_node tasks on each host, started from
+    wherever a Slurm client is (the harness's machine or the first host), bounded by --immediate
+    and a --time limit, and named, so that a cancel finds the step."""
+
+    settings: LaunchSettings = field(default_factory=LaunchSettings)
+    job_name: str = field(default_factory=lambda: JOB_PREFIX + secrets.token_hex(6))
+    time_min: Optional[int] = None
+    label: bool = False  # prefix each line with its task id (srun -v then says which host has which)
+
+    name = "srun"
+    starts_on = "first"
+
+    def argv(self, hosts, ranks_per_node, command):
+        self._check(hosts, ranks_per_node, command)
+        argv = [SRUN, f"--nodelist={','.join(hosts)}", f"--nodes={len(hosts)}",
+                f"--ntasks={len(hosts) * ranks_per_node}", f"--ntasks-per-node={ranks_per_node}",
+                f"--immediate={IMMEDIATE_S}", f"--job-name={self.job_name}", "--kill-on-bad-exit=1",
+                *allocation_options(self.settings, minutes=self.time_min)]
+        if self.label:
+            argv += ["--label", "--verbose"]
+        return argv + list(command)
+
+
+# -- running Slurm's clients ------------------------------------------------------------------
+
+def client(argv: Sequence[str], *, timeout: float = CLIENT_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run sinfo/scontrol/squeue/scancel here; a missing client or a hang is a SlurmError."""
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError(f"`{argv[0]}` is not installed here: the slurm engine needs Slurm's "
+                         "clients on the harness's machine") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{shlex.join(argv)}` did not answer within {timeout:g} s") from None
+
+
+def node_states(nodes: Sequence[str]) -> dict[str, NodeState]:
+    """What Slurm says of each node now; a node it does not know is left out."""
+    done = client([SINFO, "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%t|%E"])
+    if done.returncode != 0:
+        raise SlurmError(f"sinfo exited {done.returncode}: {_last_line(done.stderr)}")
+    return parse_sinfo_nodes(done.stdout)
+
+
+def partition_nodes(partition: str) -> list[str]:
+    """The nodes of a partition, as the live Slurm says (`sinfo -p`, `scontrol show hostnames`)."""
+    done = client([SINFO, "-h", "-p", partition, "-o", "%N"])
+    if done.returncode != 0:
+        raise SlurmError(f"sinfo -p {partition} exited {done.returncode}: {_last_line(done.stderr)}")
+    listed = ",".join(line.strip() for line in done.stdout.splitlines() if line.strip())
+    if not listed:
+        known = client([SINFO, "-h", "-o", "%R"]).stdout.split()
+        raise SlurmError(f"sinfo knows no partition {partition!r} (it has {', '.join(known) or 'none'})")
+    names = client([SCONTROL, "show", "hostnames", listed])
+    if names.returncode != 0:
+        raise SlurmError(f"scontrol show hostnames exited {names.returncode}: {_last_line(names.stderr)}")
+    return list(dict.fromkeys(parse_hostnames(names.stdout)))
+
+
+def cancel(name: str) -> None:
+    """scancel every job and step named `name` (ours are unique): their tasks die on every node."""
+    steps = client([SQUEUE, "-h", "-s", "-o", "%i|%j"])
+    ids = [line.split("|", 1)[0] for line in steps.stdout.splitlines()
+           if line.partition("|")[2].strip() == name]
+    if ids:
+        client([SCANCEL, *ids])
+    if not os.environ.get("SLURM_JOB_ID"):  # our own job, maybe still pending
+        client([SCANCEL, f"--name={name}"])
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[-1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_here(argv: Sequence[str], *, name: str, timeout: float, node: str = "slurm",
+             stdin: Optional[str] = None) -> Result:
+    """Run an srun (a launcher's argv) on this machine; on timeout, Ctrl-C or SIGTERM the step
+    named `name` is cancelled, so nothing of it stays on the nodes."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                errors="replace", start_new_session=True)
+    except OSError as exc:
+        return Result(node, argv[0], None, "", "", 0.0, failure="error", detail=str(exc))
+    try:
+        stdout, stderr = proc.communicate(stdin, timeout=timeout + HARNESS_GRACE_S + IMMEDIATE_S)
+    except subprocess.TimeoutExpired:
+        cancel(name)
+        _stop(proc)
+        stdout, stderr = proc.communicate()
+        return Result(node, argv[0], None, stdout, stderr, time.monotonic() - started, timed_out=True,
+                      full_command=shlex.join(argv))
+    except BaseException:
+        cancel(name)
+        _stop(proc)
+        raise
+    return Result(node, argv[0], proc.returncode, stdout, stderr, time.monotonic() - started,
+                  full_command=shlex.join(argv))
+
+
+_TASK_EXIT = re.compile(r"error: (\S+?): tasks? ([\d,-]+): (?:Exited with exit code (\d+)|(.+))$")
+
+
+def parse_task_exits(stderr: str) -> dict[str, str]:
+    """{node: what srun said} from its `srun: error: NODE: task N: Exited with exit code C` (or
+    `Killed`, `Terminated`, ...) lines: the nodes whose tasks did not end well."""
+    exits: dict[str, str] = {}
+    for line in stderr.splitlines():
+        match = _TASK_EXIT.search(line)
+        if match:
+            exits.setdefault(match.group(1), f"exit code {match.group(3)}" if match.group(3)
+                             else match.group(4).strip())
+    return exits
+
+
+def torchrun_across(transports: Mapping[str, Transport], torchrun_argv: Sequence[str], *,
+                    settings: LaunchSettings, marker: str, timeout: float,
+                    env: Optional[Mapping[str, str]] = None) -> "Launch":
+    """torchrun on every node as one srun step (one task per node, torchrun starts the ranks),
+    from this machine; each node's Result is its labelled lines. The step is named by the run's
+    marker, so a timeout or Ctrl-C cancels it, and leftovers are looked for on every node."""
+    from runners.torchrun import Launch, find_leftovers
+
+    nodes = list(transports)
+    seconds = max(1, int(round(timeout)))
+    command = ["env", *(f"{k}={v}" for k, v in (env or {}).items()),
+               "timeout", "-k", "5", str(seconds), *torchrun_argv]
+    launcher = SrunLauncher(settings=settings, job_name=marker, time_min=minutes_for(timeout), label=True)
+    argv = launcher.argv(nodes, 1, command)
+    step = run_here(argv, name=marker, timeout=timeout, node=nodes[0])
+    hosts = parse_task_hosts(step.stderr)
+    stdout, stderr = split_labelled(step.stdout, hosts), split_labelled(step.stderr, hosts)
+    exits = parse_task_exits(step.stderr)
+    launch_failed = parse_launch_failures(step.stderr)
+    results = {}
+    for node in nodes:
+        if node in launch_failed:
+            result = Result(node, "srun torchrun", None, "", "", step.duration_s, failure="unreachable",
+                            detail=f"Slurm could not start the task on {node}: {launch_failed[node]}")
+        elif step.timed_out or step.exit_code is None:
+            result = Result(node, "srun torchrun", None, stdout.get(node, ""), stderr.get(node, ""),
+                            step.duration_s, timed_out=step.timed_out, failure=step.failure, detail=step.detail)
+        else:
+            said = exits.get(node)
+            code = 0 if said is None else int(said.split()[-1]) if said.startswith("exit code") else 137
+            if node not in hosts and said is None:  # the step never reached it
+                code = step.exit_code or 1
+            result = Result(node, "srun torchrun", code, stdout.get(node, ""),
+                            stderr.get(node, "") or (step.stderr if code else ""), step.duration_s,
+                            timed_out=node_timed_out(code, step.duration_s, timeout))
+        results[node] = dataclasses.replace(result, full_command=step.full_command)
+    first = next((node for node in nodes if not results[node].ok), None)
+    return Launch(results, first, (), find_leftovers(transports, marker), marker)
+
+
+# -- the transport ------------------------------------------------------------------------------
+
+@dataclass
+class _Entry:
+    node: Node
+    command: list[str]
+    display: str
+    stdin: Optional[str]
+    timeout: float
+    tag: str
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Optional[Result] = None
+
+
+class _Batch:
+    """The commands of one srun: filled for a moment, then run by the thread that opened it."""
+
+    def __init__(self, python: str):
+        self.python = python
+        self.name = JOB_PREFIX + secrets.token_hex(6)
+        self.entries: dict[str, _Entry] = {}
+        self.opened = time.monotonic()
+        self.last = self.opened
+        self.closed = False
+        self.cancelled = False
+
+
+class SlurmSteps:
+    """Batches the per-node commands of a session's slurm transports into sruns (module docstring)."""
+
+    def __init__(self, settings: LaunchSettings):
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._open: dict[str, _Batch] = {}  # interpreter -> the batch still taking commands
+        self._running: dict[str, _Batch] = {}  # tag -> the batch its command is in
+
+    def submit(self, entry: _Entry) -> Result:
+        with self._lock:
+            batch = self._open.get(entry.node.python)
+            leader = batch is None or entry.node.name in batch.entries
+            if leader:
+                batch = _Batch(entry.node.python)
+                self._open[entry.node.python] = batch
+            assert batch is not None
+            batch.entries[entry.node.name] = entry
+            batch.last = time.monotonic()
+            self._running[entry.tag] = batch
+        try:
+            if leader:
+                self._fill(batch)
+                self._run(batch)
+            entry.done.wait()
+            assert entry.result is not None
+            return entry.result
+        finally:
+            with self._lock:
+                self._running.pop(entry.tag, None)
+
+    def cancel(self, tag: str) -> None:
+        """Cancel the srun that runs the command tagged `tag` (with every node's part of it)."""
+        with self._lock:
+            batch = self._running.get(tag)
+            if batch is None or batch.cancelled:
+                return
+            batch.cancelled = True
+        cancel(batch.name)
+
+    def _fill(self, batch: _Batch) -> None:
+        """Let the other nodes of the same fan-out join, then close the batch."""
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                if now - batch.last >= BATCH_QUIET_S or now - batch.opened >= BATCH_MAX_WAIT_S:
+                    batch.closed = True
+                    if self._open.get(batch.python) is batch:
+                        del self._open[batch.python]
+                    return
+            time.sleep(BATCH_QUIET_S / 2)
+
+    def _run(self, batch: _Batch) -> None:
+        entries = dict(batch.entries)
+        try:
+            try:
+                states = node_states(list(entries))
+            except SlurmError as exc:
+                for entry in entries.values():
+                    _finish(entry, failure="error", detail=str(exc))
+                return
+            ready = {}
+            for name, entry in entries.items():
+                state = states.get(name)
+                if state is None:
+                    _finish(entry, failure="unreachable", detail=f"Slurm knows no node {name}")
+                elif not state.usable:
+                    _finish(entry, failure="unreachable", detail=state.explain())
+                else:
+                    ready[name] = entry
+            if ready:
+                self._srun(batch, ready)
+        except BaseException as exc:
+            for entry in entries.values():
+                _finish(entry, failure="error", detail=f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _srun(self, batch: _Batch, entries: dict[str, _Entry]) -> None:
+        inputs: list[str] = []
+        jobs = {}
+        for name, entry in entries.items():
+            index = None
+            if entry.stdin is not None:
+                if entry.stdin not in inputs:
+                    inputs.append(entry.stdin)
+                index = inputs.index(entry.stdin)
+            jobs[name] = {"argv": entry.command, "stdin": index}
+        timeout = max(entry.timeout for entry in entries.values())
+        argv = batch_argv(list(entries), batch.python, self.settings, name=batch.name, timeout=timeout)
+        payload = json.dumps({"inputs": inputs, "nodes": jobs})
+        started = time.monotonic()
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace",
+                                start_new_session=True)
+        errors: list[str] = []
+        helpers = [threading.Thread(target=_feed, args=(proc, payload), daemon=True),
+                   threading.Thread(target=lambda: errors.extend(proc.stderr or []), daemon=True)]
+        for helper in helpers:
+            helper.start()
+        deadline = threading.Timer(timeout + HARNESS_GRACE_S + IMMEDIATE_S, self._expire, (batch, proc))
+        deadline.daemon = True
+        deadline.start()
+        frames: dict[str, Frames] = {}
+        try:
+            for line in proc.stdout or []:
+                node = read_frame(line, frames)
+                if node in entries and not entries[node].done.is_set():
+                    _finish_framed(entries[node], frames[node])
+            proc.wait()
+        except BaseException:  # Ctrl-C where this thread is the main one: nothing stays behind
+            batch.cancelled = True
+            cancel(batch.name)
+            _stop(proc)
+            raise
+        finally:
+            deadline.cancel()
+            for helper in helpers:
+                helper.join(5)
+        stderr = "".join(errors)
+        expired = batch.cancelled
+        failed = parse_launch_failures(stderr)
+        missing = [name for name, entry in entries.items() if not entry.done.is_set()]
+        states = _states_or_none(missing) if missing and not expired else {}
+        for name in missing:
+            entry, state = entries[name], states.get(name)
+            frame = frames.get(name, Frames())
+            partial = (frame.text("out"), frame.text("err"))
+            if expired:
+                _finish(entry, timed_out=True, duration=time.monotonic() - started, output=partial,
+                        detail=f"srun step {batch.name} cancelled")
+            elif name in failed:
+                _finish(entry, failure="unreachable", detail=f"Slurm could not start the task on {name}: "
+                        f"{failed[name]}" + (f"; {state.explain()}" if state else ""))
+            elif state is not None and not state.usable:
+                _finish(entry, failure="unreachable", detail=state.explain())
+            else:
+                _finish(entry, failure="error", detail=f"srun exited {proc.returncode} without "
+                        f"{name}'s result: {_last_line(stderr) or 'no message'}", output=partial)
+
+    def _expire(self, batch: _Batch, proc: subprocess.Popen) -> None:
+        """The harness-side deadline: cancel the step, then make sure srun itself is gone."""
+        batch.cancelled = True
+        try:
+            cancel(batch.name)
+        finally:
+            try:
+                proc.wait(KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+
+
+KILL_WAIT_S = 10  # how long srun may take to end after its step was cancelled
+
+
+def _feed(proc: subprocess.Popen, payload: str) -> None:
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(payload)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _states_or_none(nodes: Sequence[str]) -> dict[str, NodeState]:
+    try:
+        return node_states(nodes)
+    except SlurmError:
+        return {}
+
+
+def _finish(entry: _Entry, *, failure: Optional[str] = None, detail: str = "", timed_out: bool = False,
+            duration: float = 0.0, output: tuple[str, str] = ("", "")) -> None:
+    entry.result = Result(entry.node.name, entry.display, None, output[0], output[1], duration,
+                          timed_out=timed_out, failure=failure, detail=detail)
+    entry.done.set()
+
+
+def _finish_framed(entry: _Entry, frames: Frames) -> None:
+    assert frames.end is not None
+    code, duration = frames.end
+    entry.result = Result(entry.node.name, entry.display, code, frames.text("out"), frames.text("err"),
+                          duration, timed_out=node_timed_out(code, duration, entry.timeout))
+    entry.done.set()
+
+
+class SlurmTransport(Transport):
+    """A node reached through Slurm: its commands go into the session's srun batches (SlurmSteps)."""
+
+    def __init__(self, node: Node, steps: SlurmSteps):
+        super().__init__(node)
+        self.steps = steps
+
+    def _open(self) -> Lease:
+        with self._lock:
+            if self._lease is None:
+                self._lease = Lease(new_tag())  # slurmstepd is the watchdog: a step's tasks end with it
+            return self._lease
+
+    def _execute(self, lease, command, *, display, stdin, timeout):
+        tag = next((word.split("=", 1)[1] for word in command if word.startswith("HANDOVER_TAG=")), new_tag())
+        return self.steps.submit(_Entry(self.node, list(command), display, stdin, timeout, tag))
+
+    def kill(self, tag: str, *, root: bool = False) -> None:
+        """scancel the step the command is in; Slurm kills its tasks on every node."""
+        try:
+            self.steps.cancel(tag)
+        except SlurmError:  # best effort: --time and the node-side timeout still bound the work
+            pass
