@@ -79,5 +79,8 @@ class ClusterRun:
         return self._raw.get((step, node), [])
 
     def close(self) -> None:
+        slurm = {name: t for name, t in self._transports.items() if isinstance(t, SlurmTransport)}
+        if slurm:  # one srun for every node: what escaped Slurm's tracking (lock holders) ends
+            fan_out(slurm, lambda transport: slurm[transport.node.name].release(), name="release")
         for transport in self._transports.values():
             transport.close()

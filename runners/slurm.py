@@ -38,17 +38,24 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-import hostlist
-
 from inventory.model import LaunchSettings, Node
 from runners.launchers import Launcher
 from runners.parsing import ParseError
-from runners.transport import HARNESS_GRACE_S, Lease, Result, Transport, new_tag, node_timed_out
+from runners.transport import (
+    HARNESS_GRACE_S,
+    LEASE_VARIABLE,
+    Lease,
+    Result,
+    Transport,
+    kill_argv,
+    new_tag,
+    node_timed_out,
+)
 
 if TYPE_CHECKING:
     from runners.torchrun import Launch
 
-SRUN, SINFO, SCONTROL, SCANCEL, SQUEUE = "srun", "sinfo", "scontrol", "scancel", "squeue"
+SRUN, SINFO, SCANCEL, SQUEUE = "srun", "sinfo", "scancel", "squeue"
 JOB_PREFIX = "handover-"
 IMMEDIATE_S = 30  # how long srun may wait for its nodes before it gives up (--immediate)
 CLIENT_TIMEOUT_S = 30  # sinfo, scontrol, squeue, scancel
@@ -61,9 +68,6 @@ USABLE_STATES = ("idle", "mix", "alloc", "comp", "resv", "plnd")
 # % powering down, $ maintenance reservation, @ pending reboot, ^ reboot issued, - planned
 _STATE_FLAGS = "*~#!%$@^-"
 _LAUNCH_FAILED = re.compile(r"Task launch for StepId=\S+ failed on node (\S+?): (.+)$")
-_LAUNCHING = re.compile(r"launching StepId=\S+ on host (\S+?), \d+ tasks: ([\d,-]+)")
-_LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")
-_GRANTED = re.compile(r"Granted job allocation (\d+)")
 
 # Runs on every node of a batch with the node's interpreter; its text is fixed, the batch is data.
 DISPATCH = r"""
@@ -90,6 +94,7 @@ if job is not None:
     code = 128 - code if code < 0 else code
     sys.stdout.write("@hov %s end %d %.3f\n" % (me, code, time.monotonic() - started))
     sys.stdout.flush()
+    sys.exit(code)
 """.replace("CHUNK", str(FRAME_CHUNK))
 
 
@@ -132,15 +137,6 @@ def parse_sinfo_nodes(text: str) -> dict[str, NodeState]:
     return states
 
 
-def parse_hostnames(text: str) -> list[str]:
-    """`scontrol show hostnames` (or sinfo %n): one name a line."""
-    names = [line.strip() for line in text.splitlines() if line.strip()]
-    bad = [name for name in names if len(name.split()) != 1]
-    if bad:
-        raise ParseError(f"not a host name: {bad[0]!r}")
-    return names
-
-
 def parse_launch_failures(stderr: str) -> dict[str, str]:
     """{node: why} from srun's `Task launch for StepId=... failed on node X: WHY` lines."""
     failures: dict[str, str] = {}
@@ -149,35 +145,6 @@ def parse_launch_failures(stderr: str) -> dict[str, str]:
         if match:
             failures.setdefault(match.group(1), match.group(2).strip())
     return failures
-
-
-def parse_task_hosts(stderr: str) -> dict[int, str]:
-    """{task id: node} from `srun -v`'s `launching StepId=J.S on host X, N tasks: 0-1` lines."""
-    hosts = {}
-    for line in stderr.splitlines():
-        match = _LAUNCHING.search(line)
-        if match:
-            for task in hostlist.expand_hostlist(f"[{match.group(2)}]"):
-                hosts[int(task)] = match.group(1)
-    return hosts
-
-
-def split_labelled(text: str, hosts: Mapping[int, str]) -> dict[str, str]:
-    """{node: its lines} of `srun --label` output; unlabelled lines (srun's own) are left out."""
-    lines: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        match = _LABELLED.match(line)
-        if match and int(match.group(1)) in hosts:
-            lines.setdefault(hosts[int(match.group(1))], []).append(match.group(2))
-    return {node: "".join(f"{line}\n" for line in found) for node, found in lines.items()}
-
-
-def parse_granted(stderr: str) -> str:
-    """The job id in salloc's `Granted job allocation N`."""
-    match = _GRANTED.search(stderr)
-    if not match:
-        raise ParseError("salloc did not say `Granted job allocation N`")
-    return match.group(1)
 
 
 @dataclass
@@ -246,7 +213,7 @@ class SrunLauncher(Launcher):
     settings: LaunchSettings = field(default_factory=LaunchSettings)
     job_name: str = field(default_factory=lambda: JOB_PREFIX + secrets.token_hex(6))
     time_min: Optional[int] = None
-    label: bool = False  # prefix each line with its task id (srun -v then says which host has which)
+    options: tuple[str, ...] = ()  # further srun options, before the command
 
     name = "srun"
     starts_on = "first"
@@ -256,9 +223,7 @@ class SrunLauncher(Launcher):
         argv = [SRUN, f"--nodelist={','.join(hosts)}", f"--nodes={len(hosts)}",
                 f"--ntasks={len(hosts) * ranks_per_node}", f"--ntasks-per-node={ranks_per_node}",
                 f"--immediate={IMMEDIATE_S}", f"--job-name={self.job_name}", "--kill-on-bad-exit=1",
-                *allocation_options(self.settings, minutes=self.time_min)]
-        if self.label:
-            argv += ["--label", "--verbose"]
+                *allocation_options(self.settings, minutes=self.time_min), *self.options]
         return argv + list(command)
 
 
@@ -282,21 +247,6 @@ def node_states(nodes: Sequence[str]) -> dict[str, NodeState]:
     if done.returncode != 0:
         raise SlurmError(f"sinfo exited {done.returncode}: {_last_line(done.stderr)}")
     return parse_sinfo_nodes(done.stdout)
-
-
-def partition_nodes(partition: str) -> list[str]:
-    """The nodes of a partition, as the live Slurm says (`sinfo -p`, `scontrol show hostnames`)."""
-    done = client([SINFO, "-h", "-p", partition, "-o", "%N"])
-    if done.returncode != 0:
-        raise SlurmError(f"sinfo -p {partition} exited {done.returncode}: {_last_line(done.stderr)}")
-    listed = ",".join(line.strip() for line in done.stdout.splitlines() if line.strip())
-    if not listed:
-        known = client([SINFO, "-h", "-o", "%R"]).stdout.split()
-        raise SlurmError(f"sinfo knows no partition {partition!r} (it has {', '.join(known) or 'none'})")
-    names = client([SCONTROL, "show", "hostnames", listed])
-    if names.returncode != 0:
-        raise SlurmError(f"scontrol show hostnames exited {names.returncode}: {_last_line(names.stderr)}")
-    return list(dict.fromkeys(parse_hostnames(names.stdout)))
 
 
 def cancel(name: str) -> None:
@@ -348,59 +298,57 @@ def run_here(argv: Sequence[str], *, name: str, timeout: float, node: str = "slu
                   full_command=shlex.join(argv))
 
 
-_TASK_EXIT = re.compile(r"error: (\S+?): tasks? ([\d,-]+): (?:Exited with exit code (\d+)|(.+))$")
-
-
-def parse_task_exits(stderr: str) -> dict[str, str]:
-    """{node: what srun said} from its `srun: error: NODE: task N: Exited with exit code C` (or
-    `Killed`, `Terminated`, ...) lines: the nodes whose tasks did not end well."""
-    exits: dict[str, str] = {}
-    for line in stderr.splitlines():
-        match = _TASK_EXIT.search(line)
-        if match:
-            exits.setdefault(match.group(1), f"exit code {match.group(3)}" if match.group(3)
-                             else match.group(4).strip())
-    return exits
-
-
 def torchrun_across(transports: Mapping[str, Transport], torchrun_argv: Sequence[str], *,
                     settings: LaunchSettings, marker: str, timeout: float,
                     env: Optional[Mapping[str, str]] = None) -> "Launch":
     """torchrun on every node as one srun step (one task per node, torchrun starts the ranks),
-    from this machine; each node's Result is its labelled lines. The step is named by the run's
-    marker, so a timeout or Ctrl-C cancels it, and leftovers are looked for on every node."""
+    from this machine. Each task runs under the dispatcher, so each node's output comes back
+    whole and apart (srun cuts long lines). The step is named by the run's marker, so a timeout
+    or Ctrl-C cancels it; --kill-on-bad-exit ends the others when one node's torchrun fails;
+    leftovers are looked for on every node afterwards."""
     from runners.torchrun import Launch, find_leftovers
 
     nodes = list(transports)
     seconds = max(1, int(round(timeout)))
     command = ["env", *(f"{k}={v}" for k, v in (env or {}).items()),
                "timeout", "-k", "5", str(seconds), *torchrun_argv]
-    launcher = SrunLauncher(settings=settings, job_name=marker, time_min=minutes_for(timeout), label=True)
-    argv = launcher.argv(nodes, 1, command)
-    step = run_here(argv, name=marker, timeout=timeout, node=nodes[0])
-    hosts = parse_task_hosts(step.stderr)
-    stdout, stderr = split_labelled(step.stdout, hosts), split_labelled(step.stderr, hosts)
-    exits = parse_task_exits(step.stderr)
-    launch_failed = parse_launch_failures(step.stderr)
+    python = transports[nodes[0]].node.python
+    launcher = SrunLauncher(settings=settings, job_name=marker, time_min=minutes_for(timeout),
+                            options=("--input=all",))
+    argv = launcher.argv(nodes, 1, [python, "-c", DISPATCH])
+    batch = json.dumps({"inputs": [], "nodes": {node: {"argv": command, "stdin": None} for node in nodes}})
+    step = run_here(argv, name=marker, timeout=timeout, node=nodes[0], stdin=batch)
+    frames: dict[str, Frames] = {}
+    for line in step.stdout.splitlines():
+        read_frame(line, frames)
+    failed = parse_launch_failures(step.stderr)
+    shown = shlex.join(argv[:argv.index("-c") + 1] + ["<dispatcher>", *command])
     results = {}
     for node in nodes:
-        if node in launch_failed:
+        found = frames.get(node, Frames())
+        if found.end is not None:
+            code, duration = found.end
+            result = Result(node, "srun torchrun", code, found.text("out"), found.text("err"), duration,
+                            timed_out=node_timed_out(code, duration, timeout))
+        elif node in failed:
             result = Result(node, "srun torchrun", None, "", "", step.duration_s, failure="unreachable",
-                            detail=f"Slurm could not start the task on {node}: {launch_failed[node]}")
-        elif step.timed_out or step.exit_code is None:
-            result = Result(node, "srun torchrun", None, stdout.get(node, ""), stderr.get(node, ""),
-                            step.duration_s, timed_out=step.timed_out, failure=step.failure, detail=step.detail)
+                            detail=f"Slurm could not start the task on {node}: {failed[node]}")
         else:
-            said = exits.get(node)
-            code = 0 if said is None else int(said.split()[-1]) if said.startswith("exit code") else 137
-            if node not in hosts and said is None:  # the step never reached it
-                code = step.exit_code or 1
-            result = Result(node, "srun torchrun", code, stdout.get(node, ""),
-                            stderr.get(node, "") or (step.stderr if code else ""), step.duration_s,
-                            timed_out=node_timed_out(code, step.duration_s, timeout))
-        results[node] = dataclasses.replace(result, full_command=step.full_command)
+            result = Result(node, "srun torchrun", None, found.text("out"), found.text("err") or step.stderr,
+                            step.duration_s, timed_out=step.timed_out, failure=step.failure or (
+                                None if step.timed_out else "error"),
+                            detail=step.detail or f"srun exited {step.exit_code} without {node}'s result: "
+                                                  f"{_last_line(step.stderr) or 'no message'}")
+        results[node] = dataclasses.replace(result, full_command=shown)
     first = next((node for node in nodes if not results[node].ok), None)
     return Launch(results, first, (), find_leftovers(transports, marker), marker)
+
+
+def lease_kill_argv(lease: str, *, root: bool) -> list[str]:
+    """runners.transport's kill of everything tagged, for a lease's tag instead of a command's."""
+    argv = kill_argv("", root=root)
+    argv[-1] = f"{LEASE_VARIABLE}={lease}"
+    return argv
 
 
 # -- the transport ------------------------------------------------------------------------------
@@ -631,6 +579,15 @@ class SlurmTransport(Transport):
     def _execute(self, lease, command, *, display, stdin, timeout):
         tag = next((word.split("=", 1)[1] for word in command if word.startswith("HANDOVER_TAG=")), new_tag())
         return self.steps.submit(_Entry(self.node, list(command), display, stdin, timeout, tag))
+
+    def release(self) -> Result:
+        """Kill what our steps left running on the node (node locks' holders: a process that left
+        its task's tree escapes Slurm's process tracking), by the lease's tag, as the SSH lease does."""
+        lease = self._lease
+        if lease is None:
+            return Result(self.node.name, "release", 0, "", "", 0.0)
+        return self._execute(lease, lease_kill_argv(lease.tag, root=self.node.sudo), display="release",
+                             stdin=None, timeout=CLIENT_TIMEOUT_S)
 
     def kill(self, tag: str, *, root: bool = False) -> None:
         """scancel the step the command is in; Slurm kills its tasks on every node."""

@@ -563,7 +563,7 @@ class SlurmCluster:
     SlurmdTimeout is short, so a stopped slurmd is `down*` (Not responding) within seconds.
     """
 
-    def __init__(self, nodes: NamespaceCluster, *, partition: str = "debug", slurmd_timeout_s: int = 6,
+    def __init__(self, nodes: NamespaceCluster, *, partition: str = "debug", slurmd_timeout_s: int = 4,
                  start_timeout: float = 60.0):
         if not nodes.nodes:
             raise ValueError("start the namespace cluster first")
