@@ -998,14 +998,17 @@ _TIME_LIMIT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?")
 def _time_limit(at: _At) -> int:
     """launch.time_limit: whole minutes (an integer), or Slurm's [D-]HH:MM[:SS]; rounded up."""
     text = _string(at)  # as written: YAML 1.1 would read 1:30:00 as a base-60 integer
+    usage = f"time_limit {text!r}: give minutes (e.g. 30) or Slurm's [D-]HH:MM[:SS]"
     if ":" not in text:
+        if at.node.tag != _INT:
+            raise at.error(usage)
         minutes = _integer(at)
         if minutes < 1:
             raise at.error(f"time_limit must be at least 1 minute, got {minutes}")
         return minutes
     match = _TIME_LIMIT.fullmatch(text)
     if not match:
-        raise at.error(f"time_limit {text!r}: give minutes (e.g. 30) or Slurm's [D-]HH:MM[:SS]")
+        raise at.error(usage)
     days, hours, minutes, seconds = (int(part) if part else 0 for part in match.groups())
     total = days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
     if total < 1:
@@ -1013,16 +1016,18 @@ def _time_limit(at: _At) -> int:
     return total
 
 
-def _launch(at: _At) -> LaunchSettings:
-    """launch: the engine of multi-node jobs and, for slurm, the allocation to ask for."""
+def _launch(at: _At, transport: str) -> LaunchSettings:
+    """launch: the engine of multi-node jobs and, where Slurm runs them or the per-node checks,
+    the allocation to ask for."""
     fields = _fields(at, LAUNCH_KEYS)
     engine = _choice(fields["engine"], "engine", ENGINES) if "engine" in fields else "default"
     slurm: dict[str, Any] = {}
     for key in SLURM_LAUNCH_KEYS:
         if key not in fields:
             continue
-        if engine != "slurm":
-            raise fields[key].error(f"launch.{key} is a Slurm setting; it needs engine: slurm")
+        if engine != "slurm" and transport != "slurm":
+            raise fields[key].error(f"launch.{key} is a Slurm setting; it needs engine: slurm "
+                                    "or transport: slurm")
         if key == "time_limit":
             slurm["time_limit_min"] = _time_limit(fields[key])
             continue
@@ -1114,7 +1119,7 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
             )
         )
 
-    launch = _launch(fields["launch"]) if "launch" in fields else LaunchSettings()
+    launch = _launch(fields["launch"], transport) if "launch" in fields else LaunchSettings()
     return Cluster(
         name=name,
         profile=profile,

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from inventory.model import LaunchSettings, Node
-from runners.launchers import Launcher
+from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, SrunLauncher, allocation_options
 from runners.parsing import ParseError
 from runners.transport import (
     HARNESS_GRACE_S,
@@ -55,9 +55,7 @@ from runners.transport import (
 if TYPE_CHECKING:
     from runners.torchrun import Launch
 
-SRUN, SINFO, SCANCEL, SQUEUE = "srun", "sinfo", "scancel", "squeue"
-JOB_PREFIX = "handover-"
-IMMEDIATE_S = 30  # how long srun may wait for its nodes before it gives up (--immediate)
+SINFO, SCANCEL, SQUEUE = "sinfo", "scancel", "squeue"
 CLIENT_TIMEOUT_S = 30  # sinfo, scontrol, squeue, scancel
 BATCH_QUIET_S = 0.05  # a batch closes once no node's command came for this long ...
 BATCH_MAX_WAIT_S = 0.5  # ... or this long after its first
@@ -177,19 +175,6 @@ def read_frame(line: str, frames: dict[str, Frames]) -> Optional[str]:
 
 # -- argv ---------------------------------------------------------------------------------------
 
-def allocation_options(settings: LaunchSettings, *, minutes: Optional[int] = None) -> list[str]:
-    """Where srun runs: a step of the current allocation, or a job of its own from the inventory's
-    partition, account, reservation and time limit (the shorter of it and `minutes`)."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if job:
-        return [f"--jobid={job}", "--overlap"] + ([f"--time={minutes}"] if minutes else [])
-    options = [f"--partition={settings.partition}"] if settings.partition else []
-    options += [f"--account={settings.account}"] if settings.account else []
-    options += [f"--reservation={settings.reservation}"] if settings.reservation else []
-    limits = [m for m in (minutes, settings.time_limit_min) if m]
-    return options + ([f"--time={min(limits)}"] if limits else [])
-
-
 def minutes_for(seconds: float) -> int:
     """srun's --time in whole minutes, beyond the node-side timeout and its kill grace."""
     return max(1, math.ceil((seconds + HARNESS_GRACE_S) / 60))
@@ -202,29 +187,6 @@ def batch_argv(nodes: Sequence[str], python: str, settings: LaunchSettings, *, n
             f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--immediate={IMMEDIATE_S}",
             f"--job-name={name}", "--input=all", "--kill-on-bad-exit=0", "--quiet",
             *allocation_options(settings, minutes=minutes_for(timeout)), python, "-c", DISPATCH]
-
-
-@dataclass(frozen=True)
-class SrunLauncher(Launcher):
-    """`srun` as the launcher of multi-node jobs: ranks_per_node tasks on each host, started from
-    wherever a Slurm client is (the harness's machine or the first host), bounded by --immediate
-    and a --time limit, and named, so that a cancel finds the step."""
-
-    settings: LaunchSettings = field(default_factory=LaunchSettings)
-    job_name: str = field(default_factory=lambda: JOB_PREFIX + secrets.token_hex(6))
-    time_min: Optional[int] = None
-    options: tuple[str, ...] = ()  # further srun options, before the command
-
-    name = "srun"
-    starts_on = "first"
-
-    def argv(self, hosts, ranks_per_node, command):
-        self._check(hosts, ranks_per_node, command)
-        argv = [SRUN, f"--nodelist={','.join(hosts)}", f"--nodes={len(hosts)}",
-                f"--ntasks={len(hosts) * ranks_per_node}", f"--ntasks-per-node={ranks_per_node}",
-                f"--immediate={IMMEDIATE_S}", f"--job-name={self.job_name}", "--kill-on-bad-exit=1",
-                *allocation_options(self.settings, minutes=self.time_min), *self.options]
-        return argv + list(command)
 
 
 # -- running Slurm's clients ------------------------------------------------------------------
