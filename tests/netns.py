@@ -692,11 +692,16 @@ class SlurmCluster:
         done = self.client("squeue", "-h", "-s", "-o", "%i %j %N")
         return [line for line in done.stdout.splitlines() if line.strip()]
 
+    def kill_slurmd(self, name: str) -> None:
+        """Kill the node's slurmd (again: a no-op); slurmctld notices within a few SlurmdTimeouts."""
+        proc = self._slurmds[name]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
     def stop_slurmd(self, name: str, *, wait_for: str = "down*") -> None:
         """Kill the node's slurmd and wait until slurmctld calls it `wait_for` (not responding)."""
-        proc = self._slurmds[name]
-        _kill(proc.pid)
-        proc.wait(timeout=5)
+        self.kill_slurmd(name)
         self._wait_for(lambda: self.states().get(name) == wait_for, f"{name} {wait_for}",
                        self.dir / "slurmctld.log")
 

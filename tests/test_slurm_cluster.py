@@ -3,8 +3,8 @@
 The system suite runs through the slurm transport (one srun per step), the training suite's
 cross-node run through the slurm launcher (one srun step), a node whose slurmd is stopped is
 unreachable with Slurm's reason while the others pass, and Ctrl-C during an srun step leaves no
-step in squeue and no task on any node. One Slurm cluster serves the module; the test that stops
-a slurmd comes last.
+step in squeue and no task on any node. One Slurm cluster serves the module, its tests in this
+order: the training run (on node1 and node2) stops node3's slurmd, and the last test finds it down.
 """
 from __future__ import annotations
 
@@ -97,25 +97,6 @@ def test_live_partition_resolves_through_sinfo(slurm_nodes, tmp_path, monkeypatc
                                  "Slurm has no partition 'gpu' (or it has no nodes); partitions: debug")
 
 
-def test_training_across_nodes_through_the_slurm_launcher(slurm_nodes, sign_key, tmp_path):
-    nodes, slurm = slurm_nodes
-    pytest.importorskip("torch")
-    path = inventory(slurm_nodes, tmp_path / "cluster.yaml", engine="slurm", partition=slurm.partition,
-                     time_limit=10)
-    done = run_pytest(slurm, path, tmp_path / "out", sign_key, "-m", "training and quick",
-                      "-k", "training_cluster", "--nodes", "node[1-2]")
-    assert "1 passed" in done.stdout, done.stdout + done.stderr  # the per-node checks were left out
-    run_dir = run_dir_of(tmp_path / "out", "nscluster")
-    results = results_of(run_dir)
-    across = [c for c in results["checks"] if c["check"] == "training_cluster"]
-    assert across and all(c["outcome"] == "passed" for c in across), across
-    raw = "".join(p.read_text() for p in (run_dir / "raw").rglob("*.stdout"))
-    commands = "".join(p.read_text() for p in (run_dir / "raw").rglob("*") if p.is_file())
-    assert "srun --nodelist=node1,node2" in commands and "--partition=debug" in commands
-    assert raw
-    assert slurm.steps() == [] and tasks_on_nodes() == []
-
-
 def test_ctrl_c_during_an_srun_step_leaves_nothing(slurm_nodes, sign_key, tmp_path):
     nodes, slurm = slurm_nodes
     pytest.importorskip("torch")
@@ -138,6 +119,28 @@ def test_ctrl_c_during_an_srun_step_leaves_nothing(slurm_nodes, sign_key, tmp_pa
     assert slurm.steps() == []
     assert tasks_on_nodes() == []
     assert results_of(run_dir_of(tmp_path / "out", "nscluster"))["run"]["interrupted"] is True
+
+
+def test_training_across_nodes_through_the_slurm_launcher(slurm_nodes, sign_key, tmp_path):
+    nodes, slurm = slurm_nodes
+    pytest.importorskip("torch")
+    # For the last test: slurmctld takes a while to call node3 not responding; this run leaves
+    # node3 out, so it takes that while here.
+    slurm.kill_slurmd("node3")
+    path = inventory(slurm_nodes, tmp_path / "cluster.yaml", engine="slurm", partition=slurm.partition,
+                     time_limit=10)
+    done = run_pytest(slurm, path, tmp_path / "out", sign_key, "-m", "training and quick",
+                      "-k", "training_cluster", "--nodes", "node[1-2]")
+    assert "1 passed" in done.stdout, done.stdout + done.stderr  # the per-node checks were left out
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    results = results_of(run_dir)
+    across = [c for c in results["checks"] if c["check"] == "training_cluster"]
+    assert across and all(c["outcome"] == "passed" for c in across), across
+    raw = "".join(p.read_text() for p in (run_dir / "raw").rglob("*.stdout"))
+    commands = "".join(p.read_text() for p in (run_dir / "raw").rglob("*") if p.is_file())
+    assert "srun --nodelist=node1,node2" in commands and "--partition=debug" in commands
+    assert raw
+    assert slurm.steps() == [] and tasks_on_nodes() == []
 
 
 def test_a_node_whose_slurmd_is_stopped_is_unreachable_with_slurms_reason(slurm_nodes, sign_key, tmp_path):
