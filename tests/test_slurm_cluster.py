@@ -17,10 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
+from netns import NamespaceCluster, SlurmCluster, slurm_available
+from nodes import unique_sleep, wait_for_no_leftovers
+from test_e2e import ROOT, results_of, run_dir_of
 
 from inventory.loader import InventoryError, load_inventory
-from tests.netns import NamespaceCluster, SlurmCluster, slurm_available
-from tests.test_e2e import ROOT, results_of, run_dir_of
+from runners.fanout import fan_out
+from runners.slurm import SlurmSteps, SlurmTransport
+from runners.transport import Transport
 
 STEP_WAIT_S = 60  # how long the Ctrl-C test waits for the harness to start an srun step
 
@@ -95,6 +99,23 @@ def test_live_partition_resolves_through_sinfo(slurm_nodes, tmp_path, monkeypatc
         load_inventory(path)
     assert str(caught.value) == (f"{path}:5: nodes[0].slurm: partition 'gpu' from the live Slurm (sinfo): "
                                  "Slurm has no partition 'gpu' (or it has no nodes); partitions: debug")
+
+
+def test_a_fan_out_past_its_deadline_cancels_the_step(slurm_nodes, tmp_path, monkeypatch):
+    """The harness's deadline, not the node's: the srun step is scancelled, its tasks die."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
+    steps = SlurmSteps(cluster.launch)
+    transports: dict[str, Transport] = {n.name: SlurmTransport(n, steps) for n in cluster.nodes}
+    sleep = unique_sleep()
+    results = fan_out(transports, lambda t: t.run(sleep.split(), timeout=300), deadline_s=5)
+    assert all(r.timed_out for r in results.values()), {n: r.status for n, r in results.items()}
+    assert wait_for_no_leftovers(sleep.split()[1]) == []
+    deadline = time.monotonic() + 20
+    while slurm.steps() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slurm.steps() == []
 
 
 def test_ctrl_c_during_an_srun_step_leaves_nothing(slurm_nodes, sign_key, tmp_path):
