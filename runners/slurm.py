@@ -56,7 +56,8 @@ if TYPE_CHECKING:
     from runners.torchrun import Launch
 
 SINFO, SCANCEL, SQUEUE = "sinfo", "scancel", "squeue"
-CLIENT_TIMEOUT_S = 30  # sinfo, scontrol, squeue, scancel
+CLIENT_TIMEOUT_S = 30  # sinfo, squeue, scancel
+KILL_WAIT_S = 10  # how long srun may take to end after its step was cancelled
 BATCH_QUIET_S = 0.05  # a batch closes once no node's command came for this long ...
 BATCH_MAX_WAIT_S = 0.5  # ... or this long after its first
 FRAME_CHUNK = 700  # base64 characters per frame line: well under what Slurm's I/O keeps whole
@@ -192,7 +193,7 @@ def batch_argv(nodes: Sequence[str], python: str, settings: LaunchSettings, *, n
 # -- running Slurm's clients ------------------------------------------------------------------
 
 def client(argv: Sequence[str], *, timeout: float = CLIENT_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run sinfo/scontrol/squeue/scancel here; a missing client or a hang is a SlurmError."""
+    """Run sinfo/squeue/scancel here; a missing client or a hang is a SlurmError."""
     try:
         return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
@@ -490,8 +491,6 @@ class SlurmSteps:
             except subprocess.TimeoutExpired:
                 _stop(proc)
 
-
-KILL_WAIT_S = 10  # how long srun may take to end after its step was cancelled
 
 
 def _feed(proc: subprocess.Popen, payload: str) -> None:
