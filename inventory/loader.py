@@ -29,11 +29,13 @@ import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 
 from inventory.model import (
+    ENGINES,
     HOST_KEY_POLICIES,
     SCRATCH_KINDS,
     TRANSPORTS,
     Cluster,
     Expectations,
+    LaunchSettings,
     Node,
     Profile,
     Reference,
@@ -62,7 +64,8 @@ TOP_LEVEL_KEYS = (
     "cluster", "profile", "transport", "python", "sudo", "ssh", "nodes", "groups", "scratch",
     "references", "launch", "cluster_id", "waivers", "sign_off",
 )
-LAUNCH_KEYS = ("interface",)
+LAUNCH_KEYS = ("interface", "engine", "partition", "account", "reservation", "time_limit")
+SLURM_LAUNCH_KEYS = ("partition", "account", "reservation", "time_limit")
 NODE_KEYS = ("name", "address", "data_address") + NODE_SETTING_KEYS
 GROUP_KEYS = ("nodes",) + NODE_SETTING_KEYS
 SCRATCH_KEYS = ("path", "kind", "destructive")
@@ -748,10 +751,10 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
     The files are read, never run (inventory/slurm_conf.py, inventory/ansible_inventory.py), and
     what they say is data: each node's name, address, and from Ansible its port, user and key, as
     the node's own settings (over the inventory's groups and ssh:). slurm.conf's Port is slurmd's,
-    not SSH's, so it is not used. Resolving a partition through a live `sinfo` is not done here.
+    not SSH's, so it is not used. Without conf:, the partition is read from the live Slurm (`sinfo`).
     """
     from inventory.ansible_inventory import read_ansible_inventory
-    from inventory.slurm_conf import read_slurm_conf
+    from inventory.slurm_conf import live_partition_nodes, read_slurm_conf
     from inventory.source_error import SourceFileError
 
     fields = _fields(item, SOURCE_KEYS)
@@ -762,17 +765,24 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
     try:
         if kind == "slurm":
             spec = _fields(at, ("conf", "partition"), required=("partition",))
-            if "conf" not in spec:
-                raise at.whole_error("partition without conf: reading it from a live sinfo is not supported "
-                                     "yet; give conf: the path of the cluster's slurm.conf")
-            written, name = _string(spec["conf"]), _string(spec["partition"])
-            conf = read_slurm_conf(_path_setting(spec["conf"]))
-            shown = _display_path(Path(conf.path))
-            if name not in conf.partitions:
-                raise spec["partition"].error(_unknown(f"no partition {name!r} in {shown}", name,
-                                                       conf.partitions, "partitions"))
-            source, empty = f"slurm.conf {written} partition {name}", f"partition {name!r} in {shown} has no nodes"
-            found = [(n.name, n.address if n.address_given else None, {}) for n in conf.partition_nodes(name)]
+            name = _string(spec["partition"])
+            if "conf" not in spec:  # the live Slurm this machine is a client of
+                source, empty = f"sinfo partition {name}", f"partition {name!r} has no nodes"
+                try:
+                    live = live_partition_nodes(name)
+                except SourceFileError as exc:
+                    raise at.whole_error(f"partition {name!r} from the live Slurm (sinfo): {exc.problem}") from None
+                found = [(n.name, n.address if n.address_given else None, {}) for n in live]
+            else:
+                written = _string(spec["conf"])
+                conf = read_slurm_conf(_path_setting(spec["conf"]))
+                shown = _display_path(Path(conf.path))
+                if name not in conf.partitions:
+                    raise spec["partition"].error(_unknown(f"no partition {name!r} in {shown}", name,
+                                                           conf.partitions, "partitions"))
+                source = f"slurm.conf {written} partition {name}"
+                empty = f"partition {name!r} in {shown} has no nodes"
+                found = [(n.name, n.address if n.address_given else None, {}) for n in conf.partition_nodes(name)]
         else:
             spec = _fields(at, ("inventory", "group"), required=("inventory", "group"))
             written, name = _string(spec["inventory"]), _string(spec["group"])
@@ -979,6 +989,55 @@ def _launch_interface(at: _At) -> Optional[str]:
     return name
 
 
+# What Slurm takes as a partition, account or reservation name, and nothing srun would read as
+# an option or a list.
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_TIME_LIMIT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?")
+
+
+def _time_limit(at: _At) -> int:
+    """launch.time_limit: whole minutes (an integer), or Slurm's [D-]HH:MM[:SS]; rounded up."""
+    text = _string(at)  # as written: YAML 1.1 would read 1:30:00 as a base-60 integer
+    usage = f"time_limit {text!r}: give minutes (e.g. 30) or Slurm's [D-]HH:MM[:SS]"
+    if ":" not in text:
+        if at.node.tag != _INT:
+            raise at.error(usage)
+        minutes = _integer(at)
+        if minutes < 1:
+            raise at.error(f"time_limit must be at least 1 minute, got {minutes}")
+        return minutes
+    match = _TIME_LIMIT.fullmatch(text)
+    if not match:
+        raise at.error(usage)
+    days, hours, minutes, seconds = (int(part) if part else 0 for part in match.groups())
+    total = days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+    if total < 1:
+        raise at.error(f"time_limit {text!r} is shorter than a minute")
+    return total
+
+
+def _launch(at: _At, transport: str) -> LaunchSettings:
+    """launch: the engine of multi-node jobs and, where Slurm runs them or the per-node checks,
+    the allocation to ask for."""
+    fields = _fields(at, LAUNCH_KEYS)
+    engine = _choice(fields["engine"], "engine", ENGINES) if "engine" in fields else "default"
+    slurm: dict[str, Any] = {}
+    for key in SLURM_LAUNCH_KEYS:
+        if key not in fields:
+            continue
+        if engine != "slurm" and transport != "slurm":
+            raise fields[key].error(f"launch.{key} is a Slurm setting; it needs engine: slurm "
+                                    "or transport: slurm")
+        if key == "time_limit":
+            slurm["time_limit_min"] = _time_limit(fields[key])
+            continue
+        value = _string(fields[key])
+        if not _SLURM_NAME.fullmatch(value):
+            raise fields[key].error(f"{key} {value!r} is not a Slurm {key} name")
+        slurm[key] = value
+    return LaunchSettings(engine=engine, interface=_launch_interface(at), **slurm)
+
+
 def _scratch(at: _At) -> tuple[ScratchPath, ...]:
     paths: list[ScratchPath] = []
     first_line: dict[str, int] = {}
@@ -1060,6 +1119,7 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
             )
         )
 
+    launch = _launch(fields["launch"], transport) if "launch" in fields else LaunchSettings()
     return Cluster(
         name=name,
         profile=profile,
@@ -1067,7 +1127,8 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
         nodes=tuple(nodes),
         groups={group.name: tuple(group.members) for group in groups},
         scratch=_scratch(fields["scratch"]) if "scratch" in fields else (),
-        launch_interface=_launch_interface(fields["launch"]) if "launch" in fields else None,
+        launch_interface=launch.interface,
+        launch=launch,
         source_path=os.path.abspath(path),
         digest=hashlib.sha256(data).hexdigest(),
         cluster_id=_name(fields["cluster_id"], "cluster ID") if "cluster_id" in fields else "",

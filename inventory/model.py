@@ -5,7 +5,9 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
-TRANSPORTS = ("ssh", "local")
+TRANSPORTS = ("ssh", "local", "slurm")
+# Who starts multi-node jobs: mpirun/torchrun over SSH from the nodes (default), or Slurm's srun.
+ENGINES = ("default", "slurm")
 SCRATCH_KINDS = ("local", "shared")
 
 
@@ -217,6 +219,19 @@ class SignOff:
 
 
 @dataclass(frozen=True)
+class LaunchSettings:
+    """The inventory's `launch:`: the engine of multi-node jobs and, for Slurm, the allocation
+    the harness asks for when it does not run inside one (SLURM_JOB_ID); None: Slurm's default."""
+
+    engine: str = "default"  # one of ENGINES
+    interface: Optional[str] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    reservation: Optional[str] = None
+    time_limit_min: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     profile: Profile  # with the inventory's reference overrides applied
@@ -229,6 +244,7 @@ class Cluster:
     # The interface multi-node jobs' sockets use (Gloo/NCCL bootstrap, mpirun's TCP); None: each
     # node's route toward its peers decides.
     launch_interface: Optional[str] = None
+    launch: LaunchSettings = field(default_factory=LaunchSettings)
     # The customer's or the contract's identifier of the cluster (`cluster_id:`); else the name.
     cluster_id: str = ""
     waivers: tuple[Waiver, ...] = ()

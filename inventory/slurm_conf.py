@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Union
@@ -303,3 +304,50 @@ def _ports(text: str, file: str, line: int) -> list[int]:
             raise SlurmConfError(f"Port={text}: {value!r} is not a port number", file, line)
         ports.append(int(value))
     return ports
+
+
+# -- a partition from a live Slurm ----------------------------------------------------------------
+
+SINFO_TIMEOUT_S = 30
+LIVE_SOURCE = "sinfo"  # what errors from a live partition name as their file
+
+
+def parse_partition_sinfo(text: str) -> list[tuple[str, str]]:
+    """(name, address) per node from `sinfo -h -N -p P -o '%N|%o'` (NodeName, NodeAddr), in order."""
+    nodes: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, bar, address = line.strip().partition("|")
+        if not bar or not name or " " in name or " " in address:
+            raise SlurmConfError(f"not a `sinfo -N -o %N|%o` line: {line!r}", LIVE_SOURCE, number)
+        nodes.setdefault(name, address or name)
+    return list(nodes.items())
+
+
+def live_partition_nodes(partition: str) -> list[SlurmNode]:
+    """The nodes of a partition as the Slurm this machine is a client of says (sinfo), with each
+    node's NodeAddr; a missing client, an unknown partition or an error is a SlurmConfError."""
+    listed = _sinfo(["-h", "-N", "-p", partition, "-o", "%N|%o"])
+    found = parse_partition_sinfo(listed)
+    if not found:
+        known = sorted(set(_sinfo(["-h", "-o", "%R"]).split()))
+        raise SlurmConfError(f"Slurm has no partition {partition!r} (or it has no nodes); "
+                             f"partitions: {', '.join(known) or '(none)'}", LIVE_SOURCE)
+    return [SlurmNode(name, name, address, None, (), LIVE_SOURCE, 0, address != name)
+            for name, address in found]
+
+
+def _sinfo(arguments: list[str]) -> str:
+    try:
+        done = subprocess.run(["sinfo", *arguments], capture_output=True, text=True,
+                              timeout=SINFO_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmConfError("Slurm's sinfo is not installed here; give conf: the path of the "
+                             "cluster's slurm.conf to read it without Slurm", LIVE_SOURCE) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmConfError(f"did not answer within {SINFO_TIMEOUT_S} s", LIVE_SOURCE) from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SlurmConfError(f"exited {done.returncode}: {last}", LIVE_SOURCE)
+    return done.stdout

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 from inventory.model import Cluster, Node
 from runners.fanout import Progress, fan_out
+from runners.slurm import SlurmSteps, SlurmTransport
 from runners.transport import Loss, Result, Transport, clock, make_transport
 
 
@@ -29,11 +30,20 @@ class ClusterRun:
         self._raw: dict[tuple[str, str], list[str]] = {}
         self._taken: dict[str, float] = {}  # step -> when its results came in (time.time())
         self._lock = threading.Lock()
+        self._slurm_steps: Optional[SlurmSteps] = None  # transport slurm: one batcher per session
 
     def transport(self, node: str) -> Transport:
         with self._lock:
             if node not in self._transports:
-                self._transports[node] = make_transport(self.cluster.node(node))
+                spec = self.cluster.node(node)
+                if spec.transport == "slurm":
+                    if self._slurm_steps is None:
+                        self._slurm_steps = SlurmSteps(self.cluster.launch)
+                    self._transports[node] = SlurmTransport(spec, self._slurm_steps)
+                else:
+                    self._transports[node] = make_transport(spec)
+                if self.cluster.launch.engine == "slurm":
+                    self._transports[node].launch = self.cluster.launch
             return self._transports[node]
 
     def gather(self, step: str, run: Callable[[Transport], Result], *,
@@ -69,5 +79,8 @@ class ClusterRun:
         return self._raw.get((step, node), [])
 
     def close(self) -> None:
+        slurm = {name: t for name, t in self._transports.items() if isinstance(t, SlurmTransport)}
+        if slurm:  # one srun for every node: what escaped Slurm's tracking (lock holders) ends
+            fan_out(slurm, lambda transport: slurm[transport.node.name].release(), name="release")
         for transport in self._transports.values():
             transport.close()

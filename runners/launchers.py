@@ -4,20 +4,26 @@ A launcher never runs anything and never builds a shell string: `argv(hosts, ran
 command)` returns a list, which a Transport runs (and bounds with its timeout) on the node(s)
 named by `starts_on`:
 
-- "first": one process on the first host starts every rank (mpirun, and later srun);
+- "first": one process on the first host starts every rank (mpirun; srun, wherever a Slurm
+  client is: the harness's machine or the first host);
 - "every": the same argv runs on every host and the ranks meet at a rendezvous (torchrun).
 
 As in ReFrame, launchers are unit-tested by comparing argv.
 """
 from __future__ import annotations
 
+import os
+import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
-from inventory.model import SshSettings
+from inventory.model import LaunchSettings, SshSettings
 
 STARTS_ON = ("first", "every")
+SRUN = "srun"
+JOB_PREFIX = "handover-"  # srun jobs and steps are named JOB_PREFIX + a unique part: scancel finds them
+IMMEDIATE_S = 30  # how long srun may wait for its nodes before it gives up (--immediate)
 
 
 class LaunchError(ValueError):
@@ -115,3 +121,38 @@ class MpirunLauncher(Launcher):
         parameters.update(self.mca)
         return parameters
 
+
+def allocation_options(settings: LaunchSettings, *, minutes: Optional[int] = None) -> list[str]:
+    """Where srun runs: a step of the current allocation, or a job of its own from the inventory's
+    partition, account, reservation and time limit (the shorter of it and `minutes`)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        return [f"--jobid={job}", "--overlap"] + ([f"--time={minutes}"] if minutes else [])
+    options = [f"--partition={settings.partition}"] if settings.partition else []
+    options += [f"--account={settings.account}"] if settings.account else []
+    options += [f"--reservation={settings.reservation}"] if settings.reservation else []
+    limits = [m for m in (minutes, settings.time_limit_min) if m]
+    return options + ([f"--time={min(limits)}"] if limits else [])
+
+
+@dataclass(frozen=True)
+class SrunLauncher(Launcher):
+    """`srun` as the launcher of multi-node jobs: ranks_per_node tasks on each host, started from
+    wherever a Slurm client is (the harness's machine or the first host), bounded by --immediate
+    and a --time limit, and named, so that a cancel finds the step."""
+
+    settings: LaunchSettings = field(default_factory=LaunchSettings)
+    job_name: str = field(default_factory=lambda: JOB_PREFIX + secrets.token_hex(6))
+    time_min: Optional[int] = None
+    options: tuple[str, ...] = ()  # further srun options, before the command
+
+    name = "srun"
+    starts_on = "first"
+
+    def argv(self, hosts, ranks_per_node, command):
+        self._check(hosts, ranks_per_node, command)
+        argv = [SRUN, f"--nodelist={','.join(hosts)}", f"--nodes={len(hosts)}",
+                f"--ntasks={len(hosts) * ranks_per_node}", f"--ntasks-per-node={ranks_per_node}",
+                f"--immediate={IMMEDIATE_S}", f"--job-name={self.job_name}", "--kill-on-bad-exit=1",
+                *allocation_options(self.settings, minutes=self.time_min), *self.options]
+        return argv + list(command)

@@ -268,4 +268,9 @@ def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str]
     env = socket_env(detect_interfaces(transports, addresses) if not socket_ifname
                      else {node: None for node in nodes}, socket_ifname)
     argv = launcher.argv([addresses[node] for node in nodes], ranks_per_node, command_of(marker))
+    if first.launch is not None and first.launch.engine == "slurm":  # one srun step from here
+        from runners.slurm import torchrun_across
+
+        return torchrun_across(transports, argv, settings=first.launch, marker=marker,
+                               timeout=timeout, env=env[nodes[0]])
     return launch_every(transports, argv, timeout=timeout, marker=marker, env=env)

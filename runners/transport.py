@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from inventory.model import Node
+from inventory.model import LaunchSettings, Node
 
 TAG_VARIABLE = "HANDOVER_TAG"
 LEASE_VARIABLE = "HANDOVER_LEASE"
@@ -192,6 +192,8 @@ class Transport(ABC):
 
     def __init__(self, node: Node):
         self.node = node
+        # The inventory's launch: settings where Slurm starts multi-node jobs (runners.slurm).
+        self.launch: Optional[LaunchSettings] = None
         self.loss: Optional[Loss] = None
         self._lease: Optional[Lease] = None
         self._running: dict[str, bool] = {}  # tag -> needs root to kill

@@ -524,3 +524,207 @@ def _stop_live_clusters() -> None:
             cluster.stop()
         except Exception as exc:  # keep tearing down the others
             print(f"netns: stopping cluster in {cluster.workdir} failed: {exc}", file=sys.stderr)
+
+
+# -- Slurm on the namespace nodes --------------------------------------------------------------
+
+SLURMCTLD = Path("/usr/sbin/slurmctld")
+SLURMD = Path("/usr/sbin/slurmd")
+MUNGED = Path("/usr/sbin/munged")
+SLURM_CLIENTS = ("srun", "sinfo", "scontrol", "scancel", "squeue")
+SLURM_RUN_DIR = Path("/run/handover-slurm")  # munged (as munge) must reach its files: not under /tmp/pytest-of-root
+
+
+@functools.lru_cache(maxsize=1)
+def slurm_available() -> tuple[bool, str]:
+    """Whether munged, slurmctld, slurmd and the clients are installed, and if not, why."""
+    for daemon in (MUNGED, SLURMCTLD, SLURMD):
+        if not daemon.exists():
+            return False, f"{daemon} is missing (apt-get install munge slurmctld slurmd slurm-client)"
+    for tool in (*SLURM_CLIENTS, "nsenter", "runuser"):
+        if shutil.which(tool) is None:
+            return False, f"`{tool}` is not installed"
+    return True, ""
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+class SlurmCluster:
+    """munged, slurmctld (in the root namespace, on the bridge) and one slurmd per namespace node.
+
+    The daemons run as root from their own slurm.conf (`SLURM_CONF`, see `env`), with their own
+    munge socket, key, ports, state and spool directories, so several can run on one machine.
+    Each slurmd runs in its node's network namespace through nsenter (`ip netns exec` would hide
+    /sys/fs/cgroup), with the node's hostname, hosts file and empty .bashrc, like its sshd.
+    SlurmdTimeout is short, so a stopped slurmd is `down*` (Not responding) within seconds.
+    """
+
+    def __init__(self, nodes: NamespaceCluster, *, partition: str = "debug", slurmd_timeout_s: int = 4,
+                 start_timeout: float = 60.0):
+        if not nodes.nodes:
+            raise ValueError("start the namespace cluster first")
+        self.nodes = nodes
+        self.partition = partition
+        self.slurmd_timeout_s = slurmd_timeout_s
+        self.start_timeout = start_timeout
+        self.dir = SLURM_RUN_DIR / f"{os.getpid()}-{nodes.subnet.network_address.packed[2]}"
+        self.conf = self.dir / "slurm.conf"
+        self.socket = self.dir / "munge" / "munge.socket"
+        self._munged: Optional[subprocess.Popen] = None
+        self._slurmctld: Optional[subprocess.Popen] = None
+        self._slurmds: dict[str, subprocess.Popen] = {}
+
+    def __enter__(self) -> "SlurmCluster":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment a Slurm client needs to talk to this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def start(self) -> "SlurmCluster":
+        _LIVE_SLURM.add(self)
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        (self.dir / "munge").mkdir(parents=True)
+        (self.dir / "state").mkdir()
+        os.chmod(SLURM_RUN_DIR, 0o755)
+        os.chmod(self.dir, 0o755)
+        key = self.dir / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o600)
+        subprocess.run(["chown", "-R", "munge:munge", str(self.dir / "munge")], check=True)
+        munge_dir = self.dir / "munge"
+        self._munged = subprocess.Popen(
+            ["runuser", "-u", "munge", "--", str(MUNGED), "--foreground", f"--socket={self.socket}",
+             f"--key-file={key}", f"--pid-file={munge_dir / 'munged.pid'}",
+             f"--log-file={munge_dir / 'munged.log'}", f"--seed-file={munge_dir / 'munged.seed'}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        self._wait_for(lambda: self.socket.exists(), "munged's socket", munge_dir / "munged.log")
+        self.conf.write_text(self._config())
+        with open(self.dir / "slurmctld.out", "ab") as out:
+            self._slurmctld = subprocess.Popen(
+                [str(SLURMCTLD), "-D", "-i", "-f", str(self.conf)], env=self.env,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        for node in self.nodes.nodes:
+            self._slurmds[node.name] = self._launch_slurmd(node)
+        self._wait_for(lambda: self.states() == {n.name: "idle" for n in self.nodes.nodes},
+                       "every node idle in sinfo", self.dir / "slurmctld.log")
+
+    def _config(self) -> str:
+        bridge = str(self.nodes.subnet[BRIDGE_HOST_OCTET])
+        d = self.dir
+        lines = [
+            "ClusterName=handover",
+            f"SlurmctldHost={socket.gethostname().split('.')[0]}({bridge})",
+            f"SlurmctldPort={_free_tcp_port()}",
+            "SlurmdPort=6818",
+            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={self.socket}",
+            "SlurmUser=root", "SlurmdUser=root",
+            f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d / 'spool-%n'}",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}", f"SlurmdPidFile={d / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={d / 'slurmctld.log'}", f"SlurmdLogFile={d / 'slurmd-%n.log'}",
+            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+            "SchedulerType=sched/builtin", "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none", "MpiDefault=none",
+            "ReturnToService=2", f"SlurmdTimeout={self.slurmd_timeout_s}", "InactiveLimit=0",
+            "KillWait=2", "MinJobAge=5", "SlurmdParameters=config_overrides",
+        ]
+        lines += [f"NodeName={node.name} NodeAddr={node.address} CPUs=16 State=UNKNOWN"
+                  for node in self.nodes.nodes]
+        lines.append(f"PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE "
+                     "State=UP OverSubscribe=FORCE:16")
+        return "\n".join(lines) + "\n"
+
+    def _launch_slurmd(self, node: NsNode) -> subprocess.Popen:
+        """Exec slurmd in the node's network namespace, with its hostname and hosts file."""
+        workdir = self.nodes.workdir
+        bashrc = Path(os.path.expanduser("~root")) / ".bashrc"
+        q = shlex.quote
+        script = "; ".join([
+            "set -e",
+            f"hostname {q(node.name)}",
+            f"if [ -e {q(str(bashrc))} ]; then mount --bind {q(str(workdir / 'empty'))} {q(str(bashrc))}; fi",
+            f"mount --bind {q(str(workdir / 'hosts'))} /etc/hosts",
+            f"exec {SLURMD} -D -N {q(node.name)} -f {q(str(self.conf))}",
+        ])
+        with open(self.dir / f"slurmd-{node.name}.out", "ab") as out:
+            return subprocess.Popen(
+                ["nsenter", f"--net={NETNS_DIR / node.namespace}", "unshare", "--uts", "--mount",
+                 "--propagation", "private", "sh", "-c", script],
+                env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
+    def _wait_for(self, ready, what: str, log: Path) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while not ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Slurm: no {what} after {self.start_timeout:g} s:\n{_tail(log)}")
+            time.sleep(0.2)
+
+    def client(self, *argv: str) -> subprocess.CompletedProcess:
+        """A Slurm client command (sinfo, squeue, scontrol) against this cluster."""
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=60)
+
+    def states(self) -> dict[str, str]:
+        """node -> its state as `sinfo -N -o %t` prints it (idle, alloc, down*, drain, ...)."""
+        done = self.client("sinfo", "-h", "-N", "-o", "%N %t")
+        return dict(line.split() for line in done.stdout.splitlines() if len(line.split()) == 2)
+
+    def steps(self) -> list[str]:
+        """Running job steps (`squeue -s`), as `STEPID NAME NODES` lines."""
+        done = self.client("squeue", "-h", "-s", "-o", "%i %j %N")
+        return [line for line in done.stdout.splitlines() if line.strip()]
+
+    def kill_slurmd(self, name: str) -> None:
+        """Kill the node's slurmd (again: a no-op); slurmctld notices within a few SlurmdTimeouts."""
+        proc = self._slurmds[name]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def stop_slurmd(self, name: str, *, wait_for: str = "down*") -> None:
+        """Kill the node's slurmd and wait until slurmctld calls it `wait_for` (not responding)."""
+        self.kill_slurmd(name)
+        self._wait_for(lambda: self.states().get(name) == wait_for, f"{name} {wait_for}",
+                       self.dir / "slurmctld.log")
+
+    def stop(self) -> None:
+        """Stop every daemon this cluster started, by its PID; their files go with the directory."""
+        for proc in [*self._slurmds.values(), self._slurmctld, self._munged]:
+            if proc is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=5)
+        self._slurmds.clear()
+        self._slurmctld = self._munged = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+        _LIVE_SLURM.discard(self)
+
+
+_LIVE_SLURM: set[SlurmCluster] = set()
+
+
+@atexit.register
+def _stop_live_slurm() -> None:
+    """Slurm daemons outlive the test process otherwise (each in its own session)."""
+    for cluster in list(_LIVE_SLURM):
+        cluster.stop()

@@ -515,7 +515,7 @@ def test_invalid_cluster_name(tmp_path, key):
 
 def test_unknown_transport(tmp_path, key):
     path = write(tmp_path, minimal(key, "transport: rsh\n"))
-    assert_error(path, 5, "transport", "unknown transport 'rsh'; did you mean 'ssh'? allowed: ssh, local")
+    assert_error(path, 5, "transport", "unknown transport 'rsh'; did you mean 'ssh'? allowed: ssh, local, slurm")
 
 
 def test_unknown_scratch_kind_and_relative_path(tmp_path, key):
@@ -735,4 +735,5 @@ def test_launch_interface_must_be_an_interface_name(tmp_path, key):
     path = write(tmp_path, minimal(key, "launch:\n  interface: 'eth0; reboot'\n"))
     assert_error(path, 6, "launch.interface", "'eth0; reboot' is not a network interface name (e.g. eth0, ib0)")
     write(tmp_path, minimal(key, "launch: {ifname: eth0}\n"))
-    assert_error(path, 5, "launch.ifname", "unknown key; allowed: interface")
+    assert_error(path, 5, "launch.ifname",
+                 "unknown key; allowed: interface, engine, partition, account, reservation, time_limit")

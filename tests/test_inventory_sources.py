@@ -465,9 +465,8 @@ def test_hook_bad_entries_are_one_line_naming_file_line_and_field(tmp_path):
     assert str(hook_error(tmp_path, "{slurm: {conf: slurm.conf, partition: debg}}")) == (
         f"{inv}:5: nodes[0].slurm.partition: no partition 'debg' in {tmp_path / 'slurm.conf'}; "
         "did you mean 'debug'? partitions: debug, batch, long")
-    assert str(hook_error(tmp_path, "{slurm: {partition: gpu}}")) == (
-        f"{inv}:5: nodes[0].slurm: partition without conf: reading it from a live sinfo is not supported yet; "
-        "give conf: the path of the cluster's slurm.conf")
+    assert str(hook_error(tmp_path, "{slurm: {partition: gpu}}")).startswith(
+        f"{inv}:5: nodes[0].slurm: partition 'gpu' from the live Slurm (sinfo): ")
     assert str(hook_error(tmp_path, "{ansible: {inventory: hosts, group: slurm-nodes}}")).startswith(
         f"{inv}:5: nodes[0].ansible.group: no group 'slurm-nodes' in {tmp_path / 'hosts'}; did you mean "
         "'slurm-node'? groups: all, ungrouped,")

@@ -1,0 +1,558 @@
+"""Slurm as the engine: per-node steps as one srun, multi-node jobs as srun steps, and scancel.
+
+The `slurm` transport keeps the per-node Transport interface, so the suites do not change, but a
+fan-out's commands do not become N SSH sessions: every node's command that arrives within a short
+window goes into one batch, and a batch is one
+
+    srun --nodelist=a,b,... --ntasks-per-node=1 --immediate=S --time=M python3 -c DISPATCH
+
+whose stdin (sent to every task) holds each node's command and input. The dispatcher on each node
+picks its own by SLURMD_NODENAME, runs it, and writes its stdout, stderr, exit status and
+duration back as framed base64 lines (`@hov NODE out|err|end ...`), short enough that Slurm never
+splits one; the harness reads them as they come, so each node's Result is there as soon as its
+task ends. Before a batch, `sinfo` says which nodes Slurm would not run on (down, drained, not
+responding): those are unreachable with Slurm's state and reason and the batch runs without them.
+A task that cannot start (`Task launch ... failed on node X`) makes its node unreachable too.
+
+Every srun has --immediate (a busy or down node never leaves it queued), a --time limit, the
+node-side `timeout` of runners.transport, and a harness-side deadline; on a timeout, Ctrl-C or
+SIGTERM the step is cancelled with scancel (found by its unique name), which kills its tasks on
+every node. Inside an allocation (SLURM_JOB_ID set) every srun is a step of it (--overlap);
+otherwise each asks for its own, with the inventory's partition, account, reservation and time
+limit (`launch: {engine: slurm, ...}`).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+
+from inventory.model import LaunchSettings, Node
+from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, SrunLauncher, allocation_options
+from runners.parsing import ParseError
+from runners.transport import (
+    HARNESS_GRACE_S,
+    LEASE_VARIABLE,
+    Lease,
+    Result,
+    Transport,
+    kill_argv,
+    new_tag,
+    node_timed_out,
+)
+
+if TYPE_CHECKING:
+    from runners.torchrun import Launch
+
+SINFO, SCANCEL, SQUEUE = "sinfo", "scancel", "squeue"
+CLIENT_TIMEOUT_S = 30  # sinfo, squeue, scancel
+KILL_WAIT_S = 10  # how long srun may take to end after its step was cancelled
+BATCH_QUIET_S = 0.05  # a batch closes once no node's command came for this long ...
+BATCH_MAX_WAIT_S = 0.5  # ... or this long after its first
+FRAME_CHUNK = 700  # base64 characters per frame line: well under what Slurm's I/O keeps whole
+# Base states (sinfo %t, without its flag suffix) a task can start on.
+USABLE_STATES = ("idle", "mix", "alloc", "comp", "resv", "plnd")
+# sinfo %t's suffixes: * not responding, ~ powered off, # powering up, ! powering down,
+# % powering down, $ maintenance reservation, @ pending reboot, ^ reboot issued, - planned
+_STATE_FLAGS = "*~#!%$@^-"
+_LAUNCH_FAILED = re.compile(r"Task launch for StepId=\S+ failed on node (\S+?): (.+)$")
+
+# Runs on every node of a batch with the node's interpreter; its text is fixed, the batch is data.
+DISPATCH = r"""
+import base64, json, os, subprocess, sys, time
+batch = json.load(sys.stdin)
+me = os.environ.get("SLURMD_NODENAME", "")
+job = batch["nodes"].get(me)
+def frame(kind, data):
+    text = base64.b64encode(data).decode()
+    for start in range(0, len(text), CHUNK):
+        sys.stdout.write("@hov %s %s %s\n" % (me, kind, text[start:start + CHUNK]))
+if job is not None:
+    started = time.monotonic()
+    given = job["stdin"]
+    try:
+        proc = subprocess.run(job["argv"], capture_output=True,
+                              **({"input": batch["inputs"][given].encode()} if given is not None
+                                 else {"stdin": subprocess.DEVNULL}))
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    except OSError as exc:
+        code, out, err = 127, b"", str(exc).encode()
+    frame("out", out)
+    frame("err", err)
+    code = 128 - code if code < 0 else code
+    sys.stdout.write("@hov %s end %d %.3f\n" % (me, code, time.monotonic() - started))
+    sys.stdout.flush()
+    sys.exit(code)
+""".replace("CHUNK", str(FRAME_CHUNK))
+
+
+class SlurmError(Exception):
+    """A Slurm client could not do what was asked; str() is one line naming the command."""
+
+
+# -- pure parsers -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node as `sinfo -h -N -o '%N|%t|%E'` prints it."""
+
+    name: str
+    state: str  # compact, with Slurm's flag suffix: idle, down*, drain, idle~, ...
+    reason: str  # Slurm's reason ('none' when there is none)
+
+    @property
+    def usable(self) -> bool:
+        """Whether a task can start there now (a not-responding or powered-off node cannot)."""
+        base = self.state.rstrip(_STATE_FLAGS)
+        return base in USABLE_STATES and not any(flag in self.state for flag in "*~#!%")
+
+    def explain(self) -> str:
+        reason = f" ({self.reason})" if self.reason and self.reason.lower() != "none" else ""
+        return f"Slurm says {self.name} is {self.state}{reason}"
+
+
+def parse_sinfo_nodes(text: str) -> dict[str, NodeState]:
+    """{node: NodeState} from `sinfo -h -N -o '%N|%t|%E'`; a node in several partitions once."""
+    states: dict[str, NodeState] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 2)
+        if len(parts) != 3 or not parts[0] or not parts[1]:
+            raise ParseError(f"not a `sinfo -N -o %N|%t|%E` line: {line!r}")
+        name, state, reason = (part.strip() for part in parts)
+        states.setdefault(name, NodeState(name, state, reason))
+    return states
+
+
+def parse_launch_failures(stderr: str) -> dict[str, str]:
+    """{node: why} from srun's `Task launch for StepId=... failed on node X: WHY` lines."""
+    failures: dict[str, str] = {}
+    for line in stderr.splitlines():
+        match = _LAUNCH_FAILED.search(line)
+        if match:
+            failures.setdefault(match.group(1), match.group(2).strip())
+    return failures
+
+
+@dataclass
+class Frames:
+    """What the dispatcher sent back for one node so far."""
+
+    out: list[str] = field(default_factory=list)
+    err: list[str] = field(default_factory=list)
+    end: Optional[tuple[int, float]] = None  # exit status, node-side duration
+
+    def text(self, kind: str) -> str:
+        chunks = self.out if kind == "out" else self.err
+        return base64.b64decode("".join(chunks)).decode("utf-8", errors="replace")
+
+
+def read_frame(line: str, frames: dict[str, Frames]) -> Optional[str]:
+    """Add one line of srun's stdout to `frames`; the node when the line ended its task."""
+    parts = line.rstrip("\n").split(" ")
+    if len(parts) < 3 or parts[0] != "@hov":
+        return None
+    node, kind = parts[1], parts[2]
+    found = frames.setdefault(node, Frames())
+    if kind in ("out", "err") and len(parts) == 4:
+        (found.out if kind == "out" else found.err).append(parts[3])
+    elif kind == "end" and len(parts) == 5:
+        found.end = (int(parts[3]), float(parts[4]))
+        return node
+    return None
+
+
+# -- argv ---------------------------------------------------------------------------------------
+
+def minutes_for(seconds: float) -> int:
+    """srun's --time in whole minutes, beyond the node-side timeout and its kill grace."""
+    return max(1, math.ceil((seconds + HARNESS_GRACE_S) / 60))
+
+
+def batch_argv(nodes: Sequence[str], python: str, settings: LaunchSettings, *, name: str,
+               timeout: float) -> list[str]:
+    """One task on each node, each running the dispatcher with the batch on its stdin."""
+    return [SRUN, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--immediate={IMMEDIATE_S}",
+            f"--job-name={name}", "--input=all", "--kill-on-bad-exit=0", "--quiet",
+            *allocation_options(settings, minutes=minutes_for(timeout)), python, "-c", DISPATCH]
+
+
+# -- running Slurm's clients ------------------------------------------------------------------
+
+def client(argv: Sequence[str], *, timeout: float = CLIENT_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run sinfo/squeue/scancel here; a missing client or a hang is a SlurmError."""
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError(f"`{argv[0]}` is not installed here: the slurm engine needs Slurm's "
+                         "clients on the harness's machine") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{shlex.join(argv)}` did not answer within {timeout:g} s") from None
+
+
+def node_states(nodes: Sequence[str]) -> dict[str, NodeState]:
+    """What Slurm says of each node now; a node it does not know is left out."""
+    done = client([SINFO, "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%t|%E"])
+    if done.returncode != 0:
+        raise SlurmError(f"sinfo exited {done.returncode}: {_last_line(done.stderr)}")
+    return parse_sinfo_nodes(done.stdout)
+
+
+def cancel(name: str) -> None:
+    """scancel every job and step named `name` (ours are unique): their tasks die on every node."""
+    steps = client([SQUEUE, "-h", "-s", "-o", "%i|%j"])
+    ids = [line.split("|", 1)[0] for line in steps.stdout.splitlines()
+           if line.partition("|")[2].strip() == name]
+    if ids:
+        client([SCANCEL, *ids])
+    if not os.environ.get("SLURM_JOB_ID"):  # our own job, maybe still pending
+        client([SCANCEL, f"--name={name}"])
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[-1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_here(argv: Sequence[str], *, name: str, timeout: float, node: str = "slurm",
+             stdin: Optional[str] = None) -> Result:
+    """Run an srun (a launcher's argv) on this machine; on timeout, Ctrl-C or SIGTERM the step
+    named `name` is cancelled, so nothing of it stays on the nodes."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                errors="replace", start_new_session=True)
+    except OSError as exc:
+        return Result(node, argv[0], None, "", "", 0.0, failure="error", detail=str(exc))
+    try:
+        stdout, stderr = proc.communicate(stdin, timeout=timeout + HARNESS_GRACE_S + IMMEDIATE_S)
+    except subprocess.TimeoutExpired:
+        cancel(name)
+        _stop(proc)
+        stdout, stderr = proc.communicate()
+        return Result(node, argv[0], None, stdout, stderr, time.monotonic() - started, timed_out=True,
+                      full_command=shlex.join(argv))
+    except BaseException:
+        cancel(name)
+        _stop(proc)
+        raise
+    return Result(node, argv[0], proc.returncode, stdout, stderr, time.monotonic() - started,
+                  full_command=shlex.join(argv))
+
+
+def torchrun_across(transports: Mapping[str, Transport], torchrun_argv: Sequence[str], *,
+                    settings: LaunchSettings, marker: str, timeout: float,
+                    env: Optional[Mapping[str, str]] = None) -> "Launch":
+    """torchrun on every node as one srun step (one task per node, torchrun starts the ranks),
+    from this machine. Each task runs under the dispatcher, so each node's output comes back
+    whole and apart (srun cuts long lines). The step is named by the run's marker, so a timeout
+    or Ctrl-C cancels it; --kill-on-bad-exit ends the others when one node's torchrun fails;
+    leftovers are looked for on every node afterwards."""
+    from runners.torchrun import Launch, find_leftovers
+
+    nodes = list(transports)
+    seconds = max(1, int(round(timeout)))
+    command = ["env", *(f"{k}={v}" for k, v in (env or {}).items()),
+               "timeout", "-k", "5", str(seconds), *torchrun_argv]
+    python = transports[nodes[0]].node.python
+    launcher = SrunLauncher(settings=settings, job_name=marker, time_min=minutes_for(timeout),
+                            options=("--input=all",))
+    argv = launcher.argv(nodes, 1, [python, "-c", DISPATCH])
+    batch = json.dumps({"inputs": [], "nodes": {node: {"argv": command, "stdin": None} for node in nodes}})
+    step = run_here(argv, name=marker, timeout=timeout, node=nodes[0], stdin=batch)
+    frames: dict[str, Frames] = {}
+    for line in step.stdout.splitlines():
+        read_frame(line, frames)
+    failed = parse_launch_failures(step.stderr)
+    shown = shlex.join(argv[:argv.index("-c") + 1] + ["<dispatcher>", *command])
+    results = {}
+    for node in nodes:
+        found = frames.get(node, Frames())
+        if found.end is not None:
+            code, duration = found.end
+            result = Result(node, "srun torchrun", code, found.text("out"), found.text("err"), duration,
+                            timed_out=node_timed_out(code, duration, timeout))
+        elif node in failed:
+            result = Result(node, "srun torchrun", None, "", "", step.duration_s, failure="unreachable",
+                            detail=f"Slurm could not start the task on {node}: {failed[node]}")
+        else:
+            result = Result(node, "srun torchrun", None, found.text("out"), found.text("err") or step.stderr,
+                            step.duration_s, timed_out=step.timed_out, failure=step.failure or (
+                                None if step.timed_out else "error"),
+                            detail=step.detail or f"srun exited {step.exit_code} without {node}'s result: "
+                                                  f"{_last_line(step.stderr) or 'no message'}")
+        results[node] = dataclasses.replace(result, full_command=shown)
+    first = next((node for node in nodes if not results[node].ok), None)
+    return Launch(results, first, (), find_leftovers(transports, marker), marker)
+
+
+def lease_kill_argv(lease: str, *, root: bool) -> list[str]:
+    """runners.transport's kill of everything tagged, for a lease's tag instead of a command's."""
+    argv = kill_argv("", root=root)
+    argv[-1] = f"{LEASE_VARIABLE}={lease}"
+    return argv
+
+
+# -- the transport ------------------------------------------------------------------------------
+
+@dataclass
+class _Entry:
+    node: Node
+    command: list[str]
+    display: str
+    stdin: Optional[str]
+    timeout: float
+    tag: str
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Optional[Result] = None
+
+
+class _Batch:
+    """The commands of one srun: filled for a moment, then run by the thread that opened it."""
+
+    def __init__(self, python: str):
+        self.python = python
+        self.name = JOB_PREFIX + secrets.token_hex(6)
+        self.entries: dict[str, _Entry] = {}
+        self.opened = time.monotonic()
+        self.last = self.opened
+        self.closed = False
+        self.cancelled = False
+
+
+class SlurmSteps:
+    """Batches the per-node commands of a session's slurm transports into sruns (module docstring)."""
+
+    def __init__(self, settings: LaunchSettings):
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._open: dict[str, _Batch] = {}  # interpreter -> the batch still taking commands
+        self._running: dict[str, _Batch] = {}  # tag -> the batch its command is in
+
+    def submit(self, entry: _Entry) -> Result:
+        with self._lock:
+            batch = self._open.get(entry.node.python)
+            leader = batch is None or entry.node.name in batch.entries
+            if leader:
+                batch = _Batch(entry.node.python)
+                self._open[entry.node.python] = batch
+            assert batch is not None
+            batch.entries[entry.node.name] = entry
+            batch.last = time.monotonic()
+            self._running[entry.tag] = batch
+        try:
+            if leader:
+                self._fill(batch)
+                self._run(batch)
+            entry.done.wait()
+            assert entry.result is not None
+            return entry.result
+        finally:
+            with self._lock:
+                self._running.pop(entry.tag, None)
+
+    def cancel(self, tag: str) -> None:
+        """Cancel the srun that runs the command tagged `tag` (with every node's part of it)."""
+        with self._lock:
+            batch = self._running.get(tag)
+            if batch is None or batch.cancelled:
+                return
+            batch.cancelled = True
+        cancel(batch.name)
+
+    def _fill(self, batch: _Batch) -> None:
+        """Let the other nodes of the same fan-out join, then close the batch."""
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                if now - batch.last >= BATCH_QUIET_S or now - batch.opened >= BATCH_MAX_WAIT_S:
+                    batch.closed = True
+                    if self._open.get(batch.python) is batch:
+                        del self._open[batch.python]
+                    return
+            time.sleep(BATCH_QUIET_S / 2)
+
+    def _run(self, batch: _Batch) -> None:
+        entries = dict(batch.entries)
+        try:
+            try:
+                states = node_states(list(entries))
+            except SlurmError as exc:
+                for entry in entries.values():
+                    _finish(entry, failure="error", detail=str(exc))
+                return
+            ready = {}
+            for name, entry in entries.items():
+                state = states.get(name)
+                if state is None:
+                    _finish(entry, failure="unreachable", detail=f"Slurm knows no node {name}")
+                elif not state.usable:
+                    _finish(entry, failure="unreachable", detail=state.explain())
+                else:
+                    ready[name] = entry
+            if ready:
+                self._srun(batch, ready)
+        except BaseException as exc:
+            for entry in entries.values():
+                _finish(entry, failure="error", detail=f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _srun(self, batch: _Batch, entries: dict[str, _Entry]) -> None:
+        inputs: list[str] = []
+        jobs = {}
+        for name, entry in entries.items():
+            index = None
+            if entry.stdin is not None:
+                if entry.stdin not in inputs:
+                    inputs.append(entry.stdin)
+                index = inputs.index(entry.stdin)
+            jobs[name] = {"argv": entry.command, "stdin": index}
+        timeout = max(entry.timeout for entry in entries.values())
+        argv = batch_argv(list(entries), batch.python, self.settings, name=batch.name, timeout=timeout)
+        payload = json.dumps({"inputs": inputs, "nodes": jobs})
+        started = time.monotonic()
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace",
+                                start_new_session=True)
+        errors: list[str] = []
+        helpers = [threading.Thread(target=_feed, args=(proc, payload), daemon=True),
+                   threading.Thread(target=lambda: errors.extend(proc.stderr or []), daemon=True)]
+        for helper in helpers:
+            helper.start()
+        deadline = threading.Timer(timeout + HARNESS_GRACE_S + IMMEDIATE_S, self._expire, (batch, proc))
+        deadline.daemon = True
+        deadline.start()
+        frames: dict[str, Frames] = {}
+        try:
+            for line in proc.stdout or []:
+                node = read_frame(line, frames)
+                if node in entries and not entries[node].done.is_set():
+                    _finish_framed(entries[node], frames[node])
+            proc.wait()
+        except BaseException:  # Ctrl-C where this thread is the main one: nothing stays behind
+            batch.cancelled = True
+            cancel(batch.name)
+            _stop(proc)
+            raise
+        finally:
+            deadline.cancel()
+            for helper in helpers:
+                helper.join(5)
+        stderr = "".join(errors)
+        expired = batch.cancelled
+        failed = parse_launch_failures(stderr)
+        missing = [name for name, entry in entries.items() if not entry.done.is_set()]
+        states = _states_or_none(missing) if missing and not expired else {}
+        for name in missing:
+            entry, state = entries[name], states.get(name)
+            frame = frames.get(name, Frames())
+            partial = (frame.text("out"), frame.text("err"))
+            if expired:
+                _finish(entry, timed_out=True, duration=time.monotonic() - started, output=partial,
+                        detail=f"srun step {batch.name} cancelled")
+            elif name in failed:
+                _finish(entry, failure="unreachable", detail=f"Slurm could not start the task on {name}: "
+                        f"{failed[name]}" + (f"; {state.explain()}" if state else ""))
+            elif state is not None and not state.usable:
+                _finish(entry, failure="unreachable", detail=state.explain())
+            else:
+                _finish(entry, failure="error", detail=f"srun exited {proc.returncode} without "
+                        f"{name}'s result: {_last_line(stderr) or 'no message'}", output=partial)
+
+    def _expire(self, batch: _Batch, proc: subprocess.Popen) -> None:
+        """The harness-side deadline: cancel the step, then make sure srun itself is gone."""
+        batch.cancelled = True
+        try:
+            cancel(batch.name)
+        finally:
+            try:
+                proc.wait(KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+
+
+
+def _feed(proc: subprocess.Popen, payload: str) -> None:
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(payload)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _states_or_none(nodes: Sequence[str]) -> dict[str, NodeState]:
+    try:
+        return node_states(nodes)
+    except SlurmError:
+        return {}
+
+
+def _finish(entry: _Entry, *, failure: Optional[str] = None, detail: str = "", timed_out: bool = False,
+            duration: float = 0.0, output: tuple[str, str] = ("", "")) -> None:
+    entry.result = Result(entry.node.name, entry.display, None, output[0], output[1], duration,
+                          timed_out=timed_out, failure=failure, detail=detail)
+    entry.done.set()
+
+
+def _finish_framed(entry: _Entry, frames: Frames) -> None:
+    assert frames.end is not None
+    code, duration = frames.end
+    entry.result = Result(entry.node.name, entry.display, code, frames.text("out"), frames.text("err"),
+                          duration, timed_out=node_timed_out(code, duration, entry.timeout))
+    entry.done.set()
+
+
+class SlurmTransport(Transport):
+    """A node reached through Slurm: its commands go into the session's srun batches (SlurmSteps)."""
+
+    def __init__(self, node: Node, steps: SlurmSteps):
+        super().__init__(node)
+        self.steps = steps
+
+    def _open(self) -> Lease:
+        with self._lock:
+            if self._lease is None:
+                self._lease = Lease(new_tag())  # slurmstepd is the watchdog: a step's tasks end with it
+            return self._lease
+
+    def _execute(self, lease, command, *, display, stdin, timeout):
+        tag = next((word.split("=", 1)[1] for word in command if word.startswith("HANDOVER_TAG=")), new_tag())
+        return self.steps.submit(_Entry(self.node, list(command), display, stdin, timeout, tag))
+
+    def release(self) -> Result:
+        """Kill what our steps left running on the node (node locks' holders: a process that left
+        its task's tree escapes Slurm's process tracking), by the lease's tag, as the SSH lease does."""
+        lease = self._lease
+        if lease is None:
+            return Result(self.node.name, "release", 0, "", "", 0.0)
+        return self._execute(lease, lease_kill_argv(lease.tag, root=self.node.sudo), display="release",
+                             stdin=None, timeout=CLIENT_TIMEOUT_S)
+
+    def kill(self, tag: str, *, root: bool = False) -> None:
+        """scancel the step the command is in; Slurm kills its tasks on every node."""
+        try:
+            self.steps.cancel(tag)
+        except SlurmError:  # best effort: --time and the node-side timeout still bound the work
+            pass

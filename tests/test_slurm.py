@@ -1,0 +1,178 @@
+"""The slurm engine's pure parts: parsers on real Slurm 22.05 output, argv, the dispatcher, the
+inventory's launch: key. The real cluster is in tests/test_slurm_cluster.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inventory.loader import InventoryError, load_inventory
+from inventory.model import LaunchSettings
+from inventory.slurm_conf import SlurmConfError, parse_partition_sinfo
+from runners.launchers import Launcher, SrunLauncher, allocation_options
+from runners.parsing import ParseError
+from runners.slurm import (
+    DISPATCH,
+    FRAME_CHUNK,
+    Frames,
+    batch_argv,
+    lease_kill_argv,
+    minutes_for,
+    parse_launch_failures,
+    parse_sinfo_nodes,
+    read_frame,
+)
+
+DATA = Path(__file__).parent / "data" / "slurm-clients"
+
+
+def test_sinfo_states_say_which_nodes_take_a_task_and_why_not():
+    states = parse_sinfo_nodes((DATA / "sinfo_nodes_down_drain.stdout").read_text())
+    assert {name: state.usable for name, state in states.items()} == {
+        "node1": True, "node2": True, "node3": False, "node4": False}
+    assert states["node3"].explain() == "Slurm says node3 is down* (Not responding)"
+    assert states["node4"].explain() == "Slurm says node4 is drain (DIMM B2 replaced, burn-in pending)"
+    assert states["node2"].explain() == "Slurm says node2 is idle"
+
+
+@pytest.mark.parametrize("state, usable", [
+    ("idle", True), ("mix", True), ("alloc", True), ("idle*", False), ("idle~", False), ("drng", False),
+    ("down", False), ("fail", False), ("resv", True), ("mix-", True), ("idle#", False)])
+def test_node_state_flags(state, usable):
+    assert parse_sinfo_nodes(f"n1|{state}|none\n")["n1"].usable is usable
+
+
+def test_sinfo_text_that_is_not_the_format_is_refused():
+    with pytest.raises(ParseError, match="not a `sinfo"):
+        parse_sinfo_nodes("NODELIST STATE REASON\nnode1 idle none\n")
+
+
+def test_a_task_slurm_could_not_start_names_its_node():
+    assert parse_launch_failures((DATA / "srun_slurmd_dead.stderr").read_text()) == {
+        "node3": "Communication connection failure"}
+    assert parse_launch_failures((DATA / "srun_down_immediate.stderr").read_text()) == {}
+
+
+def test_a_live_partitions_nodes_and_addresses():
+    assert parse_partition_sinfo((DATA / "sinfo_partition.stdout").read_text()) == [
+        (f"node{i}", f"10.77.142.{i}") for i in range(1, 5)]
+    with pytest.raises(SlurmConfError, match="not a `sinfo"):
+        parse_partition_sinfo("PARTITION AVAIL  TIMELIMIT\n")
+
+
+def run_dispatcher(batch: dict, node: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", DISPATCH], input=json.dumps(batch), capture_output=True,
+                          text=True, env={"SLURMD_NODENAME": node, "PATH": "/usr/bin:/bin"})
+
+
+def test_the_dispatcher_runs_its_nodes_command_and_frames_the_outcome():
+    """The node-side dispatcher, run here as a task would run it: long and multi-line output comes
+    back byte for byte in frames short enough that srun keeps them whole."""
+    long_line = "x" * 5000
+    batch = {"inputs": [f"{long_line}\nsecond line\n"],
+             "nodes": {"node1": {"argv": ["sh", "-c", "cat; echo oops >&2; exit 3"], "stdin": 0},
+                       "node2": {"argv": ["true"], "stdin": None}}}
+    done = run_dispatcher(batch, "node1")
+    assert done.returncode == 3
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= FRAME_CHUNK + 40 for line in lines)
+    frames: dict[str, Frames] = {}
+    ended = [read_frame(line, frames) for line in lines]
+    assert ended[-1] == "node1" and set(frames) == {"node1"}
+    assert frames["node1"].text("out") == f"{long_line}\nsecond line\n"
+    assert frames["node1"].text("err") == "oops\n"
+    assert frames["node1"].end is not None and frames["node1"].end[0] == 3
+
+
+def test_the_dispatcher_on_a_node_without_a_command_and_a_missing_program():
+    batch = {"inputs": [], "nodes": {"node1": {"argv": ["/nonexistent/tool"], "stdin": None}}}
+    assert run_dispatcher(batch, "node9").stdout == ""
+    frames: dict[str, Frames] = {}
+    for line in run_dispatcher(batch, "node1").stdout.splitlines():
+        read_frame(line, frames)
+    assert frames["node1"].end is not None and frames["node1"].end[0] == 127
+    assert "No such file" in frames["node1"].text("err")
+
+
+def test_a_batch_is_one_task_per_node_bounded_and_named(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    settings = LaunchSettings(engine="slurm", partition="gpu", account="acme", reservation="handover",
+                              time_limit_min=120)
+    argv = batch_argv(["gpu001", "gpu002"], "python3", settings, name="handover-abc", timeout=100)
+    assert argv[:-1] == [
+        "srun", "--nodelist=gpu001,gpu002", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+        "--immediate=30", "--job-name=handover-abc", "--input=all", "--kill-on-bad-exit=0", "--quiet",
+        "--partition=gpu", "--account=acme", "--reservation=handover", "--time=2", "python3", "-c"]
+    assert argv[-1] == DISPATCH
+    assert minutes_for(100) == 2 and minutes_for(1) == 1 and minutes_for(3000) == 51
+
+
+def test_inside_an_allocation_every_srun_is_a_step_of_it(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4711")
+    settings = LaunchSettings(engine="slurm", partition="gpu", time_limit_min=30)
+    assert allocation_options(settings, minutes=5) == ["--jobid=4711", "--overlap", "--time=5"]
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert allocation_options(settings, minutes=45) == ["--partition=gpu", "--time=30"]
+    assert allocation_options(LaunchSettings()) == []
+
+
+def test_srun_launcher_renders_ranks_per_node_on_named_nodes(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    launcher = SrunLauncher(settings=LaunchSettings(engine="slurm", account="acme"), job_name="handover-x",
+                            time_min=10)
+    assert isinstance(launcher, Launcher) and (launcher.name, launcher.starts_on) == ("srun", "first")
+    assert launcher.argv(["gpu001", "gpu002"], 8, ["xhpl"]) == [
+        "srun", "--nodelist=gpu001,gpu002", "--nodes=2", "--ntasks=16", "--ntasks-per-node=8",
+        "--immediate=30", "--job-name=handover-x", "--kill-on-bad-exit=1", "--account=acme", "--time=10",
+        "xhpl"]
+    assert SrunLauncher().job_name != SrunLauncher().job_name
+
+
+def test_lease_kill_finds_the_leases_processes():
+    argv = lease_kill_argv("abc123", root=False)
+    assert argv[:2] == ["sh", "-c"] and argv[-1] == "HANDOVER_LEASE=abc123"
+    assert lease_kill_argv("abc123", root=True)[:2] == ["sudo", "-n"]
+
+
+def write_inventory(tmp_path: Path, launch: str, transport: str = "slurm") -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"cluster: c\nprofile: cpu-only\ntransport: {transport}\nnodes: [node1]\nlaunch: {launch}\n")
+    return path
+
+
+@pytest.mark.parametrize("launch, expected", [
+    ('{engine: slurm, partition: gpu, account: acme, reservation: handover, time_limit: "1:30:00"}',
+     LaunchSettings("slurm", None, "gpu", "acme", "handover", 90)),
+    ("{engine: slurm, time_limit: 45, interface: eth0}", LaunchSettings("slurm", "eth0", time_limit_min=45)),
+    ('{engine: slurm, time_limit: "2-00:00:30"}', LaunchSettings("slurm", time_limit_min=2881)),
+    ("{interface: ib0}", LaunchSettings(interface="ib0")),
+])
+def test_launch_key(tmp_path, launch, expected):
+    cluster = load_inventory(write_inventory(tmp_path, launch))
+    assert cluster.launch == expected and cluster.transport == "slurm"
+    assert cluster.launch_interface == expected.interface
+
+
+def test_the_transport_alone_takes_slurms_allocation_settings(tmp_path):
+    cluster = load_inventory(write_inventory(tmp_path, "{partition: gpu, time_limit: 20}"))
+    assert cluster.launch == LaunchSettings(partition="gpu", time_limit_min=20)
+    with pytest.raises(InventoryError, match="launch.partition is a Slurm setting; it needs engine: slurm "
+                                             "or transport: slurm"):
+        load_inventory(write_inventory(tmp_path, "{partition: gpu}", transport="ssh"))
+
+
+@pytest.mark.parametrize("launch, message", [
+    ("{engine: slurn}", "launch.engine: unknown engine 'slurn'; did you mean 'slurm'? allowed: default, slurm"),
+    ("{engine: slurm, time_limit: 0}", "launch.time_limit: time_limit must be at least 1 minute, got 0"),
+    ("{engine: slurm, time_limit: soon}", "launch.time_limit: time_limit 'soon': give minutes (e.g. 30)"),
+    ('{engine: slurm, partition: "a,b"}', "launch.partition: partition 'a,b' is not a Slurm partition name"),
+    ("{engine: slurm, queue: gpu}", "launch.queue: unknown key"),
+])
+def test_launch_key_mistakes_are_one_line(tmp_path, launch, message):
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(write_inventory(tmp_path, launch))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert str(caught.value).startswith(f"{tmp_path / 'c.yaml'}:5: ")
