@@ -211,7 +211,7 @@ def test_the_profile_key_is_read_typed_and_reaches_the_run_header(tmp_path):
                                                            fail=("iperf3_bandwidth",))
     cluster = load_inventory(ROOT / "inventory" / "local.yaml")
     assert run_header(cluster, list(cluster.nodes))["profile"]["outliers"] == {
-        "z": 1.0, "min_deviation": 0.5, "min_nodes": 4, "fail": [], "ignore": ["stress_vm"]}
+        "z": 1.0, "min_deviation": 0.4, "min_nodes": 4, "fail": [], "ignore": ["stress_vm"]}
     assert load_profile("h100-sxm-8gpu").outliers == OutlierRule()
 
 
@@ -255,8 +255,9 @@ SLOW_RATE = "200mbit"
 # A tenth of a core, and half the weight of one task: the healthy nodes' three stressors weigh a
 # task each, so beside other work (where a tenth of a core is more than a node's share, and the
 # quota alone did not bite) the slow node still gets about a sixth of a healthy node's share.
-# Measured: stress_cpu 60 % and stress_matrix 50 % below the peers' median; a fifth of that share
-# starved the vm stressor to no bogo op, a sanity failure without figures.
+# Measured: stress_cpu 49-60 % and stress_matrix 41-50 % below the peers' median; a fifth of that
+# share starved the vm stressor to no bogo op, a sanity failure without figures, as heavy load on
+# the machine does to healthy nodes too (then the CPU part is skipped, saying so).
 CPU_QUOTA_US, CPU_PERIOD_US, CPU_WEIGHT_V1, CPU_WEIGHT_V2 = 10000, 100000, 512, 50
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
