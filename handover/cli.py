@@ -86,9 +86,11 @@ def cmd_report(args) -> int:
         rendered = render_run(args.run_dir, key)
     except (LedgerError, signing.SigningError, WriteError) as error:
         return fail(str(error))
-    print(f"verdict: {rendered.verdict.status}")
+    print(f"verdict: {rendered.verdict.headline}")
     for reason in rendered.verdict.reasons:
         print(f"  - {reason}")
+    for warning in rendered.verdict.warnings:
+        print(f"  - warning, an outlier: {warning}")
     print(f"report: {rendered.report}")
     print(f"signed by {key.fingerprint}")
     return 0

@@ -194,12 +194,14 @@ class SessionHooks:
         colour = {"CERTIFIED": {"green": True}, "NOT CERTIFIED": {"red": True}}.get(
             verdict.status, {"yellow": True})
         terminalreporter.section("handover", sep="=", bold=True)
-        terminalreporter.write_line(f"verdict: {verdict.status}", bold=True, **colour)
+        terminalreporter.write_line(f"verdict: {verdict.headline}", bold=True, **colour)
         for reason in verdict.reasons[:REASONS_SHOWN]:
             terminalreporter.write_line(f"  - {reason}")
         if len(verdict.reasons) > REASONS_SHOWN:
             terminalreporter.write_line(
                 f"  ... and {len(verdict.reasons) - REASONS_SHOWN} more (see the report)")
+        for warning in verdict.warnings[:REASONS_SHOWN]:
+            terminalreporter.write_line(f"  - warning, an outlier: {warning}")
         terminalreporter.write_line(f"report: {rendered.report}")
         terminalreporter.write_line(f"signed by {self.session.key.fingerprint}; check with: "
                                     f"handover verify {self.session.run_dir}")

@@ -310,6 +310,7 @@ def run_header(cluster: Cluster, nodes: list[Node]) -> dict:
             "references": {name: {"check": r.check, "value": r.value, "lower": r.lower,
                                   "upper": r.upper, "unit": r.unit, "source": r.source}
                            for name, r in profile.references.items()},
+            "outliers": profile.outliers.as_dict(),
         },
         "inventory": {"path": cluster.source_path, "sha256": cluster.digest},
         "harness": harness_identity(),

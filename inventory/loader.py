@@ -37,6 +37,7 @@ from inventory.model import (
     Expectations,
     LaunchSettings,
     Node,
+    OutlierRule,
     Profile,
     Reference,
     ScratchPath,
@@ -72,7 +73,8 @@ SCRATCH_KEYS = ("path", "kind", "destructive")
 WAIVER_KEYS = ("check", "nodes", "reason", "owner", "expires")
 WAIVER_REQUIRED = ("check", "nodes", "reason", "owner")
 SIGN_OFF_KEYS = ("engineer", "customer")
-PROFILE_KEYS = ("profile", "description", "mandatory", "expect", "references")
+PROFILE_KEYS = ("profile", "description", "mandatory", "expect", "references", "outliers")
+OUTLIER_KEYS = ("z", "min_deviation", "min_nodes", "fail", "ignore")
 REFERENCE_KEYS = ("check", "value", "lower", "upper", "unit", "source")
 # What a metric new to the profile must give; lower/upper default to unbounded, source to the file.
 REFERENCE_REQUIRED = ("check", "value", "unit")
@@ -455,6 +457,39 @@ EXPECT_READERS: dict[str, Callable[[_At], Any]] = {
 EXPECT_KEYS = tuple(item.name for item in dataclasses.fields(Expectations))
 
 
+def _outlier_rule(at: _At) -> OutlierRule:
+    """The profile's `outliers:` ({z, min_deviation, min_nodes, fail, ignore}); keys left out
+    keep OutlierRule's defaults."""
+    given = _fields(at, OUTLIER_KEYS)
+    values: dict[str, Any] = {}
+    if "z" in given:
+        values["z"] = _number(given["z"])
+        if values["z"] <= 0:
+            raise given["z"].error(f"must be a positive number of scaled MADs, got {given['z'].node.value}")
+    if "min_deviation" in given:
+        values["min_deviation"] = _number(given["min_deviation"])
+        if values["min_deviation"] < 0:
+            raise given["min_deviation"].error(
+                f"a fraction of the median, must be >= 0, got {given['min_deviation'].node.value}")
+    if "min_nodes" in given:
+        values["min_nodes"] = _integer(given["min_nodes"])
+        if values["min_nodes"] < 3:
+            raise given["min_nodes"].error(
+                f"{values['min_nodes']} is too few; a median and its MAD need at least 3 nodes")
+    for key in ("fail", "ignore"):
+        if key in given:
+            names: list[str] = []
+            for item in _list(given[key]):
+                metric = _name(item, "metric name")
+                if metric in names:
+                    raise item.error(f"metric {metric!r} listed twice")
+                if key == "ignore" and metric in values.get("fail", ()):
+                    raise item.error(f"metric {metric!r} is in fail too; an ignored metric cannot fail")
+                names.append(metric)
+            values[key] = tuple(names)
+    return OutlierRule(**values)
+
+
 def known_profiles() -> list[str]:
     """Names of the profiles shipped in inventory/profiles."""
     return sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
@@ -535,6 +570,7 @@ def _read_profile(path: Path) -> tuple[Profile, dict[str, _RawReference]]:
         expect=Expectations(**declared),
         references=references,
         source_path=str(path.resolve()),
+        outliers=_outlier_rule(fields["outliers"]) if "outliers" in fields else OutlierRule(),
     )
     return profile, raw
 

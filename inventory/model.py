@@ -173,6 +173,30 @@ class Expectations:
 
 
 @dataclass(frozen=True)
+class OutlierRule:
+    """When a node's figure stands out from the same figure of its peers (reports/results.py).
+
+    A node is an outlier on a metric when its robust z (distance from the nodes' median in
+    scaled MADs) is above `z` and it is more than `min_deviation` (a fraction of the median)
+    from the median, on the side that is bad for the metric, among at least `min_nodes` nodes:
+    the z alone would flag the noise of a tight fleet, the deviation alone a spread-out one.
+    An outlier is a warning, or a failure for the metrics named in `fail`; the metrics named in
+    `ignore` are not judged (figures too noisy on the SKU to tell a node from its peers).
+    """
+
+    z: float = 3.5  # Iglewicz and Hoaglin's cut for the modified z-score
+    min_deviation: float = 0.1
+    min_nodes: int = 4
+    fail: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        """The run header's form (JSON: lists for fail and ignore)."""
+        return {"z": self.z, "min_deviation": self.min_deviation, "min_nodes": self.min_nodes,
+                "fail": list(self.fail), "ignore": list(self.ignore)}
+
+
+@dataclass(frozen=True)
 class Profile:
     """Expected facts and metric references for one SKU."""
 
@@ -182,6 +206,7 @@ class Profile:
     expect: Expectations  # expected facts; those the profile leaves out are None
     references: dict[str, Reference]  # metric name -> reference
     source_path: str = ""
+    outliers: OutlierRule = field(default_factory=OutlierRule)  # the profile's `outliers:`
 
 
 @dataclass(frozen=True)

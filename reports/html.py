@@ -143,6 +143,7 @@ class Cell:
     symbol: str = ""
     tooltip: str = ""
     anchor: str = ""
+    outlier: bool = False  # a figure of this check on this node stands out from its peers'
 
 
 @dataclass
@@ -151,6 +152,7 @@ class MatrixRow:
     is_cluster: bool
     status: str
     cells: list[Cell]
+    warnings: list[str] = field(default_factory=list)  # the node's outliers, one line each
 
 
 @dataclass
@@ -173,7 +175,7 @@ class Bar:
     y: float
     width: float
     height: float
-    state: str  # ok | fail | none
+    state: str  # ok | fail | none | outlier (within its band or unjudged, far from its peers)
     tooltip: str
 
 
@@ -221,8 +223,9 @@ class MetricView:
     high: str
     criterion: str
     sources: list[str]
-    outliers: list[str]
+    outliers: list[str]  # "node5: 0.19 Gb/s (-94% vs the median, robust z -13.6)"
     chart: Optional[Chart]
+    outlier_rule: str = ""  # the rule that named them, as results.json says it
 
 
 @dataclass
@@ -329,6 +332,22 @@ class Heatmap:
 
 
 @dataclass
+class OutlierRow:
+    """One outlier as results.json decided it, formatted for the outliers table."""
+
+    node: str
+    check: str
+    metric: str
+    value: str
+    median: str
+    deviation: str
+    robust_z: str
+    severity: str  # warning | failure
+    rule: str
+    anchor: str  # the metric's section
+
+
+@dataclass
 class PairSection:
     heatmaps: list[Heatmap]
     skipped: list[str]  # pair tools (rails) that only skipped, with the reason
@@ -368,6 +387,15 @@ class View:
     waived: list[Waived] = field(default_factory=list)
     waivers: list[dict] = field(default_factory=list)  # as the inventory declared them
     sign_off: list[dict] = field(default_factory=list)  # [{role, name}], name "" for a blank line
+    warnings: list[str] = field(default_factory=list)  # results.json's verdict.warnings
+    banner_warnings: list[str] = field(default_factory=list)  # the first BANNER_REASONS of them
+    outliers: list[OutlierRow] = field(default_factory=list)
+
+    @property
+    def warning_count(self) -> str:
+        """"3 warnings", beside the status; "" without any."""
+        count = len(self.warnings)
+        return f"{count} warning{'s' if count != 1 else ''}" if count else ""
 
 
 def build_view(results: dict) -> View:
@@ -383,6 +411,11 @@ def build_view(results: dict) -> View:
     status = text(verdict.get("status")) or "INCOMPLETE"
     reasons = [text(r) for r in verdict.get("reasons") or []]
     cluster = text(run.get("cluster")) or "unnamed cluster"
+    standing_out = [o for o in results.get("outliers") or [] if isinstance(o, dict)]
+    metrics = _metrics(checks, layout, standing_out)
+    node_warnings: dict[str, list[str]] = {}
+    for outlier in standing_out:
+        node_warnings.setdefault(text(outlier.get("node")), []).append(_outlier_text(outlier))
     return View(
         title=f"{cluster}: {status} — handover report {text(run.get('run_id'))}",
         cluster=cluster,
@@ -396,12 +429,14 @@ def build_view(results: dict) -> View:
         interrupted=bool(run.get("interrupted")),
         node_counts=_node_counts(node_entries),
         check_counts=_check_counts(checks),
-        matrix=_matrix(checks, layout, status_of),
+        matrix=_matrix(checks, layout, status_of, standing_out, node_warnings),
         symbols=SYMBOLS,
         attention_nodes=[{"name": text(n.get("name")), "status": text(n.get("status")),
-                          "reasons": [text(r) for r in n.get("reasons") or []]}
-                         for n in node_entries if n.get("status") != "passed"],
-        metrics=_metrics(checks, layout, results.get("outliers") or []),
+                          "reasons": [text(r) for r in n.get("reasons") or []],
+                          "warnings": node_warnings.get(text(n.get("name")), [])}
+                         for n in node_entries
+                         if n.get("status") != "passed" or text(n.get("name")) in node_warnings],
+        metrics=metrics,
         failures=_failures(checks, layout),
         skips=_skips(checks, layout),
         provenance=_provenance(run),
@@ -417,7 +452,41 @@ def build_view(results: dict) -> View:
         waivers=_waivers(run.get("waivers") or []),
         sign_off=[{"role": label, "name": text((run.get("sign_off") or {}).get(role))}
                   for role, label in SIGN_OFF_ROLES],
+        warnings=[text(w) for w in verdict.get("warnings") or []],
+        banner_warnings=[text(w) for w in verdict.get("warnings") or []][:BANNER_REASONS],
+        outliers=_outlier_rows(standing_out, metrics),
     )
+
+
+def _outlier_text(outlier: dict) -> str:
+    """An outlier in a line: "iperf3 · iperf3_bandwidth 0.19 Gb/s, -94% vs the median 3.02 Gb/s"."""
+    unit = text(outlier.get("unit"))
+    rail = f" rail {text(outlier.get('rail'))}" if outlier.get("rail") is not None else ""
+    return (f"{text(outlier.get('check'))}{rail} · {text(outlier.get('metric'))} "
+            f"{_with_unit(_number(outlier.get('value')), unit)}, "
+            f"{format_margin(_number(outlier.get('deviation')))} vs the median "
+            f"{_with_unit(_number(outlier.get('median')), unit)}"
+            + (" (fails)" if outlier.get("severity") == "failure" else ""))
+
+
+def _outlier_rows(standing_out: list[dict], metrics: list["MetricView"]) -> list[OutlierRow]:
+    """The outliers table, in results.json's order (worst first), each linked to its metric."""
+    sections = {(view.check, view.name): view.key for view in metrics}
+    rows = []
+    for outlier in standing_out:
+        unit = text(outlier.get("unit"))
+        z = _number(outlier.get("robust_z"))
+        rail = f" rail {text(outlier.get('rail'))}" if outlier.get("rail") is not None else ""
+        rows.append(OutlierRow(
+            node=text(outlier.get("node")) + rail, check=text(outlier.get("check")),
+            metric=text(outlier.get("metric")), value=_with_unit(_number(outlier.get("value")), unit),
+            median=_with_unit(_number(outlier.get("median")), unit),
+            deviation=format_margin(_number(outlier.get("deviation"))),
+            robust_z="∞ (all others at the median)" if z is None else format_number(z),
+            severity="failure" if outlier.get("severity") == "failure" else "warning",
+            rule=text(outlier.get("rule")),
+            anchor=sections.get((text(outlier.get("check")), text(outlier.get("metric"))), "")))
+    return rows
 
 
 @dataclass
@@ -514,7 +583,11 @@ def _first_line(value) -> str:
     return lines[0] if lines else ""
 
 
-def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str]) -> Matrix:
+def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str],
+            standing_out: Optional[list[dict]] = None,
+            node_warnings: Optional[dict[str, list[str]]] = None) -> Matrix:
+    """standing_out: results.json's outliers, marked on their (node, check) cells;
+    node_warnings: each node's outliers as lines, beside its status."""
     frame, columns = layout.frame, layout.columns
     has_cluster_row = bool((frame["row"] == layout.cluster_row).any())
     row_count = len(layout.nodes) + (1 if has_cluster_row else 0)
@@ -527,6 +600,12 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str]) -> Ma
     members: dict[tuple[int, str], list[int]] = {}
     for row, check, index in zip(frame["row"], frame["check"], frame["index"], strict=True):
         members.setdefault((int(row), str(check)), []).append(int(index))
+    marked: dict[tuple[int, str], list[str]] = {}
+    for outlier in standing_out or []:
+        row = layout.row_of.get(text(outlier.get("node")))
+        if row is not None:
+            marked.setdefault((row, text(outlier.get("check"))), []).append(
+                f"outlier: {_outlier_text(outlier)}")
     per_node_checks = set(frame.loc[frame["row"] < layout.cluster_row, "check"])
     cluster_checks = set(frame.loc[frame["row"] == layout.cluster_row, "check"])
 
@@ -541,8 +620,9 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str]) -> Ma
             key = (row, column.check)
             if key in worst:
                 outcome, first = worst[key]
-                tooltip = _tooltip([_cell_line(checks[i], label) for i in members[key]])
-                cells.append(Cell(outcome, SYMBOLS[outcome], tooltip, _anchor(first, outcome)))
+                tooltip = _tooltip([*marked.get(key, []), *(_cell_line(checks[i], label) for i in members[key])])
+                cells.append(Cell(outcome, SYMBOLS[outcome], tooltip, _anchor(first, outcome),
+                                  outlier=key in marked))
                 if outcome in FAILED_OUTCOMES:
                     column.failed += 1
             elif column.check in (cluster_checks if is_cluster else per_node_checks):
@@ -551,7 +631,8 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str]) -> Ma
             else:
                 cells.append(Cell("blank"))
         status = status_of.get(CLUSTER_ROW if is_cluster else label, "")
-        matrix_rows.append(MatrixRow(label, is_cluster, status, cells))
+        warnings = [] if is_cluster else (node_warnings or {}).get(label, [])
+        matrix_rows.append(MatrixRow(label, is_cluster, status, cells, warnings))
 
     areas: list[tuple[str, int]] = []
     for column in columns:
@@ -751,11 +832,9 @@ def _metrics(checks: list[dict], layout: Layout, outliers: list[dict]) -> list[M
     groups = sorted(((str(check_name), str(metric_name), group) for (check_name, metric_name), group
                      in frame.groupby(["check", "name"], sort=False)),
                     key=lambda item: (layout.position.get(item[0], 0), item[2]["index"].min()))
-    called_out: dict[tuple[str, str], list[str]] = {}
+    called_out: dict[tuple[str, str], list[dict]] = {}
     for outlier in outliers:
-        called_out.setdefault((text(outlier.get("check")), text(outlier.get("metric"))), []).append(
-            f"{text(outlier.get('node'))}: {_with_unit(_number(outlier.get('value')), text(outlier.get('unit')))}"
-            f" ({format_margin(_number(outlier.get('deviation')))} vs median)")
+        called_out.setdefault((text(outlier.get("check")), text(outlier.get("metric"))), []).append(outlier)
     return [_metric_view(f"metric-{number}", check_name, metric_name, group, checks, layout,
                          called_out.get((check_name, metric_name), []))
             for number, (check_name, metric_name, group) in enumerate(groups)]
@@ -770,8 +849,11 @@ def _worst_first(entry: dict) -> tuple:
 
 
 def _metric_view(key: str, check_name: str, metric_name: str, group: pd.DataFrame,
-                 checks: list[dict], layout: Layout, outliers: list[str]) -> MetricView:
-    """The table worst margin first, min/median/max, outliers and a bar chart for one metric."""
+                 checks: list[dict], layout: Layout, outliers: list[dict]) -> MetricView:
+    """The table worst margin first, min/median/max, outliers (results.json's, marked on the
+    chart's bars) and a bar chart for one metric."""
+    standing_out = {text(o.get("node")) + (f" rail {text(o.get('rail'))}" if o.get("rail") is not None else ""): o
+                    for o in outliers}
     table = []
     for entry in sorted(group.to_dict("records"), key=_worst_first):
         check = checks[entry["index"]]
@@ -795,9 +877,20 @@ def _metric_view(key: str, check_name: str, metric_name: str, group: pd.DataFram
         high=_with_unit(values.max() if len(values) else None, unit),
         criterion=criterion,
         sources=list(dict.fromkeys(r.source for r in table if r.source != "—")),
-        outliers=outliers,
-        chart=_chart(group, layout, f"{check_name} · {metric_name}", unit) if len(values) else None,
+        outliers=[_called_out(where, outlier) for where, outlier in standing_out.items()],
+        outlier_rule=text(outliers[0].get("rule")) if outliers else "",
+        chart=(_chart(group, layout, f"{check_name} · {metric_name}", unit, standing_out)
+               if len(values) else None),
     )
+
+
+def _called_out(where: str, outlier: dict) -> str:
+    """"node5: 0.19 Gb/s (-94% vs the median, robust z -13.6)", under a metric's chart."""
+    z = _number(outlier.get("robust_z"))
+    details = [f"{format_margin(_number(outlier.get('deviation')))} vs the median",
+               *([f"robust z {format_number(z)}"] if z is not None else []),
+               *(["fails"] if outlier.get("severity") == "failure" else [])]
+    return f"{where}: {_with_unit(_number(outlier.get('value')), text(outlier.get('unit')))} ({', '.join(details)})"
 
 
 def _with_unit(value: Optional[float], unit: str) -> str:
@@ -811,11 +904,13 @@ LABEL_CHAR_PX = 6.0
 LABEL_CHARS = 14
 
 
-def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str) -> Chart:
+def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str,
+           standing_out: Optional[dict[str, dict]] = None) -> Chart:
     """Bars per node in node order on a zero-based axis, with the accepted band shaded.
 
     Zero-based so bar lengths stay honest; the band and the reference are drawn only when
-    they are in the metric's own unit.
+    they are in the metric's own unit. standing_out (where -> outlier) marks the outliers'
+    bars, unless the band already failed them.
     """
     measured = group.dropna(subset=["value"]).sort_values(["row", "index"]).to_dict("records")
     values = [entry["value"] for entry in measured]
@@ -847,9 +942,14 @@ def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str) -> Chart:
         top = y_of(entry["value"])
         judged = _ok(entry["ok"])
         state = "none" if judged is None else "ok" if judged else "fail"
+        tooltip = f"{node}: {_with_unit(entry['value'], unit)}"
+        outlier = (standing_out or {}).get(node)
+        if outlier is not None:
+            state = "fail" if state == "fail" else "outlier"
+            tooltip += f", outlier: {format_margin(_number(outlier.get('deviation')))} vs the median"
         bars.append(Bar(x=round(PLOT_LEFT + position * slot + gap / 2, 2), y=min(top, zero),
                         width=round(max(slot - gap, 0.5), 2), height=round(abs(zero - top), 2),
-                        state=state, tooltip=f"{node}: {_with_unit(entry['value'], unit)}"))
+                        state=state, tooltip=tooltip))
     prefix, names = "", nodes
     if _label_step(names, slot) > 1:
         prefix, names = _short_names(nodes)

@@ -8,6 +8,10 @@ names the waiver and the failure: Jenkins, GitLab and GitHub's test reporters al
 cases with their message, apart from passes, and a waiver must not turn the pipeline red when
 the gate (pytest's exit status) is green. Both carry <properties> (handover.action,
 handover.waived_owner, handover.waived_reason) for tools that read them.
+
+An outlier (results.json's outliers: a node's figure far from its peers') is carried by the
+node's test case of that check: a property handover.outlier.<metric> and a line in its
+<system-out>, so a passing case still shows it; an outlier the profile fails is a <failure>.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from reports.files import write_atomically
+from reports.verdict import outlier_line
 
 JUNIT_FILE = "junit.xml"
 
@@ -31,6 +36,9 @@ def render_junit(results: dict) -> bytes:
     run = results["run"]
     suite = ET.Element("testsuite", name=f"handover.{run['cluster']}", timestamp=run["started"] or "")
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    standing_out: dict[tuple, list[dict]] = {}
+    for outlier in results.get("outliers") or []:
+        standing_out.setdefault((outlier["check"], outlier["node"], outlier.get("rail")), []).append(outlier)
     for check in results["checks"]:
         module, _, name = check["test_id"].rpartition("::")
         case = _case(suite, counts, module.removesuffix(".py").replace("/", "."), _xml_text(name),
@@ -53,6 +61,9 @@ def render_junit(results: dict) -> bytes:
             _outcome(case, counts, "error", message, _with_action(evidence, action))
         elif check["outcome"] == "skipped":
             _outcome(case, counts, "skipped", message, "")
+        found = standing_out.get((check["check"], check.get("node"), check.get("rail"))) if check.get("node") else None
+        if found:
+            _outliers(case, counts, found, check["outcome"] == "passed")
     for node in results["nodes"]:
         if node["status"] == "untested":
             case = _case(suite, counts, "handover", f"results[{node['name']}]", 0)
@@ -61,6 +72,9 @@ def render_junit(results: dict) -> bytes:
     case = _case(suite, counts, "handover", "certification", 0)
     if verdict["status"] != "CERTIFIED":
         _outcome(case, counts, "failure", verdict["status"], "\n".join(verdict["reasons"]))
+    if verdict.get("warnings"):
+        ET.SubElement(case, "system-out").text = _xml_text(
+            "\n".join(f"warning: outlier {line}" for line in verdict["warnings"]))
     for key, value in counts.items():
         suite.set(key, str(value))
     return _document(suite)
@@ -89,6 +103,24 @@ def _properties(case: ET.Element, values: dict) -> None:
         properties = ET.SubElement(case, "properties")
         for name, value in given.items():
             ET.SubElement(properties, "property", name=name, value=_xml_text(value))
+
+
+def _outliers(case: ET.Element, counts: dict, found: list[dict], passed: bool) -> None:
+    """A case's outliers: properties, system-out, and a <failure> for a passed case whose
+    outlier the profile fails (a case that failed already says so)."""
+    lines = [("failure" if o.get("severity") == "failure" else "warning") + ": outlier " + outlier_line(o)
+             for o in found]
+    properties = case.find("properties")
+    if properties is None:
+        properties = ET.Element("properties")
+        case.insert(0, properties)
+    for outlier, line in zip(found, lines, strict=True):
+        ET.SubElement(properties, "property", name=f"handover.outlier.{outlier['metric']}",
+                      value=_xml_text(line))
+    failing = [line for outlier, line in zip(found, lines, strict=True) if outlier.get("severity") == "failure"]
+    if passed and failing:
+        _outcome(case, counts, "failure", f"[outlier] {failing[0]}", "\n".join(failing))
+    ET.SubElement(case, "system-out").text = _xml_text("\n".join(lines))
 
 
 def _outcome(case, counts, tag, message, text) -> None:

@@ -9,7 +9,7 @@ Keys (a public interface; add, never rename; reports/schemas/results.schema.json
     pair_low_fraction? (the profile's: a pair this far from the median of its peers is low),
     report_id, cluster_id, sign_off{engineer, customer},
     waivers[{check, nodes[], reason, owner, expires, waived}]},
-    signer{fingerprint, public_key}?, verdict{status, reasons, cluster_checks?, waived},
+    signer{fingerprint, public_key}?, verdict{status, reasons, cluster_checks?, waived, warnings[]?},
     nodes[{name, status, reasons}],
     checks[{test_id, check, area, depth[], node, outcome, kind, message, log_excerpt, duration_s,
             finished, raw[], metrics[{name, value, unit, reference, criterion, margin, ok, band?}],
@@ -18,7 +18,8 @@ Keys (a public interface; add, never rename; reports/schemas/results.schema.json
             pair_state?, pair_median? (the pair's heatmap state, judged against its campaign),
             series[{name, x_label, x_unit, y_label, y_unit, x_scale, lines[{label, points[[x, y]]}]}]?
             (curves such as busbw against message size or loss against step)}],
-    outliers[{check, metric, node, value, unit, median, deviation, rule}]
+    outliers[{check, metric, node, value, unit, median, deviation, rule, robust_z, severity, rail?}]
+    (per-node figures far from their peers: warnings, or failures for the profile's outliers.fail)
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
+from inventory.model import OutlierRule
 from reports.files import write_atomically
 from reports.ledger import RunRecord
 from reports.schema import validate_results
@@ -36,8 +38,10 @@ from reports.verdict import Verdict, is_waived, judge
 RESULTS_SCHEMA = "handover.results/1"
 SIGN_OFF_ROLES = ("engineer", "customer")  # the operator's engineer, then the customer
 WAIVER_KEYS = ("check", "nodes", "reason", "owner", "expires")
-OUTLIER_FRACTION = 0.10  # a node this far on the bad side of its peers' median is an outlier
-OUTLIER_MIN_NODES = 3  # fewer figures make no median to stand out from
+MAD_SCALE = 1.4826  # MAD -> standard deviation, for normally distributed figures
+RATE_UNITS = ("IOPS",)  # rates without "/s" in their unit: low is bad
+TIME_UNITS = ("s", "ms", "us", "µs", "ns")  # times (latency, step time): high is bad
+DEFAULT_OUTLIER_RULE = OutlierRule()  # a profile without `outliers:`
 RESULTS_FILE = "results.json"
 METRICS_CSV = "metrics.csv"
 
@@ -51,7 +55,8 @@ def report_id(cluster_id: str, run_id: str) -> str:
 def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dict, Verdict]:
     header = record.header
     profile = header.get("profile", {})
-    verdict = judge(profile, record.nodes, record.checks, record.planned, record.interrupted)
+    found = outliers(record.checks, outlier_rule(profile))
+    verdict = judge(profile, record.nodes, record.checks, record.planned, record.interrupted, found)
     cluster_id = header.get("cluster_id") or header.get("cluster") or ""
     results: dict = {
         "schema": RESULTS_SCHEMA,
@@ -76,10 +81,12 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
         "verdict": {"status": verdict.status, "reasons": verdict.reasons, "waived": verdict.waived},
         "nodes": verdict.nodes,
         "checks": [{k: v for k, v in entry.items() if k != "type"} for entry in record.checks],
-        "outliers": outliers(record.checks),
+        "outliers": found,
     }
     if verdict.cluster_checks is not None:
         results["verdict"]["cluster_checks"] = verdict.cluster_checks
+    if verdict.warnings:  # beside the status, which stays one of the three
+        results["verdict"]["warnings"] = verdict.warnings
     low_fraction = (profile.get("expect") or {}).get("pair_low_fraction")
     if low_fraction is not None:  # the report's heatmaps mark low pairs as the attribution does
         results["run"]["pair_low_fraction"] = low_fraction
@@ -98,47 +105,87 @@ def waivers_applied(waivers: list[dict], checks: list[dict]) -> list[dict]:
     return [{**{key: waiver.get(key) for key in WAIVER_KEYS}, "waived": count(waiver)} for waiver in waivers]
 
 
-def outliers(checks: list[dict]) -> list[dict]:
-    """Per-node figures more than OUTLIER_FRACTION from the median of their peers on the bad
-    side, worst first: a node inside its band can still be the slow one of its fleet.
+def outlier_rule(profile: dict) -> OutlierRule:
+    """The run header's profile.outliers (inventory.model.OutlierRule.as_dict) as a rule; a ledger
+    written before profiles had the key, or a profile without it, gets the defaults."""
+    given = profile.get("outliers") or {}
+    defaults = DEFAULT_OUTLIER_RULE
+    return OutlierRule(z=float(given.get("z", defaults.z)),
+                       min_deviation=float(given.get("min_deviation", defaults.min_deviation)),
+                       min_nodes=int(given.get("min_nodes", defaults.min_nodes)),
+                       fail=tuple(given.get("fail") or ()), ignore=tuple(given.get("ignore") or ()))
 
-    The bad side is the side the band bounds (a floor: low is bad; a ceiling: high is bad);
-    a metric with both bounds or none is judged on both sides.
+
+def outliers(checks: list[dict], rule: OutlierRule = DEFAULT_OUTLIER_RULE) -> list[dict]:
+    """Per-node figures far from the same figure of their peers, on the side that is bad for
+    the metric, worst first: a node inside its band can still be the slow one of its fleet.
+
+    Robust, so the outliers themselves do not move the yardstick: the median of the nodes and
+    their MAD (median absolute deviation, scaled by 1.4826 to read like a standard deviation
+    on normal data). A node is named when its robust z is above rule.z and it is more than
+    rule.min_deviation from the median (a fraction of it): in a tight fleet the MAD is tiny
+    and z alone would name noise; in a spread-out one z keeps a 10% miss from counting.
+    Every node that measured the metric counts, passed or not, and at least rule.min_nodes of
+    them are needed for a median worth comparing with. The bad side is the one the band
+    bounds (a floor: low is bad; a ceiling: high is bad); without a band, or with both bounds,
+    the unit says it (a rate, per second: low; a time: high); else a band's two sides are, and
+    a metric without a band or a telling unit (a count of retransmits) is not judged.
+    rule.ignore names metrics that are not judged at all.
     """
-    groups: dict[tuple[str, str], list[tuple[str, dict]]] = {}
+    groups: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
     for entry in checks:
         if entry.get("node") is None:
             continue
         for metric in entry.get("metrics") or []:
             if _finite(metric.get("value")):
-                groups.setdefault((entry["check"], metric["name"]), []).append((entry["node"], metric))
+                groups.setdefault((entry["check"], metric["name"]), []).append((entry, metric))
     found = []
     for (check, name), measured in groups.items():
-        if len(measured) < OUTLIER_MIN_NODES:
+        if name in rule.ignore or len({entry["node"] for entry, _ in measured}) < rule.min_nodes:
             continue
-        median = statistics.median(metric["value"] for _, metric in measured)
+        values = [metric["value"] for _, metric in measured]
+        median = statistics.median(values)
         if median == 0:
-            continue
+            continue  # no scale to take a fraction of
+        spread = MAD_SCALE * statistics.median(abs(value - median) for value in values)
         low_bad, high_bad = _bad_sides([metric for _, metric in measured])
-        rule = (f"more than {OUTLIER_FRACTION:.0%} "
-                f"{'below' if not high_bad else 'above' if not low_bad else 'from'} "
-                f"the median of {len(measured)} nodes")
-        for node, metric in measured:
+        if not (low_bad or high_bad):
+            continue
+        unit = next((metric.get("unit") for _, metric in measured if metric.get("unit")), None)
+        side = "below" if not high_bad else "above" if not low_bad else "from"
+        rule_text = (f"robust z above {rule.z:g} and more than {rule.min_deviation:.0%} {side} the "
+                     f"median of {len(measured)} nodes (scaled MAD {spread:.3g}{' ' + unit if unit else ''})")
+        for entry, metric in measured:
             deviation = (metric["value"] - median) / abs(median)
-            if (low_bad and deviation < -OUTLIER_FRACTION) or (high_bad and deviation > OUTLIER_FRACTION):
-                found.append({"check": check, "metric": name, "node": node, "value": metric["value"],
-                              "unit": metric.get("unit"), "median": median,
-                              "deviation": round(deviation, 4), "rule": rule})
+            bad = (low_bad and deviation < 0) or (high_bad and deviation > 0)
+            if not bad or abs(deviation) <= rule.min_deviation:
+                continue
+            z = (metric["value"] - median) / spread if spread else None  # None: every peer at the median
+            if z is not None and abs(z) <= rule.z:
+                continue
+            outlier = {"check": check, "metric": name, "node": entry["node"], "value": metric["value"],
+                       "unit": metric.get("unit"), "median": median, "deviation": round(deviation, 4),
+                       "rule": rule_text, "robust_z": None if z is None else round(z, 2),
+                       "severity": "failure" if name in rule.fail else "warning"}
+            if entry.get("rail") is not None:
+                outlier["rail"] = entry["rail"]
+            found.append(outlier)
     return sorted(found, key=lambda o: -abs(o["deviation"]))
 
 
 def _bad_sides(metrics: list[dict]) -> tuple[bool, bool]:
+    """(low is bad, high is bad) for a metric: from its band, else from its unit."""
     bands = [metric.get("band") or [None, None] for metric in metrics]
     floor = any(band[0] is not None for band in bands)
     ceiling = any(band[1] is not None for band in bands)
     if floor != ceiling:
         return floor, ceiling
-    return True, True
+    unit = next((metric.get("unit") for metric in metrics if metric.get("unit")), "") or ""
+    if unit.endswith("/s") or unit in RATE_UNITS:
+        return True, False
+    if unit in TIME_UNITS:
+        return False, True
+    return floor, ceiling  # both bounds: both sides; no band and a unit that says nothing: neither
 
 
 def _finite(value) -> bool:

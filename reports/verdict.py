@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import hostlist
 
@@ -29,6 +29,13 @@ class Verdict:
     untested_nodes: list[str] = field(default_factory=list)
     cluster_checks: Optional[str] = None  # passed|failed|incomplete; None: no cluster-wide check
     waived: int = 0  # failures the inventory waived: not counted against the verdict
+    warnings: list[str] = field(default_factory=list)  # outliers the profile does not fail, one line each
+
+    @property
+    def headline(self) -> str:
+        """The status with its warnings beside it: "CERTIFIED, 3 warnings"."""
+        count = len(self.warnings)
+        return f"{self.status}, {count} warning{'s' if count != 1 else ''}" if count else self.status
 
     @property
     def gate_failed(self) -> bool:
@@ -37,8 +44,9 @@ class Verdict:
 
 
 def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str],
-          interrupted: bool) -> Verdict:
-    """profile: the run header's profile (mandatory, references); planned: collected test ids."""
+          interrupted: bool, outliers: Sequence[dict] = ()) -> Verdict:
+    """profile: the run header's profile (mandatory, references); planned: collected test ids;
+    outliers: reports.results.outliers of the checks, warnings unless their severity is failure."""
     mandatory: list[str] = profile.get("mandatory", [])
     references: dict = profile.get("references", {})
 
@@ -76,6 +84,14 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
 
     failures[:0] = [f"{where}: {', '.join(names)} failed ({kind}): {message}"
                     for (where, kind, message), names in failed_alike.items()]
+    warnings = []
+    for outlier in outliers:
+        line = outlier_line(outlier)
+        if outlier.get("severity") == "failure":
+            failures.append(f"{line}: an outlier, which the profile fails for {outlier['metric']}")
+            per_node[outlier["node"]]["failed"].append(f"outlier: {line}")
+        else:
+            warnings.append(line)
 
     for check in mandatory:
         entries = by_check.get(check, [])
@@ -128,19 +144,31 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
                       for (check, owner, reason), where in waived.items()]
     if failures:
         return Verdict(NOT_CERTIFIED, failures + incomplete + waived_reasons, node_rows, untested,
-                       cluster_checks, waived_count)
+                       cluster_checks, waived_count, warnings)
     passed = sum(1 for entry in checks if entry["outcome"] == "passed")
     if not passed:
         incomplete.append("no check passed")
     if incomplete:
         return Verdict(INCOMPLETE, incomplete + waived_reasons, node_rows, untested, cluster_checks,
-                       waived_count)
+                       waived_count, warnings)
     skipped = sum(1 for entry in checks if entry["outcome"] == "skipped")
     summary = (f"all {passed} checks passed on {len(nodes)} node(s)" if not skipped and not waived_count else
                f"{passed} checks passed on {len(nodes)} node(s)"
                + (f", {skipped} optional ones skipped" if skipped else "")
                + (f", {waived_count} failure(s) waived" if waived_count else ""))
-    return Verdict(CERTIFIED, [summary, *waived_reasons], node_rows, untested, cluster_checks, waived_count)
+    return Verdict(CERTIFIED, [summary, *waived_reasons], node_rows, untested, cluster_checks, waived_count,
+                   warnings)
+
+
+def outlier_line(outlier: dict) -> str:
+    """One outlier as a person reads it, for the verdict, the node table and JUnit."""
+    unit = f" {outlier['unit']}" if outlier.get("unit") else ""
+    rail = f" rail {outlier['rail']}" if outlier.get("rail") is not None else ""
+    z = outlier.get("robust_z")
+    return (f"{outlier['node']}{rail}: {outlier['check']} {outlier['metric']} = {outlier['value']:g}{unit}, "
+            f"{abs(outlier['deviation']):.0%} {'below' if outlier['deviation'] < 0 else 'above'} the median "
+            f"{outlier['median']:.4g}{unit} of its peers "
+            f"({'robust z ' + format(z, 'g') if z is not None else 'every other node at the median'})")
 
 
 def is_waived(entry: dict) -> bool:

@@ -327,7 +327,7 @@ def test_metric_chart_draws_band_and_marks_nodes_below_it():
     assert ["bar-fail" in b.classes() for b in bars] == [False, True, False]
     assert svg.find_all("rect", "band")
     assert "median 12 GiB" in root.find("section", "metric").find("div", "stats").text()
-    assert "node2" in root.find("section", "metric").find("div", "outliers").text()
+    assert not root.find("section", "metric").find_all("div", "outliers")  # 3 nodes: too few to compare
 
 
 def test_large_cluster_renders_quickly_and_stays_small():

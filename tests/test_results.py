@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reports.results import OUTLIER_FRACTION, outliers
+from reports.results import DEFAULT_OUTLIER_RULE, outliers
 from reports.verdict import cluster_status
 
 
@@ -19,7 +19,9 @@ def test_a_node_far_below_its_peers_is_an_outlier_even_inside_its_band():
     [found] = outliers(checks)
     assert found == {"check": "stress_ng", "metric": "stress_cpu_bogo_ops", "node": "n6", "value": 800.0,
                      "unit": "bogo ops/s", "median": 1000.0, "deviation": -0.2,
-                     "rule": "more than 10% below the median of 6 nodes"}
+                     "rule": "robust z above 3.5 and more than 10% below the median of 6 nodes "
+                             "(scaled MAD 0 bogo ops/s)",
+                     "robust_z": None, "severity": "warning"}
 
 
 def test_only_the_side_the_band_bounds_is_bad():
@@ -30,12 +32,15 @@ def test_only_the_side_the_band_bounds_is_bad():
     assert [o["node"] for o in outliers(latency + [slow, quick])] == ["n5"]
 
 
-def test_unbounded_or_two_sided_metrics_are_judged_on_both_sides_worst_first():
-    checks = [entry(f"n{i}", 50.0, band=None) for i in range(1, 5)]
-    checks += [entry("n5", 70.0, band=None), entry("n6", 38.0, band=None)]
+def test_two_sided_metrics_are_judged_on_both_sides_worst_first():
+    """A band with both bounds, in a unit that is neither a rate nor a time: both sides are bad."""
+    checks = [entry(f"n{i}", 50.0, band=(10.0, 90.0), unit="count") for i in range(1, 5)]
+    checks += [entry("n5", 70.0, band=(10.0, 90.0), unit="count"), entry("n6", 38.0, band=(10.0, 90.0), unit="count")]
     found = outliers(checks)
     assert [(o["node"], o["deviation"]) for o in found] == [("n5", 0.4), ("n6", -0.24)]
-    assert found[0]["rule"] == "more than 10% from the median of 6 nodes"
+    assert found[0]["rule"] == "robust z above 3.5 and more than 10% from the median of 6 nodes (scaled MAD 0 count)"
+    unbounded = [{**c, "metrics": [{**c["metrics"][0], "band": None}]} for c in checks]
+    assert outliers(unbounded) == []  # no band, and a count says nothing of which side is bad
 
 
 def test_no_outliers_without_enough_nodes_or_a_median_or_a_node():
@@ -46,7 +51,7 @@ def test_no_outliers_without_enough_nodes_or_a_median_or_a_node():
 
 
 def test_a_tight_fleet_flags_nothing():
-    checks = [entry(f"n{i}", 1000.0 * (1 - OUTLIER_FRACTION / 2) ** (i % 2)) for i in range(1, 17)]
+    checks = [entry(f"n{i}", 1000.0 * (1 - DEFAULT_OUTLIER_RULE.min_deviation / 2) ** (i % 2)) for i in range(1, 17)]
     assert outliers(checks) == []
 
 
