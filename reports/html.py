@@ -25,6 +25,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from reports.curves import CurveChart, build_curves, nice_ticks
 from reports.files import write_atomically
+from reports.retest import addendum_view
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
@@ -368,6 +369,7 @@ class View:
     waived: list[Waived] = field(default_factory=list)
     waivers: list[dict] = field(default_factory=list)  # as the inventory declared them
     sign_off: list[dict] = field(default_factory=list)  # [{role, name}], name "" for a blank line
+    addendum: Optional[dict] = None  # a re-test: the report it completes, original -> re-test per check
 
 
 def build_view(results: dict) -> View:
@@ -417,6 +419,7 @@ def build_view(results: dict) -> View:
         waivers=_waivers(run.get("waivers") or []),
         sign_off=[{"role": label, "name": text((run.get("sign_off") or {}).get(role))}
                   for role, label in SIGN_OFF_ROLES],
+        addendum=addendum_view(results, text),
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from reports.bundle import Finding, sha256_of, verify
 from reports.ledger import LedgerError, RunRecord, read_ledger
@@ -217,3 +217,28 @@ def tie_findings(run_dir: Path, results: dict, signed: Iterable[str],
                         f"{check.problems[0]}")]
     return [Finding(True, where, f"the original {original.name} verifies and its {RESULTS_FILE} is the "
                     f"one this re-test was run against (SHA-256 {digest[:16]}...)")]
+
+
+# --- The report's banner and table -------------------------------------------------------------
+
+_ROW_ORDER = {"failed": 0, "error": 0, "skipped": 1, None: 2, "passed": 3}  # still failing first
+
+
+def addendum_view(results: dict, clean: Callable[[object], str]) -> Optional[dict]:
+    """What the report's addendum banner and table show, as plain strings (clean: the report's
+    own text filter); None for a run that is not a re-test."""
+    tie = (results.get("run") or {}).get(RETEST_OF)
+    if not isinstance(tie, dict):
+        return None
+    ordered: list[tuple[int, dict]] = []
+    for row in results.get("retest") or []:
+        original, new = row.get("original") or {}, row.get("retest")
+        outcome = new.get("outcome") if isinstance(new, dict) else None
+        ordered.append((_ROW_ORDER.get(outcome, 2), {
+            "check": clean(row.get("check")), "where": clean(row.get("node") or "cluster"),
+            "original": clean(original.get("outcome")), "original_message": clean(original.get("message")),
+            "retest": clean(outcome or "not re-tested"), "retest_message": clean((new or {}).get("message"))}))
+    rows = [row for _, row in sorted(ordered, key=lambda pair: pair[0])]
+    return {"report_id": clean(tie.get("report_id")), "run_id": clean(tie.get("run_id")),
+            "results_sha256": clean(tie.get("results_sha256")), "rows": rows,
+            "passing": sum(1 for row in rows if row["retest"] == "passed")}
