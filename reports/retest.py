@@ -159,7 +159,8 @@ def build_addendum(record: RunRecord, signer: Optional[dict] = None) -> tuple[di
     """results.json of a re-test. Its own checks are judged as any run's, but not against the
     profile's mandatory list (the original's record holds what passed there); then each
     outstanding check of the original counts: failed again, not re-tested (a failure stays one,
-    a missing result stays missing), or skipped (only an optional check without a result may)."""
+    a missing result stays missing), or skipped where the profile makes it mandatory. An optional
+    check may skip, as in any run: one that failed as unreachable may find no GPU to check."""
     profile = {**record.header.get("profile", {}), "mandatory": []}
     judged = dataclasses.replace(record, header={**record.header, "profile": profile})
     results, own = build_results(judged, signer)
@@ -176,9 +177,6 @@ def build_addendum(record: RunRecord, signer: Optional[dict] = None) -> tuple[di
             (failed if row["original"]["outcome"] in FAILED_OUTCOMES else incomplete).append(line)
         elif row["retest"]["outcome"] == "skipped" and row["check"] in mandatory:
             incomplete.append(f"{where}: mandatory check {row['check']!r} skipped: {row['retest']['message']}")
-        elif row["retest"]["outcome"] == "skipped" and row["original"]["outcome"] != NOT_RUN:
-            incomplete.append(f"{where}: {row['check']} skipped, where {tie['report_id']} has it "
-                              f"{row['original']['outcome']}: {row['retest']['message']}")
     passing = sum(1 for row in rows if row["retest"] and row["retest"]["outcome"] == "passed")
     headline = f"addendum to {tie['report_id']}: {passing} of {len(rows)} outstanding check(s) now pass"
     if own.status == NOT_CERTIFIED or failed:

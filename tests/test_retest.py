@@ -1,13 +1,15 @@
 """Re-tests on the record: `--retest RUN_DIR` runs again only what a run lacked, on the nodes it
 concerns, as a signed addendum tied to the original's report ID.
 
-Two real runs on this machine (transport local, `-m system`): a memory band the inventory makes
-impossible fails the original; the band is corrected in the inventory and the re-test runs that
-check alone. Two namespace nodes, one behind a dead link, check that only the failed node is
-re-tested. The verdict's rules and the bad inputs are tested on ledgers shaped like theirs.
+Two real runs on this machine (transport local): a memory band the inventory makes impossible
+fails the original; the band is corrected in the inventory and the re-test runs that check alone.
+Two namespace nodes, one behind a dead link, check that only the failed node is re-tested. Both
+select a few cheap checks with -k, under a profile that makes just those mandatory (CI time). The
+verdict's rules and the bad inputs are tested on ledgers shaped like theirs.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -21,12 +23,15 @@ from test_e2e import handover, results_of, run_dir_of, run_suites, ssh_keygen_ve
 from handover.session import AcceptanceSession, SessionError
 from reports.html import render_html
 from reports.ledger import RunRecord
+from reports.render import verify_run
 from reports.retest import NOT_RUN, RETEST_OF, Original, build_addendum
 from reports.schema import validate_ledger_entry, validate_results
 from reports.verdict import CERTIFIED, INCOMPLETE, NOT_CERTIFIED
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY = "suites/test_system.py::test_memory[localhost]"
+# A few cheap checks; the profile below makes these, and only these, mandatory.
+CHEAP = ("-m", "system", "-k", "test_reachable or test_memory or test_os")
 IMPOSSIBLE = "  memory_total: {value: 100000, lower: -0.02, source: \"contract: 100 TB per node\"}\n"
 
 
@@ -37,9 +42,20 @@ def retest_run(inventory: Path, key: Path, original: Path, *extra) -> subprocess
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+def cheap_profile(directory: Path) -> Path:
+    """cpu-only with only the CHEAP checks mandatory: a run of those alone can be certified."""
+    import yaml
+
+    profile = yaml.safe_load((ROOT / "inventory" / "profiles" / "cpu-only.yaml").read_text())
+    profile.update(profile="retest-smoke", mandatory=["reachable", "os", "memory"])
+    path = directory / "retest-smoke.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
 def local_inventory(directory: Path, references: str = "", cluster: str = "here") -> Path:
     path = directory / f"{cluster}.yaml"
-    path.write_text(f"cluster: {cluster}\ncluster_id: ACME-{cluster.upper()}\nprofile: cpu-only\n"
+    path.write_text(f"cluster: {cluster}\ncluster_id: ACME-{cluster.upper()}\nprofile: {cheap_profile(directory)}\n"
                     "transport: local\nnodes: [localhost]\n" + (f"references:\n{references}" if references else ""))
     return path
 
@@ -50,10 +66,10 @@ def local_retest(sign_key, tmp_path_factory):
     band is corrected: (original run, re-test run, their run directories, the re-test's inventory)."""
     tmp = tmp_path_factory.mktemp("retest")
     inventory = local_inventory(tmp, IMPOSSIBLE)
-    first = run_suites(inventory, tmp / "out", sign_key, "-m", "system")
+    first = run_suites(inventory, tmp / "out", sign_key, *CHEAP)
     original = run_dir_of(tmp / "out", "here")
     local_inventory(tmp)  # the band corrected, the same file
-    second = retest_run(inventory, sign_key, original, "-m", "system")
+    second = retest_run(inventory, sign_key, original, *CHEAP)
     return first, second, original, run_dir_of(tmp / "out", "here"), inventory
 
 
@@ -79,7 +95,7 @@ def test_the_addendum_is_tied_to_the_original_and_shows_both_outcomes(local_rete
     tie = after["run"][RETEST_OF]
     assert tie["report_id"] == before["run"]["report_id"] == f"ACME-HERE-{original.name}"
     assert tie["run_id"] == original.name
-    assert tie["results_sha256"] == handover_sha256(original / "results.json")
+    assert tie["results_sha256"] == hashlib.sha256((original / "results.json").read_bytes()).hexdigest()
     assert tie["inventory_sha256"] == before["run"]["inventory"]["sha256"] != after["run"]["inventory"]["sha256"]
     [row] = after["retest"]
     assert row["test_id"] == MEMORY and row["node"] == "localhost"
@@ -102,9 +118,8 @@ def test_both_runs_stay_signed_and_the_history_stays_visible(local_retest):
     assert results_of(original)["verdict"]["status"] == NOT_CERTIFIED  # never rewritten
     assert "Addendum" not in (original / "report.html").read_text()
     assert (original.parent / "latest").resolve() == retest
-    verified = handover("verify", original)
-    assert verified.returncode == 0, verified.stdout
-    assert "retest_of" not in verified.stdout
+    check = verify_run(original)
+    assert check.ok and not any("retest_of" in str(finding) for finding in check.findings)
 
 
 def test_verify_checks_the_tie_when_the_original_is_beside_it(local_retest, tmp_path):
@@ -116,34 +131,39 @@ def test_verify_checks_the_tie_when_the_original_is_beside_it(local_retest, tmp_
     alone = tmp_path / "alone"
     alone.mkdir()
     shutil.copytree(retest, alone / retest.name)
-    verified = handover("verify", alone / retest.name)
-    assert verified.returncode == 0, verified.stdout
+    check = verify_run(alone / retest.name)
+    assert check.ok
     assert f"-- retest_of ACME-HERE-{original.name}: the original run directory {original.name} is not " \
-           "beside this one: the tie is not checked" in verified.stdout
+           "beside this one: the tie is not checked (put it there and verify again)" in map(str, check.findings)
 
     both = tmp_path / "both"
     both.mkdir()
     for run_dir in (original, retest):
         shutil.copytree(run_dir, both / run_dir.name)
+    assert verify_run(both / retest.name).ok
     raw = next((both / original.name / "raw").rglob("*.stdout"))
     raw.write_bytes(raw.read_bytes() + b" ")
-    verified = handover("verify", both / retest.name)
-    assert verified.returncode == 1
-    assert f"BAD retest_of ACME-HERE-{original.name}: the original {original.name} has 1 problem(s)" in verified.stdout
+    [problem] = verify_run(both / retest.name).problems
+    assert str(problem).startswith(f"BAD retest_of ACME-HERE-{original.name}: the original {original.name} "
+                                   f"has 1 problem(s): BAD raw/")
 
     results = both / original.name / "results.json"
     results.write_bytes(results.read_bytes().replace(b"NOT CERTIFIED", b"CERTIFIED"))
-    verified = handover("verify", both / retest.name)
-    assert f"BAD retest_of ACME-HERE-{original.name}: {original.name}/results.json has SHA-256" in verified.stdout
+    [problem] = verify_run(both / retest.name).problems
+    assert str(problem).startswith(f"BAD retest_of ACME-HERE-{original.name}: {original.name}/results.json has SHA-256")
 
 
 def test_a_retest_with_nothing_outstanding_is_refused(local_retest, sign_key, tmp_path):
+    """The re-test passed all it re-tested: re-testing it again finds nothing (what passed in the
+    original is on the original's record), before a run directory is made."""
     _, _, _, retest, inventory = local_retest
-    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system", "--retest", retest)
-    assert done.returncode == 4, done.stdout + done.stderr  # pytest's usage error
-    assert f"ERROR: --retest: {retest} has nothing to re-test: no check failed, errored or went without a result" \
-        in done.stderr
-    assert not (tmp_path / "out").exists()
+    session = AcceptanceSession.open(inventory=str(inventory), out=None, nodes=None, resume=None,
+                                     sign_key=str(sign_key), retest=str(retest), say=lambda line: None)
+    with pytest.raises(SessionError) as caught:
+        session.retest_selection([(MEMORY, "memory", "localhost"), (MEMORY.replace("memory", "os"), "os", "localhost")])
+    assert str(caught.value) == f"--retest: {retest} has nothing to re-test: no check failed, errored or went " \
+                                "without a result"
+    assert session.ledger is None
 
 
 def test_bad_run_directories_are_one_line_and_a_non_zero_exit(local_retest, sign_key, tmp_path):
@@ -175,28 +195,23 @@ def test_bad_run_directories_are_one_line_and_a_non_zero_exit(local_retest, sign
     assert not (tmp_path / "out").exists()
 
 
-def handover_sha256(path: Path) -> str:
-    import hashlib
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 # ---------------------------------------------------------------- two namespace nodes
 
 
 def test_only_the_failed_node_is_retested(ns_cluster_factory, sign_key, tmp_path):
     """node2 behind a dead link fails every check as unreachable; its link mended, the re-test
-    runs node2's checks alone, and the cluster-wide uniformity (passed) is not run again."""
+    runs node2's checks alone (node1's passed: they stand on the original's record)."""
     nodes = ns_cluster_factory(2)
-    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml", profile=str(cheap_profile(tmp_path)))
     nodes.link_down("node2")
-    first = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system")
+    first = run_suites(inventory, tmp_path / "out", sign_key, *CHEAP)
     assert first.returncode == 1, first.stdout + first.stderr
     original = run_dir_of(tmp_path / "out", "nscluster")
     failed = {c["test_id"] for c in results_of(original)["checks"] if c["outcome"] == "failed"}
     assert failed and all(test_id.endswith("[node2]") for test_id in failed)
 
     nodes.link_up("node2")
-    second = retest_run(inventory, sign_key, original, "-m", "system")
+    second = retest_run(inventory, sign_key, original, *CHEAP)
     assert second.returncode == 0, second.stdout + second.stderr
     after = results_of(run_dir_of(tmp_path / "out", "nscluster"))
     assert after["run"]["nodes"] == ["node2"]
@@ -287,13 +302,14 @@ def test_a_failure_not_retested_stays_on_the_original_record(original):
     assert next(row for row in results["retest"] if row["check"] == "memory")["retest"] is None
 
 
-def test_a_missing_result_not_retested_or_a_failure_that_now_skips_is_incomplete(original):
+def test_a_missing_result_not_retested_or_a_mandatory_check_that_skips_is_incomplete(original):
     results = addendum_of(original, [entry("memory", "n2", "passed"), entry("kernel", "n1", "skipped", "no dmesg"),
-                                     entry("os", "n1", "passed")])
+                                     entry("os", "n1", "skipped", "no os-release")])
     assert results["verdict"]["status"] == INCOMPLETE
     reasons = results["verdict"]["reasons"]
     assert "n2: kernel was not re-tested; it stays not run on the record of POD-20261201T100000Z-0000000a" in reasons
-    assert "n1: kernel skipped, where POD-20261201T100000Z-0000000a has it error: no dmesg" in reasons
+    assert "n1: mandatory check 'os' skipped: no os-release" in reasons
+    assert not any("kernel skipped" in reason for reason in reasons)  # optional: it may skip, as in any run
 
 
 def test_a_retest_fails_where_a_check_fails_again(original):
