@@ -156,7 +156,10 @@ class AcceptanceSession:
 
     def retest_selection(self, collected: list[tuple[str, str, Optional[str]]]) -> Optional[set[str]]:
         """For --retest, the test ids to run again among everything collected (test_id, check,
-        node), before -k/-m narrow it; None for any other run. Nothing outstanding is an error."""
+        node), before -k/-m narrow it; None for any other run. Nothing outstanding is an error.
+        A re-test resumed after an interruption keeps to the checks it set out to run."""
+        if self.resumed is not None and RETEST_OF in self.resumed.header:
+            return {entry["test_id"] for entry in self.resumed.header[RETEST_OF]["checks"]}
         if self.original is None:
             return None
         self.retested = self.original.outstanding(collected)

@@ -166,6 +166,16 @@ def test_a_retest_with_nothing_outstanding_is_refused(local_retest, sign_key, tm
     assert session.ledger is None
 
 
+def test_a_resumed_retest_keeps_to_what_it_set_out_to_retest(local_retest, sign_key):
+    """--resume of a re-test cut short runs only its own outstanding checks that lack a result."""
+    _, _, _, retest, inventory = local_retest
+    session = AcceptanceSession.open(inventory=str(inventory), out=None, nodes=None, resume=str(retest),
+                                     sign_key=str(sign_key), say=lambda line: None)
+    assert session.retest_selection([(MEMORY, "memory", "localhost"),
+                                     (MEMORY.replace("memory", "os"), "os", "localhost")]) == {MEMORY}
+    assert session.already_done() == {MEMORY}
+
+
 def test_bad_run_directories_are_one_line_and_a_non_zero_exit(local_retest, sign_key, tmp_path):
     _, _, original, _, inventory = local_retest
     done = run_suites(inventory, tmp_path / "out", sign_key, "--retest", tmp_path / "nosuchrun")
