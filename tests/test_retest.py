@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MEMORY = "suites/test_system.py::test_memory[localhost]"
 # A few cheap checks; the profile below makes these, and only these, mandatory.
 CHEAP = ("-m", "system", "-k", "test_reachable or test_memory or test_os")
+# This machine is one node to every local run on it (other test runs too): wait for its lock.
+WAIT = ("--busy-nodes", "wait")
 IMPOSSIBLE = "  memory_total: {value: 100000, lower: -0.02, source: \"contract: 100 TB per node\"}\n"
 
 
@@ -66,10 +68,10 @@ def local_retest(sign_key, tmp_path_factory):
     band is corrected: (original run, re-test run, their run directories, the re-test's inventory)."""
     tmp = tmp_path_factory.mktemp("retest")
     inventory = local_inventory(tmp, IMPOSSIBLE)
-    first = run_suites(inventory, tmp / "out", sign_key, *CHEAP)
+    first = run_suites(inventory, tmp / "out", sign_key, *CHEAP, *WAIT)
     original = run_dir_of(tmp / "out", "here")
     local_inventory(tmp)  # the band corrected, the same file
-    second = retest_run(inventory, sign_key, original, *CHEAP)
+    second = retest_run(inventory, sign_key, original, *CHEAP, *WAIT)
     return first, second, original, run_dir_of(tmp / "out", "here"), inventory
 
 
