@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Ed25519 OpenSSH private key (default: this machine's handover key)")
     report.set_defaults(handler=cmd_report)
 
-    verify = verbs.add_parser("verify", help="check the signatures and every file's SHA-256 in manifest.json; "
+    verify = verbs.add_parser("verify", help="check the signatures and every file's SHA-256 in manifest.json "
+                                             "(for a re-test, also its tie to the original run beside it); "
                                              "non-zero on any problem")
     verify.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     verify.add_argument("--allowed-signers", type=Path, metavar="FILE",
@@ -97,7 +98,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    """One line per signature and per file that changed, went missing or was added; who signed."""
+    """One line per signature and per file that changed, went missing or was added (and for a
+    re-test, one on its tie to the original run); who signed."""
     from reports.render import verify_run
 
     if not args.run_dir.is_dir():

@@ -1,7 +1,7 @@
 """The handover pytest plugin, installed with the package (a pytest11 entry point).
 
-    pytest --inventory CLUSTER.yaml [--out DIR] [--nodes PATTERN] [--resume RUN_DIR] [--sign-key KEY]
-                  [--busy-nodes refuse|wait|ignore]
+    pytest --inventory CLUSTER.yaml [--out DIR] [--nodes PATTERN] [--resume RUN_DIR | --retest RUN_DIR]
+                  [--sign-key KEY] [--busy-nodes refuse|wait|ignore]
 
 Being installed rather than in a conftest.py, its options are known before pytest reads the
 command line, so `--inventory /etc/handover/prod.yaml` works from any directory and in either
@@ -22,7 +22,6 @@ from handover.recorder import SUITES_DIR, Recorder, test_id
 from handover.session import BUSY_NODES, AcceptanceSession, SessionError
 from runners.fanout import Progress
 
-DEFAULT_OUT = "out"
 PROGRESS_EVERY_S = 15  # without a terminal (CI logs), one progress line this often
 REASONS_SHOWN = 20
 STOPPED = "handover: the run stopped: a run file could not be written (see above)"
@@ -46,14 +45,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("handover", "handover acceptance runs")
     group.addoption("--inventory", metavar="FILE",
                     help="cluster inventory YAML (e.g. inventory/local.yaml); required for the suites")
-    group.addoption("--out", metavar="DIR", default=DEFAULT_OUT,
-                    help="base directory for run directories (default: out/)")
+    group.addoption("--out", metavar="DIR",
+                    help="base directory for run directories (default: out/; for --retest, where "
+                         "the re-tested run is)")
     group.addoption("--nodes", metavar="PATTERN",
                     help="only these nodes: comma-separated hostlist expressions or globs "
                          "(gpu[001-004],gpu01*)")
     group.addoption("--resume", metavar="RUN_DIR",
                     help="continue an interrupted run: run only the checks it has no result for, "
                          "appending to its ledger (e.g. out/<cluster>/latest)")
+    group.addoption("--retest", metavar="RUN_DIR",
+                    help="after repairs, run again only the checks RUN_DIR failed or has no result "
+                         "for, on the nodes they concern: a new run, an addendum to RUN_DIR's report")
     group.addoption("--busy-nodes", choices=BUSY_NODES, default="refuse",
                     help="a node another acceptance run holds: refuse (its checks fail as busy; "
                          "the default), wait (up to five minutes, then refuse), or ignore (go on, "
@@ -84,7 +87,8 @@ def pytest_configure(config: pytest.Config) -> None:
         session = AcceptanceSession.open(
             inventory=inventory, out=config.getoption("--out"), nodes=config.getoption("--nodes"),
             resume=config.getoption("--resume"), sign_key=config.getoption("--sign-key"),
-            on_progress=progress.show, busy_nodes=config.getoption("--busy-nodes"))
+            on_progress=progress.show, busy_nodes=config.getoption("--busy-nodes"),
+            retest=config.getoption("--retest"))
     except SessionError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
@@ -113,6 +117,7 @@ class SessionHooks:
     def __init__(self, session: AcceptanceSession):
         self.session = session
         self._skipped_as_done = 0  # checks a resumed run already has results for
+        self._retest: Optional[set[str]] = None  # for --retest: the test ids to run again
         self._pytest_session: Optional[pytest.Session] = None
         self._selected = False  # every plugin has narrowed the items (-k, -m, --resume)
 
@@ -130,9 +135,15 @@ class SessionHooks:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]):
         """Once -k, -m and the rest have narrowed the items, leave out what a resumed run already
         has a result for, and note that the selection is final: pytest also ends a collection that
-        was interrupted or failed."""
+        was interrupted or failed. A re-test's outstanding checks are found among everything
+        collected, before -k and -m narrow it (they may leave some out)."""
+        try:
+            self._retest = self.session.retest_selection([checked_item(item) for item in items])
+        except SessionError as error:
+            raise pytest.UsageError(str(error)) from None
         result = yield
         self._leave_out_done(config, items)
+        self._keep_retested(config, items)
         self._selected = True
         return result
 
@@ -146,6 +157,15 @@ class SessionHooks:
             config.hook.pytest_deselected(items=deselected)
             items[:] = [item for item in items if test_id(item) not in done]
         self._skipped_as_done = len(deselected)
+
+    def _keep_retested(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """When re-testing, leave out what the original run does not lack."""
+        if self._retest is None:
+            return
+        deselected = [item for item in items if test_id(item) not in self._retest]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if test_id(item) in self._retest]
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -214,6 +234,13 @@ class SessionHooks:
             terminalreporter.write_line(
                 f"handover: the run stopped; once there is room, `handover report {run_dir}` renders "
                 f"what its ledger holds and `--resume {run_dir}` runs the rest")
+
+
+def checked_item(item: pytest.Item) -> tuple[str, str, Optional[str]]:
+    """(test id, check, node) of a collected test, as the ledger will name them."""
+    callspec = getattr(item, "callspec", None)
+    node = callspec.params.get("node") if callspec else None
+    return test_id(item), getattr(item, "originalname", item.name).removeprefix("test_"), node
 
 
 def unknown_markers(expression: str, config: pytest.Config) -> list[str]:

@@ -9,6 +9,7 @@ A file that cannot be written (a full or failing disk) stops the run: `stopped` 
 WriteError, nothing more is written, and what the ledger holds renders later with `handover report`.
 Before any check runs, every node under test is locked (runners.node_lock); --busy-nodes says what
 happens to a node another run holds: refuse (its checks fail as `busy`), wait, or ignore.
+--retest RUN_DIR starts a new run, beside RUN_DIR's, of only what RUN_DIR lacked (reports.retest).
 """
 from __future__ import annotations
 
@@ -32,12 +33,14 @@ from reports import signing
 from reports.files import WriteError
 from reports.ledger import Ledger, LedgerError, RunRecord, now_iso, read_ledger
 from reports.render import RenderedRun, render_run
+from reports.retest import RETEST_OF, Original, RetestError, load_original
 from runners.cluster import ClusterRun
 from runners.fanout import Progress
 from runners.node_lock import BUSY_WAIT_S, NodeLocks, Owner
 from runners.transport import Result
 
 BUSY_NODES = ("refuse", "wait", "ignore")
+DEFAULT_OUT = "out"
 
 
 class SessionError(Exception):
@@ -49,8 +52,11 @@ class AcceptanceSession:
 
     def __init__(self, cluster: Cluster, nodes: list[Node], key: signing.SigningKey, out: Path,
                  resumed: Optional[tuple[Ledger, RunRecord]] = None,
-                 on_progress: Optional[Callable[[Progress], None]] = None, busy_nodes: str = "refuse"):
+                 on_progress: Optional[Callable[[Progress], None]] = None, busy_nodes: str = "refuse",
+                 original: Optional[Original] = None):
         self.cluster = cluster
+        self.original = original  # the run --retest completes
+        self.retested: list[dict] = []  # its outstanding checks, as collection found them
         self.busy_nodes = busy_nodes
         self.locks: Optional[NodeLocks] = None
         self.lock_notes: list[str] = []  # nodes not locked for this run, in words
@@ -65,22 +71,34 @@ class AcceptanceSession:
         self.stopped: Optional[WriteError] = None  # the write that failed; the run stops there
 
     @classmethod
-    def open(cls, *, inventory: str, out: str, nodes: Optional[str], resume: Optional[str],
+    def open(cls, *, inventory: str, out: Optional[str], nodes: Optional[str], resume: Optional[str],
              sign_key: Optional[str], on_progress: Optional[Callable[[Progress], None]] = None,
-             say: Callable[[str], None] = print, busy_nodes: str = "refuse") -> "AcceptanceSession":
-        """Load and check everything the options name, then start (or reopen) the run's ledger."""
+             say: Callable[[str], None] = print, busy_nodes: str = "refuse",
+             retest: Optional[str] = None) -> "AcceptanceSession":
+        """Load and check everything the options name, then start (or reopen) the run's ledger.
+        Without --out, runs go to out/, and a re-test beside the run it re-tests."""
         try:
             cluster = load_inventory(inventory)
         except InventoryError as error:
             raise SessionError(str(error)) from None
+        if retest and resume:
+            raise SessionError("--retest and --resume: give one (--resume continues a run, "
+                               "--retest starts a new one of what a run lacked)")
         selected = select_nodes(cluster, nodes)
+        original = retest_original(Path(retest), cluster) if retest else None
+        if original is not None:
+            selected = [node for node in selected if node.name in original.nodes]
+            if not selected:
+                raise SessionError(f"--nodes {nodes!r}: none of the nodes of {retest} ({', '.join(original.nodes)})")
+            out = out or str(original.run_dir.parent.parent)
+        out = out or DEFAULT_OUT
         if cluster.transport == "ssh":
             raise_open_files(len(selected))
         if not resume:
             check_out(Path(out))
         key = signing_key(sign_key, say)
         resumed = resumed_ledger(Path(resume), cluster, say) if resume else None
-        return cls(cluster, selected, key, Path(out), resumed, on_progress, busy_nodes)
+        return cls(cluster, selected, key, Path(out), resumed, on_progress, busy_nodes, original)
 
     @property
     def run_dir(self) -> Path:
@@ -136,6 +154,20 @@ class AcceptanceSession:
         """Test ids the resumed run has a result for (none for a fresh run)."""
         return {entry["test_id"] for entry in self.resumed.checks} if self.resumed else set()
 
+    def retest_selection(self, collected: list[tuple[str, str, Optional[str]]]) -> Optional[set[str]]:
+        """For --retest, the test ids to run again among everything collected (test_id, check,
+        node), before -k/-m narrow it; None for any other run. Nothing outstanding is an error.
+        A re-test resumed after an interruption keeps to the checks it set out to run."""
+        if self.resumed is not None and RETEST_OF in self.resumed.header:
+            return {entry["test_id"] for entry in self.resumed.header[RETEST_OF]["checks"]}
+        if self.original is None:
+            return None
+        self.retested = self.original.outstanding(collected)
+        if not self.retested:
+            raise SessionError(f"--retest: {self.original.run_dir} has nothing to re-test: no check failed, "
+                               "errored or went without a result")
+        return {entry["test_id"] for entry in self.retested}
+
     def plan(self, test_ids: list[str], per_node: set[str], cluster_wide: bool,
              skipped_as_done: int) -> None:
         """Start the run directory (or reopen the resumed one) and record what this run will do:
@@ -146,6 +178,8 @@ class AcceptanceSession:
         """
         if not test_ids:
             return
+        if self.original is not None:
+            self.header[RETEST_OF] = self.original.header(self.retested)
         if self.ledger is None:
             try:
                 self.ledger = Ledger.create(self.out, self.cluster.name, self.header)
@@ -275,6 +309,24 @@ def check_out(out: Path) -> None:
         raise SessionError(f"--out {out}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise SessionError(f"--out {out}: {existing} is not writable")
+
+
+def retest_original(run_dir: Path, cluster: Cluster) -> Original:
+    """The run --retest names: rendered, and a run of this cluster (the inventory itself may have
+    changed: a node repaired, a band corrected), its nodes all still in the inventory."""
+    try:
+        original = load_original(run_dir)
+    except RetestError as error:
+        raise SessionError(f"--retest: {error}") from None
+    if (original.cluster, original.cluster_id) != (cluster.name, cluster.identity):
+        raise SessionError(f"--retest: {run_dir} is a run of cluster {original.cluster} ({original.cluster_id}), "
+                           f"not of {cluster.name} ({cluster.identity}) as {cluster.source_path} says; "
+                           "re-test with that cluster's inventory")
+    gone = [name for name in original.nodes if name not in {node.name for node in cluster.nodes}]
+    if gone:
+        raise SessionError(f"--retest: {cluster.source_path} no longer lists {', '.join(gone)}, "
+                           f"which {run_dir} tested")
+    return original
 
 
 def resumed_ledger(run_dir: Path, cluster: Cluster,

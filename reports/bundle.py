@@ -51,9 +51,11 @@ class Finding:
     ok: bool
     file: str  # relative to the run directory
     reason: str
+    checked: bool = True  # False: a check that could not be made here (not a problem, nor a pass)
 
     def __str__(self) -> str:
-        return f"{'OK ' if self.ok else 'BAD'} {self.file}: {self.reason}"
+        label = "BAD" if not self.ok else "OK " if self.checked else "--"
+        return f"{label} {self.file}: {self.reason}"
 
 
 @dataclass

@@ -25,6 +25,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from reports.curves import CurveChart, build_curves, nice_ticks
 from reports.files import write_atomically
+from reports.retest import addendum_view
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
@@ -390,6 +391,7 @@ class View:
     warnings: list[str] = field(default_factory=list)  # results.json's verdict.warnings
     banner_warnings: list[str] = field(default_factory=list)  # the first BANNER_REASONS of them
     outliers: list[OutlierRow] = field(default_factory=list)
+    addendum: Optional[dict] = None  # a re-test: the report it completes, original -> re-test per check
 
     @property
     def warning_count(self) -> str:
@@ -455,6 +457,7 @@ def build_view(results: dict) -> View:
         warnings=[text(w) for w in verdict.get("warnings") or []],
         banner_warnings=[text(w) for w in verdict.get("warnings") or []][:BANNER_REASONS],
         outliers=_outlier_rows(standing_out, metrics),
+        addendum=addendum_view(results, text),
     )
 
 

@@ -3,19 +3,22 @@
 Used at the end of a pytest run and by `handover report RUN_DIR` for an interrupted one. The
 last step seals the bundle: manifest.json and manifest.sha256 (reports/bundle.py) list the
 digest of every file of the run directory, and are signed by the same key as the report.
+A re-test's run (its header says `retest_of`) renders as an addendum to the report it completes
+(reports/retest.py), and verifying it also checks the tie to that report when it lies beside it.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from reports import bundle, signing
+from reports import bundle, retest, signing
 from reports.bundle import ALLOWED_SIGNERS_FILE
 from reports.html import write_html
 from reports.junit import write_junit
 from reports.ledger import read_ledger
-from reports.results import build_results, write_metrics_csv, write_results
+from reports.results import RESULTS_FILE, build_results, write_metrics_csv, write_results
 from reports.verdict import Verdict
 
 REPORT_FILE = "report.html"
@@ -38,7 +41,8 @@ def render_run(run_dir: Path, key: Optional[signing.SigningKey]) -> RenderedRun:
     run_dir = Path(run_dir)
     record = read_ledger(run_dir)
     signer = {"fingerprint": key.fingerprint, "public_key": key.public_line} if key else None
-    results, verdict = build_results(record, signer)
+    build = retest.build_addendum if retest.is_retest(record) else build_results
+    results, verdict = build(record, signer)
     write_results(results, run_dir)
     write_metrics_csv(results, run_dir)
     write_junit(results, run_dir)
@@ -52,8 +56,16 @@ def render_run(run_dir: Path, key: Optional[signing.SigningKey]) -> RenderedRun:
 
 
 def verify_run(run_dir: Path, allowed_signers: Optional[Path] = None) -> bundle.BundleCheck:
-    """Every signature and every digest of a rendered run directory (`handover verify`)."""
-    return bundle.verify(Path(run_dir), BUNDLE_SIGNED, allowed_signers)
+    """Every signature and every digest of a rendered run directory (`handover verify`); for a
+    re-test, also its tie to the original run when that lies beside it."""
+    check = bundle.verify(Path(run_dir), BUNDLE_SIGNED, allowed_signers)
+    try:
+        results = json.loads((Path(run_dir) / RESULTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return check  # already a finding of its own: a signature or a digest that fails
+    if isinstance(results, dict):
+        check.findings += retest.tie_findings(Path(run_dir), results, BUNDLE_SIGNED, allowed_signers)
+    return check
 
 
 def signer_identity(key: signing.SigningKey) -> str:
