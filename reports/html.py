@@ -368,6 +368,7 @@ class View:
     waived: list[Waived] = field(default_factory=list)
     waivers: list[dict] = field(default_factory=list)  # as the inventory declared them
     sign_off: list[dict] = field(default_factory=list)  # [{role, name}], name "" for a blank line
+    expect_overrides: list[dict] = field(default_factory=list)  # the inventory's changes to profile.expect
 
 
 def build_view(results: dict) -> View:
@@ -417,6 +418,7 @@ def build_view(results: dict) -> View:
         waivers=_waivers(run.get("waivers") or []),
         sign_off=[{"role": label, "name": text((run.get("sign_off") or {}).get(role))}
                   for role, label in SIGN_OFF_ROLES],
+        expect_overrides=_expect_overrides(run.get("expect_overrides") or []),
     )
 
 
@@ -636,6 +638,23 @@ def _waivers(waivers: list) -> list[dict]:
              "reason": text(w.get("reason")), "owner": text(w.get("owner")),
              "expires": text(w.get("expires")) or "no end", "waived": int(_number(w.get("waived")) or 0)}
             for w in waivers if isinstance(w, dict)]
+
+
+def _expect_overrides(overrides: list) -> list[dict]:
+    """The inventory's changes to the profile's expected facts, values as a profile writes them."""
+    return [{"key": text(o.get("key")), "profile_value": _fact(o.get("profile_value"), "not declared"),
+             "value": _fact(o.get("value"), "not checked"), "reason": text(o.get("reason"))}
+            for o in overrides if isinstance(o, dict)]
+
+
+def _fact(value, absent: str) -> str:
+    if value is None:
+        return absent
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fact(item, "null") for item in value) + "]"
+    return text(value)
 
 
 def _areas(checks: list[dict], layout: Layout) -> list[AreaSummary]:
