@@ -67,7 +67,7 @@ class ProofError(Exception):
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="Arguments after -- go to pytest, e.g. -- -k gpu_burn")
-    parser.add_argument("--out", required=True, type=Path,
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR",
                         help="directory for the venv, the inventory and the run directory")
     parser.add_argument("--depth", choices=sorted(DEPTHS), default="quick",
                         help="quick (default), full, or all: both")
