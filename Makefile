@@ -15,7 +15,13 @@ ACCEPT_ARGS ?= -m quick
 # The scratch path inventory/local.yaml declares: storage (fio) and HPL (hpcc) write only there.
 SCRATCH := /var/tmp/handover-scratch
 
-.PHONY: accept test setup debs bench clean
+# The device proof kit (README, "Device proof kit"): the project and its dependencies' wheels for
+# a GPU machine without a package registry, whose Python is KIT_PYTHON (glibc KIT_GLIBC or newer).
+KIT_PYTHON ?= 3.12
+KIT_GLIBC ?= 2.28
+KIT     := out/device-proof.tar.gz
+
+.PHONY: accept test setup debs bench clean device-proof
 
 # The venv first on PATH: node-side payloads run with `python3`, which then has torch and pynvml
 # (the test extra), so the training, collectives and GEMM checks run here instead of skipping.
@@ -34,6 +40,9 @@ bench: setup
 	$(PY) bench/pairs.py
 	$(PY) bench/collect.py
 	$(PY) bench/system_suite.py
+
+device-proof: setup
+	$(PY) kit/build.py --python-version $(KIT_PYTHON) --glibc $(KIT_GLIBC) --out $(KIT)
 
 setup: debs $(STAMP)
 

@@ -35,6 +35,7 @@ from inventory.model import (
     TRANSPORTS,
     Cluster,
     Expectations,
+    ExpectOverride,
     LaunchSettings,
     Node,
     OutlierRule,
@@ -63,7 +64,7 @@ NULLABLE_SETTINGS = ("user", "port", "identity_file", "known_hosts", "jump")
 
 TOP_LEVEL_KEYS = (
     "cluster", "profile", "transport", "python", "sudo", "ssh", "nodes", "groups", "scratch",
-    "references", "launch", "cluster_id", "waivers", "sign_off",
+    "references", "launch", "cluster_id", "waivers", "sign_off", "expect",
 )
 LAUNCH_KEYS = ("interface", "engine", "partition", "account", "reservation", "time_limit")
 SLURM_LAUNCH_KEYS = ("partition", "account", "reservation", "time_limit")
@@ -78,6 +79,8 @@ OUTLIER_KEYS = ("z", "min_deviation", "min_nodes", "fail", "ignore")
 REFERENCE_KEYS = ("check", "value", "lower", "upper", "unit", "source")
 # What a metric new to the profile must give; lower/upper default to unbounded, source to the file.
 REFERENCE_REQUIRED = ("check", "value", "unit")
+# An inventory's change to one of its profile's expected facts: the new value and why.
+EXPECT_OVERRIDE_KEYS = ("value", "reason")
 
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
@@ -648,6 +651,24 @@ def _apply_reference_overrides(
     return dataclasses.replace(profile, references=references)
 
 
+def _apply_expect_overrides(at: _At, profile: Profile) -> tuple[Profile, tuple[ExpectOverride, ...]]:
+    """The inventory's `expect:`: facts of the profile replaced, each with its reason, so a
+    partial or test machine is judged for what it is; a null value leaves the fact unchecked."""
+    overrides = []
+    for key, value_at in _fields(at, EXPECT_KEYS).items():
+        if not isinstance(value_at.node, yaml.MappingNode):
+            raise value_at.error(f"expected {{value: ..., reason: ...}}, got {_describe(value_at)}")
+        fields = _fields(value_at, EXPECT_OVERRIDE_KEYS, required=EXPECT_OVERRIDE_KEYS)
+        value = None if fields["value"].is_null() else EXPECT_READERS[key](fields["value"])
+        declared = getattr(profile.expect, key)
+        if value == declared:
+            said = "does not declare it either" if declared is None else f"already declares {_show(declared)}"
+            raise fields["value"].error(f"profile {profile.name!r} {said}; remove the override")
+        overrides.append(ExpectOverride(key, value, declared, _string(fields["reason"])))
+    expect = dataclasses.replace(profile.expect, **{override.key: override.value for override in overrides})
+    return dataclasses.replace(profile, expect=expect), tuple(overrides)
+
+
 # ---------------------------------------------------------------- inventories
 
 
@@ -1102,7 +1123,8 @@ def _scratch(at: _At) -> tuple[ScratchPath, ...]:
 
 
 def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
-    """Read and fully validate an inventory file, with its profile and reference overrides."""
+    """Read and fully validate an inventory file, with its profile and its reference and expect
+    overrides."""
     path = Path(path)
     data, root = _document(path, "an inventory mapping")
     fields = _fields(root, TOP_LEVEL_KEYS, required=("cluster", "profile", "nodes"))
@@ -1120,6 +1142,9 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
         profile = _apply_reference_overrides(
             fields["references"], profile, raw_references, path.name
         )
+    expect_overrides: tuple[ExpectOverride, ...] = ()
+    if "expect" in fields:
+        profile, expect_overrides = _apply_expect_overrides(fields["expect"], profile)
 
     cluster_fields: dict[str, _At] = {key: fields[key] for key in ("python", "sudo") if key in fields}
     if "ssh" in fields:
@@ -1170,4 +1195,5 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
         cluster_id=_name(fields["cluster_id"], "cluster ID") if "cluster_id" in fields else "",
         waivers=_waivers(fields["waivers"], node_names) if "waivers" in fields else (),
         sign_off=_sign_off(fields["sign_off"]) if "sign_off" in fields else SignOff(),
+        expect_overrides=expect_overrides,
     )

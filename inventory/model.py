@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import Any, Optional
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
 TRANSPORTS = ("ssh", "local", "slurm")
@@ -168,8 +168,27 @@ class Expectations:
     def declared(self) -> dict:
         """The declared facts only, as JSON holds them (lists for tuples): the run header's form."""
         values = {item.name: getattr(self, item.name) for item in fields(self)}
-        return {name: list(value) if isinstance(value, tuple) else value
-                for name, value in values.items() if value is not None}
+        return {name: _as_json(value) for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class ExpectOverride:
+    """An inventory's change to one fact of its profile's `expect:`, and why: a partial or test
+    machine (one GPU of an eight-GPU SKU) is judged against what it is, and the report says so."""
+
+    key: str  # an Expectations field
+    value: Any  # as Expectations holds it; None: not checked on this cluster
+    profile_value: Any  # what the profile declared; None: it did not declare the fact
+    reason: str
+
+    def as_dict(self) -> dict:
+        """The run header's form (and results.json's run.expect_overrides): JSON lists for tuples."""
+        return {"key": self.key, "value": _as_json(self.value),
+                "profile_value": _as_json(self.profile_value), "reason": self.reason}
+
+
+def _as_json(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 @dataclass(frozen=True)
@@ -259,7 +278,7 @@ class LaunchSettings:
 @dataclass(frozen=True)
 class Cluster:
     name: str
-    profile: Profile  # with the inventory's reference overrides applied
+    profile: Profile  # with the inventory's reference and expect overrides applied
     transport: str
     nodes: tuple[Node, ...]
     groups: dict[str, tuple[str, ...]]  # group name -> node names
@@ -274,6 +293,8 @@ class Cluster:
     cluster_id: str = ""
     waivers: tuple[Waiver, ...] = ()
     sign_off: SignOff = field(default_factory=SignOff)
+    # The inventory's `expect:` changes to the profile's facts, in written order, each with why.
+    expect_overrides: tuple[ExpectOverride, ...] = ()
 
     @property
     def identity(self) -> str:

@@ -392,6 +392,7 @@ class View:
     banner_warnings: list[str] = field(default_factory=list)  # the first BANNER_REASONS of them
     outliers: list[OutlierRow] = field(default_factory=list)
     addendum: Optional[dict] = None  # a re-test: the report it completes, original -> re-test per check
+    expect_overrides: list[dict] = field(default_factory=list)  # the inventory's changes to profile.expect
 
     @property
     def warning_count(self) -> str:
@@ -458,6 +459,7 @@ def build_view(results: dict) -> View:
         banner_warnings=[text(w) for w in verdict.get("warnings") or []][:BANNER_REASONS],
         outliers=_outlier_rows(standing_out, metrics),
         addendum=addendum_view(results, text),
+        expect_overrides=_expect_overrides(run.get("expect_overrides") or []),
     )
 
 
@@ -720,6 +722,23 @@ def _waivers(waivers: list) -> list[dict]:
              "reason": text(w.get("reason")), "owner": text(w.get("owner")),
              "expires": text(w.get("expires")) or "no end", "waived": int(_number(w.get("waived")) or 0)}
             for w in waivers if isinstance(w, dict)]
+
+
+def _expect_overrides(overrides: list) -> list[dict]:
+    """The inventory's changes to the profile's expected facts, values as a profile writes them."""
+    return [{"key": text(o.get("key")), "profile_value": _fact(o.get("profile_value"), "not declared"),
+             "value": _fact(o.get("value"), "not checked"), "reason": text(o.get("reason"))}
+            for o in overrides if isinstance(o, dict)]
+
+
+def _fact(value, absent: str) -> str:
+    if value is None:
+        return absent
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fact(item, "null") for item in value) + "]"
+    return text(value)
 
 
 def _areas(checks: list[dict], layout: Layout) -> list[AreaSummary]:

@@ -8,7 +8,8 @@ Keys (a public interface; add, never rename; reports/schemas/results.schema.json
     harness{version, commit}, started, finished, interrupted, argv, nodes, tools[],
     pair_low_fraction? (the profile's: a pair this far from the median of its peers is low),
     report_id, cluster_id, sign_off{engineer, customer},
-    waivers[{check, nodes[], reason, owner, expires, waived}]},
+    waivers[{check, nodes[], reason, owner, expires, waived}],
+    expect_overrides[{key, value, profile_value, reason}] (the inventory's changes to profile.expect)},
     signer{fingerprint, public_key}?, verdict{status, reasons, cluster_checks?, waived, warnings[]?},
     nodes[{name, status, reasons}],
     checks[{test_id, check, area, depth[], node, outcome, kind, message, log_excerpt, duration_s,
@@ -42,6 +43,7 @@ MAD_SCALE = 1.4826  # MAD -> standard deviation, for normally distributed figure
 RATE_UNITS = ("IOPS",)  # rates without "/s" in their unit: low is bad
 TIME_UNITS = ("s", "ms", "us", "µs", "ns")  # times (latency, step time): high is bad
 DEFAULT_OUTLIER_RULE = OutlierRule()  # a profile without `outliers:`
+EXPECT_OVERRIDE_KEYS = ("key", "value", "profile_value", "reason")
 RESULTS_FILE = "results.json"
 METRICS_CSV = "metrics.csv"
 
@@ -77,6 +79,8 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
             "cluster_id": cluster_id,
             "sign_off": {role: (header.get("sign_off") or {}).get(role) for role in SIGN_OFF_ROLES},
             "waivers": waivers_applied(header.get("waivers") or [], record.checks),
+            "expect_overrides": [{key: override.get(key) for key in EXPECT_OVERRIDE_KEYS}
+                                 for override in header.get("expect_overrides") or []],
         },
         "verdict": {"status": verdict.status, "reasons": verdict.reasons, "waived": verdict.waived},
         "nodes": verdict.nodes,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from handover.session import run_header
 from inventory.loader import (
     EXPECT_KEYS,
     EXPECT_READERS,
@@ -18,7 +19,11 @@ from inventory.loader import (
     load_inventory,
     load_profile,
 )
-from inventory.model import Expectations, Reference, ScratchPath, SshSettings
+from inventory.model import Expectations, ExpectOverride, Reference, ScratchPath, SshSettings
+from reports.html import render_html
+from reports.ledger import Ledger, now_iso, read_ledger
+from reports.results import build_results
+from reports.schema import validate_ledger_entry, validate_results
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -427,7 +432,7 @@ def test_unknown_key_without_a_close_match_lists_the_allowed(tmp_path, key):
     error = error_of(path)
     assert str(error) == (
         f"{path}:5: ssh_options: unknown key; allowed: cluster, profile, transport, python, sudo,"
-        " ssh, nodes, groups, scratch, references, launch, cluster_id, waivers, sign_off"
+        " ssh, nodes, groups, scratch, references, launch, cluster_id, waivers, sign_off, expect"
     )
 
 
@@ -737,3 +742,116 @@ def test_launch_interface_must_be_an_interface_name(tmp_path, key):
     write(tmp_path, minimal(key, "launch: {ifname: eth0}\n"))
     assert_error(path, 5, "launch.ifname",
                  "unknown key; allowed: interface, engine, partition, account, reservation, time_limit")
+
+
+# ---------------------------------------------------------------- expect overrides
+
+
+def one_gpu(extra: str = "") -> str:
+    """One node under the eight-GPU H200 profile; `expect:` entries start at line 6."""
+    return "cluster: lab\nprofile: h200-sxm-8gpu\ntransport: local\nnodes: [gpu1]\nexpect:\n" + extra
+
+
+def test_expect_overrides_replace_the_profiles_facts_and_keep_why(tmp_path):
+    path = write(tmp_path, one_gpu("""\
+          gpu_count: {value: 1, reason: "one-GPU test machine"}
+          nvlink_links: {value: null, reason: "one GPU has no NVLink peer"}
+          gpu_numa_nodes: {value: [0], reason: "its GPU on NUMA node 0"}
+          nvswitch: {value: false, reason: "no NVSwitch"}
+          cpu_model: {value: "EPYC", reason: "the lab's CPU"}
+        """))
+    cluster = load_inventory(path)
+    expect = cluster.profile.expect
+    assert (expect.gpu_count, expect.nvlink_links, expect.gpu_numa_nodes, expect.nvswitch, expect.cpu_model) == (
+        1, None, (0,), False, "EPYC")
+    assert expect.gpu_model == load_profile("h200-sxm-8gpu").expect.gpu_model  # the rest is the profile's
+    assert cluster.expect_overrides == (
+        ExpectOverride("gpu_count", 1, 8, "one-GPU test machine"),
+        ExpectOverride("nvlink_links", None, 18, "one GPU has no NVLink peer"),
+        ExpectOverride("gpu_numa_nodes", (0,), (0, 0, 0, 0, 1, 1, 1, 1), "its GPU on NUMA node 0"),
+        ExpectOverride("nvswitch", False, True, "no NVSwitch"),
+        ExpectOverride("cpu_model", "EPYC", None, "the lab's CPU"),
+    )
+    assert cluster.expect_overrides[2].as_dict() == {
+        "key": "gpu_numa_nodes", "value": [0], "profile_value": [0, 0, 0, 0, 1, 1, 1, 1],
+        "reason": "its GPU on NUMA node 0"}
+    assert "nvlink_links" not in expect.declared() and expect.declared()["gpu_count"] == 1
+
+
+def test_no_expect_section_overrides_nothing(tmp_path, key):
+    cluster = load_inventory(write(tmp_path, minimal(key)))
+    assert cluster.expect_overrides == () and cluster.profile.expect == load_profile("cpu-only").expect
+
+
+@pytest.mark.parametrize("entry, field, problem", [
+    ("gpu_count: {value: 1}", "expect.gpu_count", "missing required key 'reason'"),
+    ("gpu_count: {reason: why}", "expect.gpu_count", "missing required key 'value'"),
+    ("gpu_count: {value: 1, reason: ''}", "expect.gpu_count.reason", "must not be empty"),
+    ("gpu_count: {value: 1, reason: why, owner: me}", "expect.gpu_count.owner", "unknown key; allowed: value, reason"),
+    ("gpu_cuont: {value: 1, reason: why}", "expect.gpu_cuont", "unknown key; did you mean 'gpu_count'?"),
+    ("gpu_count: {value: one, reason: why}", "expect.gpu_count.value", "expected an integer, got 'one'"),
+    ("nvswitch: {value: 0, reason: why}", "expect.nvswitch.value", "expected true or false, got 0"),
+    ("gpu_numa_nodes: {value: 0, reason: why}", "expect.gpu_numa_nodes.value", "expected a list, got 0"),
+    ("kernel_min: {value: 'six', reason: why}", "expect.kernel_min.value",
+     "expected a dotted version like '4.18', got 'six'"),
+    ("gpu_count: 1", "expect.gpu_count", "expected {value: ..., reason: ...}, got 1"),
+    ("gpu_count: {value: 8, reason: why}", "expect.gpu_count.value",
+     "profile 'h200-sxm-8gpu' already declares 8; remove the override"),
+    ("cpu_model: {value: null, reason: why}", "expect.cpu_model.value",
+     "profile 'h200-sxm-8gpu' does not declare it either; remove the override"),
+])
+def test_bad_expect_overrides(tmp_path, entry, field, problem):
+    assert_error(write(tmp_path, one_gpu(f"  {entry}\n")), 6, field, problem)
+
+
+def test_expect_must_be_a_mapping_of_facts(tmp_path):
+    assert_error(write(tmp_path, one_gpu("  - gpu_count\n")), 6, "expect", "expected a mapping, got a list")
+
+
+def recorded_run(tmp_path: Path, inventory: str, header_without: tuple[str, ...] = ()) -> dict:
+    """results.json of a run of the inventory that recorded no check, its header as run_header
+    makes it (less the keys named, as a ledger written before them has it)."""
+    cluster = load_inventory(write(tmp_path, inventory))
+    header = {k: v for k, v in run_header(cluster, list(cluster.nodes)).items() if k not in header_without}
+    ledger = Ledger.create(tmp_path / "out", cluster.name, header)
+    ledger.append({"type": "selection", "nodes": [n.name for n in cluster.nodes], "tests": []})
+    ledger.append({"type": "end", "finished": now_iso(), "exitstatus": 0, "interrupted": False})
+    record = read_ledger(ledger.run_dir)
+    validate_ledger_entry(record.header)
+    results, _ = build_results(record)
+    validate_results(results)
+    return results
+
+
+def test_expect_overrides_are_recorded_in_the_run_and_shown_in_the_report_header(tmp_path):
+    results = recorded_run(tmp_path, one_gpu("""\
+          gpu_count: {value: 1, reason: "one-GPU test machine <script>alert(1)</script>"}
+          nvlink_links: {value: null, reason: "one GPU has no NVLink peer"}
+          gpu_numa_nodes: {value: [0], reason: "its GPU on NUMA node 0"}
+        """))
+    assert results["run"]["expect_overrides"] == [
+        {"key": "gpu_count", "value": 1, "profile_value": 8,
+         "reason": "one-GPU test machine <script>alert(1)</script>"},
+        {"key": "nvlink_links", "value": None, "profile_value": 18, "reason": "one GPU has no NVLink peer"},
+        {"key": "gpu_numa_nodes", "value": [0], "profile_value": [0, 0, 0, 0, 1, 1, 1, 1],
+         "reason": "its GPU on NUMA node 0"},
+    ]
+    page = render_html(results)
+    section = page[page.index('<section class="overrides"'):page.index("</section>", page.index('class="overrides"'))]
+    assert page.index('class="overrides"') < page.index('id="summary"')  # the header area, before the summary
+    assert "Expectations overridden by the inventory" in section
+    rows = [[cell.strip() for cell in row.split("</td>")[:-1]] for row in section.split("<tr>")[2:]]
+    assert [[cell.rsplit(">", 1)[-1] for cell in row] for row in rows] == [
+        ["gpu_count", "8", "1", "one-GPU test machine &lt;script&gt;alert(1)&lt;/script&gt;"],
+        ["nvlink_links", "18", "not checked", "one GPU has no NVLink peer"],
+        ["gpu_numa_nodes", "[0, 0, 0, 0, 1, 1, 1, 1]", "[0]", "its GPU on NUMA node 0"],
+    ]
+    assert "<script>alert" not in page
+
+
+def test_a_run_without_overrides_records_none_and_shows_no_section(tmp_path):
+    for without in ((), ("expect_overrides",)):  # this harness's header, and one from before the key
+        inventory = one_gpu().removesuffix("expect:\n")
+        results = recorded_run(tmp_path / str(len(without)), inventory, without)
+        assert results["run"]["expect_overrides"] == []
+        assert 'class="overrides"' not in render_html(results)

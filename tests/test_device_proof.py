@@ -1,0 +1,169 @@
+"""The device proof kit, rehearsed here without a GPU.
+
+Built for this machine's Python from this checkout and this machine's package index, it stays
+within 64 MiB and carries the project's wheel, a wheel of every runtime dependency, NVML's and
+pip's, the recorded H200's figures and prove.py, and no torch. Unpacked in a fresh directory and
+run with no network (a network namespace of its own) and no index, it installs, runs the
+hardware suite with this machine as the one node under the h200 profile, and the GPU checks
+skip with their reasons; the venv sees this interpreter's torch, as it will the GPU machine's.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from inventory.loader import load_inventory
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLE = "handover-device-proof"
+PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
+GPU_CHECKS = ("gpu_inventory", "gpu_ecc", "gpu_pcie", "gpu_nvlink", "gpu_modes", "gpu_burn", "hbm_bandwidth",
+              "pcie_bandwidth")
+PERF = json.loads((ROOT / "tests" / "data" / "h200-1gpu" / "perf.json").read_text())
+
+
+def load_prove():
+    """kit/prove.py as the module it is when run on the GPU machine: a script, no package."""
+    spec = importlib.util.spec_from_file_location("prove", ROOT / "kit" / "prove.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+prove = load_prove()
+
+
+def distribution(requirement: str) -> str:
+    """The normalized project name (PEP 503) of a requirement such as 'PyYAML>=6.0'."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
+
+
+def carried(wheel: str) -> str:
+    """The normalized project name of a wheel's file name (its first field)."""
+    return distribution(wheel.split("-")[0])
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory) -> Path:
+    archive = tmp_path_factory.mktemp("kit") / "device-proof.tar.gz"
+    built = subprocess.run([sys.executable, "kit/build.py", "--python-version", PYTHON, "--out", str(archive)],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert f"device-proof: {archive} (" in built.stdout
+    return archive
+
+
+def test_the_kit_carries_the_project_its_dependencies_and_the_reference_within_64_mib(kit):
+    assert kit.stat().st_size <= 64 * 2**20
+    with tarfile.open(kit) as archive:
+        names = archive.getnames()
+        kit_json = json.load(archive.extractfile(f"{BUNDLE}/kit.json"))
+        perf = archive.extractfile(f"{BUNDLE}/reference/perf.json").read()
+    assert all(name == BUNDLE or name.startswith(f"{BUNDLE}/") for name in names)
+    assert {f"{BUNDLE}/prove.py", f"{BUNDLE}/kit.json", f"{BUNDLE}/reference/PROVENANCE.md"} <= set(names)
+    assert perf == (ROOT / "tests" / "data" / "h200-1gpu" / "perf.json").read_bytes()
+    wheels = [Path(name).name for name in names if name.startswith(f"{BUNDLE}/wheels/")]
+    assert sorted(wheels) == kit_json["wheels"] and all(wheel.endswith(".whl") for wheel in wheels)
+    projects = {carried(wheel) for wheel in wheels}
+    dependencies = re.search(r"^dependencies = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M)
+    required = {distribution(item) for item in re.findall(r'"([^"]+)"', dependencies.group(1))}
+    assert required | {"handover", "nvidia-ml-py", "pip", "paramiko", "invoke", "numpy"} <= projects
+    assert len(projects) == len(wheels)  # one version of each: two would stop the install
+    assert not {name for name in projects if name.startswith(("torch", "nvidia-cu", "triton"))}
+    tag = f"cp{PYTHON.replace('.', '')}"
+    binary = [wheel for wheel in wheels if not wheel.endswith("-none-any.whl")]
+    assert binary and all(f"-{tag}-" in wheel or "-abi3-" in wheel for wheel in binary)
+    assert all("manylinux" in wheel and wheel.endswith("_x86_64.whl") for wheel in binary)
+    (project,) = [wheel for wheel in wheels if wheel.startswith("handover-")]
+    assert project.startswith("handover-0.1.0+g") and kit_json["install"][0] == f"handover=={project.split('-')[1]}"
+    assert kit_json["python"] == PYTHON and kit_json["pip_wheel"].startswith("pip-")
+
+
+def test_the_kit_refuses_another_python_in_one_line(kit, tmp_path):
+    with tarfile.open(kit) as archive:
+        archive.extractall(tmp_path, filter="data")
+    kit_json = tmp_path / BUNDLE / "kit.json"
+    kit_json.write_text(json.dumps({**json.loads(kit_json.read_text()), "python": "3.99"}))
+    ran = subprocess.run([sys.executable, str(tmp_path / BUNDLE / "prove.py"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True)
+    assert ran.returncode == 2
+    assert ran.stderr == (f"prove.py: this kit carries wheels for Python 3.99, and {sys.executable} is {PYTHON}: "
+                          f"run it with a Python 3.99 that has torch, or rebuild the kit with "
+                          f"make device-proof KIT_PYTHON={PYTHON}\n")
+    assert not (tmp_path / "out").exists()
+
+
+def without_network(command: list[str]) -> list[str]:
+    """The command in a network namespace of its own (only loopback), where this machine allows it."""
+    wrapped = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+    probe = subprocess.run(wrapped + ["true"], capture_output=True)
+    return wrapped + command if probe.returncode == 0 else command
+
+
+def test_the_kit_installs_without_network_runs_and_the_gpu_checks_skip_with_their_reasons(kit, tmp_path):
+    with tarfile.open(kit) as archive:
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    bundle, out = tmp_path / "unpacked" / BUNDLE, tmp_path / "out"
+    command = [sys.executable, str(bundle / "prove.py"), "--out", str(out), "--no-gpu",
+               "--", "-m", "quick and hardware", "--busy-nodes", "wait"]
+    env = {**os.environ, "HANDOVER_HOME": str(tmp_path / "home")}
+    ran = subprocess.run(without_network(command), capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    assert f"prove.py: venv {out / 'venv'} with handover==" in ran.stdout and "(no index)" in ran.stdout
+    assert re.search(r"prove\.py: torch \S+ \(CUDA None\), 0 GPU\(s\) visible", ran.stdout)  # this venv's torch
+    results = json.loads((out / "device-proof" / "latest" / "results.json").read_text())
+    kit_json = json.loads((bundle / "kit.json").read_text())
+    assert results["run"]["harness"]["version"] == kit_json["install"][0].split("==")[1]  # the kit's, not ours
+    assert results["run"]["profile"] == "h200-sxm-8gpu"
+    overrides = {o["key"]: o for o in results["run"]["expect_overrides"]}
+    assert set(overrides) == {fact for fact, _, _ in prove.ONE_GPU + prove.NO_GPU}
+    assert overrides["gpu_count"] == {"key": "gpu_count", "value": None, "profile_value": 8,
+                                      "reason": "rehearsal on a machine without a GPU: the GPU checks skip"}
+    checks = {entry["check"]: entry for entry in results["checks"] if entry["node"] == "localhost"}
+    for name in GPU_CHECKS:
+        assert checks[name]["outcome"] == "skipped" and "NVML" in checks[name]["message"], checks[name]
+    assert checks["kernel_log"]["outcome"] == "passed"
+    assert f"device proof: verdict {results['verdict']['status']}" in ran.stdout
+    burn = f"not measured: gpu_burn skipped: {checks['gpu_burn']['message'].splitlines()[0]}"
+    assert re.search(r"^  burn bf16 TFLOP/s \(vs bf16 matmul ceiling\) +" + re.escape(burn) + "$", ran.stdout, re.M)
+    assert "not run (no training or training_sustained check in this run)" in ran.stdout
+    (run_dir,) = [path for path in (out / "device-proof").iterdir() if not path.is_symlink()]
+    assert (run_dir / "report.html.sig").is_file() and "Expectations overridden by the inventory" in (
+        run_dir / "report.html").read_text()
+
+
+def test_the_inventory_prove_writes_loads_with_one_reason_per_override(tmp_path):
+    path = tmp_path / "device-proof.yaml"
+    path.write_text(prove.inventory_text(Path("/opt/kit/venv/bin/python"), tmp_path / "scratch", prove.ONE_GPU,
+                                         {"commit": "abc1234"}))
+    cluster = load_inventory(path)
+    assert cluster.profile.name == "h200-sxm-8gpu" and cluster.transport == "local"
+    assert cluster.nodes[0].python == "/opt/kit/venv/bin/python"
+    assert [(o.key, o.value, o.reason) for o in cluster.expect_overrides] == [
+        (fact, tuple(value) if isinstance(value, list) else value, reason) for fact, value, reason in prove.ONE_GPU]
+    assert cluster.profile.expect.gpu_count == 1 and cluster.profile.expect.gpu_model == "^NVIDIA H200"
+
+
+def test_headline_figures_beside_the_recorded_h200():
+    results = {"verdict": {"status": "NOT CERTIFIED", "reasons": ["localhost: gpu_pcie failed"]}, "checks": [
+        {"check": "gpu_burn", "outcome": "passed", "node": "localhost", "metrics": [
+            {"name": "gpu_burn_tflops", "value": 656.0, "unit": "TFLOP/s"},
+            {"name": "gpu_burn_vs_matmul", "value": 97.5, "unit": "%"}]},
+        {"check": "hbm_bandwidth", "outcome": "failed", "node": "localhost", "message": "hbm_copy_bandwidth = ?\nmore",
+         "metrics": []}]}
+    lines = prove.summary(results, PERF, Path("/runs/x")).splitlines()
+    assert lines[1:3] == ["device proof: verdict NOT CERTIFIED  (/runs/x)", "  - localhost: gpu_pcie failed"]
+    figures = dict(re.fullmatch(r"  (.+?)  +(.+)", line).groups() for line in lines[5:])
+    assert figures["burn bf16 TFLOP/s (vs bf16 matmul ceiling)"] == "656 TFLOP/s | recorded 778.7 | 84%"
+    assert figures["burn / matmul in the same run, %"] == "97.5 %"
+    assert figures["HBM copy TB/s (read+write)"] == "not measured: hbm_bandwidth failed: hbm_copy_bandwidth = ?"
+    assert figures["GEMM fp64 TFLOP/s"] == "not run (no gemm_fp64 check in this run)"
+    assert len(figures) == len(prove.HEADLINE)
