@@ -59,7 +59,7 @@ class Gpu:
     clock_mem_max_mhz: Optional[int] = None  # with the bus width: the memory's peak bandwidth
     memory_bus_width: Optional[int] = None  # bits; None in dumps that predate it
     remapped_uncorrectable: Optional[int] = None  # rows remapped for uncorrectable errors, lifetime
-    lost: str = ""  # why NVML could not reach this GPU at all (NVMLError_GPUIsLost: off the bus)
+    lost: str = ""  # why NVML could not reach this GPU at all (NVMLError_GpuIsLost: off the bus)
 
     @property
     def label(self) -> str:
@@ -205,7 +205,7 @@ def parse_gpu_facts(text: str) -> GpuFacts:
 def inventory_problems(facts: GpuFacts, expect: Expectations) -> list[str]:
     """GPU count and model as the profile says; a GPU NVML counts but cannot reach is named."""
     problems = [f"{gpu.label}: NVML cannot reach it ({gpu.lost})"
-                + (": fallen off the bus (Xid 79)" if "GPUIsLost" in gpu.lost else "")
+                + (": fallen off the bus (Xid 79)" if "gpuislost" in gpu.lost.lower() else "")
                 for gpu in facts.gpus if gpu.lost]
     count = expect.gpu_count
     if count is not None and len(facts.gpus) != count:

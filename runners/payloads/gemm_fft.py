@@ -140,17 +140,20 @@ def bus_id_of(torch, device):
     return f"{domain:08X}:{bus:02X}:{slot:02X}.0"
 
 
-def measure_gpu(torch, index, gemm_size, fft_shape, args):
-    """One GPU's entry; its own error instead of figures when CUDA fails on it."""
-    device = torch.device("cuda", index)
+def measure_device(torch, device, gemm_size, fft_shape, args):
+    """One device's entry; its own error instead of figures when it fails (a GPU's CUDA error)."""
+    gpu = device.type == "cuda"
     try:
-        torch.cuda.set_device(device)
-        entry = measure(torch, device, torch.cuda.get_device_name(device), gemm_size, fft_shape, args)
-        entry["bus_id"] = bus_id_of(torch, device)
+        if gpu:
+            torch.cuda.set_device(device)
+        entry = measure(torch, device, torch.cuda.get_device_name(device) if gpu else "cpu",
+                        gemm_size, fft_shape, args)
+        entry["bus_id"] = bus_id_of(torch, device) if gpu else ""
         return entry
     except Exception as exc:  # one bad GPU is that GPU's failure; the next one is measured
-        return {"index": index, "name": "", "bus_id": "", "gemm_tflops": {}, "gemm_error": {},
-                "not_measured": {}, "error": f"{type(exc).__name__}: {exc}"}
+        return {"index": device.index if gpu else None, "name": "" if gpu else "cpu", "bus_id": "",
+                "gemm_tflops": {}, "gemm_error": {}, "not_measured": {},
+                "error": f"{type(exc).__name__}: {exc}"}
 
 
 def main():
@@ -174,11 +177,11 @@ def main():
     if gpu:
         report["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
         for index in range(torch.cuda.device_count()):
-            report["devices"].append(measure_gpu(torch, index, gemm_size, fft_shape, args))
+            report["devices"].append(measure_device(torch, torch.device("cuda", index), gemm_size,
+                                                    fft_shape, args))
     else:
         report["threads"] = torch.get_num_threads()
-        report["devices"].append(measure(torch, torch.device("cpu"), "cpu", gemm_size, fft_shape,
-                                         args))
+        report["devices"].append(measure_device(torch, torch.device("cpu"), gemm_size, fft_shape, args))
     print(json.dumps(report), flush=True)
 
 

@@ -70,7 +70,7 @@ def clocks_event_reasons(handle):
 
 
 def gpu(index):
-    """The GPU's facts; a GPU NVML cannot even open (NVMLError_GPUIsLost: fallen off the bus) is
+    """The GPU's facts; a GPU NVML cannot even open (NVMLError_GpuIsLost: fallen off the bus) is
     {"index", "error", "msg"}, so the others keep theirs."""
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
