@@ -46,7 +46,8 @@ class DeviceFigures:
     def label(self) -> str:
         if self.index is None:
             return self.name
-        return f"GPU {self.index} ({', '.join(part for part in (self.name, self.bus_id) if part)})"
+        known = ", ".join(part for part in (self.name, self.bus_id) if part)
+        return f"GPU {self.index} ({known})" if known else f"GPU {self.index}"
 
     def problem(self, dtype: str) -> str:
         """Why this device's `dtype` GEMM figure cannot be trusted; '' when it can (or was
