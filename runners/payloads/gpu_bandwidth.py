@@ -83,11 +83,13 @@ def numa_cpus(bus_id):
 def pinned_near(device, nbytes):
     """(pinned host buffer, host_numa) with the buffer's pages faulted in on the GPU's NUMA node."""
     node, cpus = numa_cpus(bus_id_of(device))
+    before = os.sched_getaffinity(0)
+    if node is not None and not cpus & before:
+        node, cpus = None, f"NUMA node {node}'s CPUs are outside this process's CPU set"
     if node is None:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), {"node": None, "why": cpus}
-    before = os.sched_getaffinity(0)
     try:
-        os.sched_setaffinity(0, cpus & before or cpus)
+        os.sched_setaffinity(0, cpus & before)
         buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     finally:
         os.sched_setaffinity(0, before)
