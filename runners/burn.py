@@ -63,6 +63,10 @@ class GpuBurn:
     telemetry: list[Sample]
     error: Optional[str]
 
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.bus_id})" if self.bus_id else f"GPU {self.index}"
+
 
 @dataclass(frozen=True)
 class BurnRun:
@@ -312,6 +316,7 @@ class GpuSummary:
     samples: int
     pcie_gen_min: Optional[int] = None  # the lowest running link during the burn (under load)
     pcie_width_min: Optional[int] = None
+    label: str = ""  # "GPU 3 (00000000:3B:00.0)": the GPU's bus id where the payload gave it
 
 
 @dataclass(frozen=True)
@@ -326,7 +331,7 @@ class BurnAnalysis:
     def summary(self) -> str:
         parts = []
         for gpu in self.gpus:
-            text = f"GPU {gpu.index}: {_fmt(gpu.sustained_tflops)} TFLOP/s"
+            text = f"{gpu.label or f'GPU {gpu.index}'}: {_fmt(gpu.sustained_tflops)} TFLOP/s"
             if gpu.burn_vs_matmul_pct is not None:
                 text += f" ({gpu.burn_vs_matmul_pct:.1f}% of matmul)"
             if gpu.samples:
@@ -364,7 +369,7 @@ def summarize(gpu: GpuBurn) -> GpuSummary:
         median_sm_mhz=statistics.median(clocks) if clocks else None,
         reasons_seen=dict(reasons), samples=len(burn),
         pcie_gen_min=min(generations) if generations else None,
-        pcie_width_min=min(widths) if widths else None)
+        pcie_width_min=min(widths) if widths else None, label=gpu.label)
 
 
 def throttle_problems(gpu: GpuBurn) -> list[str]:
@@ -376,7 +381,7 @@ def throttle_problems(gpu: GpuBurn) -> list[str]:
             continue
         hits = [s for s in burn if s.reasons is not None and s.reasons & bit]
         if hits:
-            problems.append(f"GPU {gpu.index}: clocks-event reason {name} (0x{bit:x}) in "
+            problems.append(f"{gpu.label}: clocks-event reason {name} (0x{bit:x}) in "
                             f"{len(hits)} of {len(burn)} samples, first at t={hits[0].t:g} s "
                             f"({hits[0].temp_c} C, {_fmt(hits[0].power_w)} W)")
     return problems
@@ -398,7 +403,7 @@ def digest_problems(gpus: list[GpuBurn]) -> tuple[Optional[str], list[str]]:
     for gpu in gpus:
         bad = [window for window, digest in gpu.digests if digest != reference]
         if bad:
-            problems.append(f"GPU {gpu.index}: result differs bit for bit from the reference in "
+            problems.append(f"{gpu.label}: result differs bit for bit from the reference in "
                             f"{len(bad)} of {len(gpu.digests)} checks (windows "
                             f"{', '.join(map(str, bad[:5]))}{'...' if len(bad) > 5 else ''}): "
                             "silent data corruption")
@@ -409,13 +414,13 @@ def analyze(run: BurnRun) -> BurnAnalysis:
     summaries = [summarize(gpu) for gpu in run.gpus]
     rates = [s.sustained_tflops for s in summaries if s.sustained_tflops is not None]
     median = statistics.median(rates) if rates else None
-    problems = [f"GPU {gpu.index}: {gpu.error}" for gpu in run.gpus if gpu.error]
+    problems = [f"{gpu.label}: {gpu.error}" for gpu in run.gpus if gpu.error]
     for gpu in run.gpus:
         problems.extend(throttle_problems(gpu))
     for summary in summaries:
         if median and summary.sustained_tflops is not None \
                 and summary.sustained_tflops < SLOWEST_OF_MEDIAN_MIN * median:
-            problems.append(f"GPU {summary.index}: {summary.sustained_tflops:.1f} TFLOP/s sustained, "
+            problems.append(f"{summary.label}: {summary.sustained_tflops:.1f} TFLOP/s sustained, "
                             f"{100 * summary.sustained_tflops / median:.0f}% of the node median "
                             f"{median:.1f}; expected >= {100 * SLOWEST_OF_MEDIAN_MIN:.0f}%")
     reference, sdc = digest_problems(run.gpus)

@@ -109,7 +109,8 @@ class Worker:
 
     def window_tflops(self, started):
         synchronize(self.device)
-        return round(FLOPS_PER_GEMM * args.window / (time.perf_counter() - started) / 1e12, 4)
+        tflops = FLOPS_PER_GEMM * args.window / (time.perf_counter() - started) / 1e12
+        return float(f"{tflops:.6g}")  # significant digits: a slow device's rate never rounds to 0
 
     def burn(self, seconds):
         deadline, window = time.monotonic() + seconds, 0
