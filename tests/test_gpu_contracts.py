@@ -190,6 +190,19 @@ def test_every_torch_cuda_and_distributed_name_exists_in_torch(payload, path, li
         pytest.fail(f"{payload}.py:{line}: {path} is not in torch {torch.__version__}: {exc}")
 
 
+@pytest.mark.parametrize("payload", GPU_PAYLOADS)
+def test_every_gpu_payload_sets_the_pci_bus_device_order_before_importing_torch(payload):
+    """CUDA's default order (fastest first) need not be NVML's: with CUDA_DEVICE_ORDER=PCI_BUS_ID
+    set before torch starts CUDA, "GPU 3" is the same physical GPU in every check."""
+    tree = ast.parse((PAYLOADS_DIR / f"{payload}.py").read_text(encoding="utf-8"))
+    settings = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                and ast.unparse(node) == "os.environ['CUDA_DEVICE_ORDER'] = 'PCI_BUS_ID'"]
+    imports = [node.lineno for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+               and any(name.startswith("torch") for name in
+                       ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]))]
+    assert settings and imports and min(settings) < min(imports), (payload, settings, imports)
+
+
 def test_the_nvml_error_names_the_harness_matches_exist():
     """runners/nvml.py names a lost GPU by the class NVML's GPU_IS_LOST code maps to (spelt
     GpuIsLost in nvidia-ml-py, whatever the C name says)."""

@@ -24,6 +24,8 @@ import sys
 import time
 import warnings
 
+os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch initialises CUDA: indices = NVML's
+
 FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
            "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
 FLOAT_BYTES = 4
@@ -60,7 +62,6 @@ def main():
     if sys.argv[1:2] == ["--probe"]:
         return probe()
     args = arguments()
-    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch initialises CUDA: indices = NVML's
     # torch 2.13 renames all_gather_into_tensor/reduce_scatter_tensor; older GPU nodes lack the new names
     warnings.filterwarnings("ignore", category=FutureWarning)
     import torch
