@@ -159,12 +159,13 @@ class BandwidthRun:
         return None if not values or None in values else min(values)
 
     def per_gpu(self, attributes: Sequence[str], digits: int) -> str:
-        """'0: 4.25, 1: 4.24' or, for two attributes, '0: 55.4/55.3'; '-' where a GPU has no figure."""
+        """'0: 4.25, 1: 4.24' or, for two attributes, '0: 55.4/55.3'; '-' where a GPU has no figure;
+        a GPU whose bus id the payload gave is named by it ('GPU 0 (00000000:19:00.0): 4.25')."""
         def shown(value: Optional[float]) -> str:
             return "-" if value is None else f"{value:.{digits}f}"
 
-        return ", ".join(f"{gpu.index}: " + "/".join(shown(getattr(gpu, a)) for a in attributes)
-                         for gpu in self.gpus)
+        return ", ".join(f"{gpu.label if gpu.bus_id else gpu.index}: "
+                         + "/".join(shown(getattr(gpu, a)) for a in attributes) for gpu in self.gpus)
 
 
 def bandwidth(transport: Transport, *, extra: tuple[str, ...] = ()) -> Result:

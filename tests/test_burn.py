@@ -277,6 +277,9 @@ def test_per_gpu_note_shows_a_missing_figure_instead_of_a_type_error():
     assert run.per_gpu(("hbm_copy_tbps",), 2) == "0: 4.25, 1: -"
     assert run.per_gpu(("h2d_gbps", "d2h_gbps"), 1) == "0: 55.4/55.3, 1: -/-"
     assert run.slowest("hbm_copy_tbps") is None  # the reference then fails as "no measurement"
+    named = burn.parse_bandwidth(json.dumps({"available": True, "gpus": [
+        {"index": 0, "bus_id": "00000000:19:00.0", "hbm_copy_tbps": 4.25, "error": None}]}))
+    assert named.per_gpu(("hbm_copy_tbps",), 2) == "GPU 0 (00000000:19:00.0): 4.25"  # DERIVED bus id
 
 
 def test_gpus_nvml_lists_but_cuda_hides_are_named_with_what_hides_them():
