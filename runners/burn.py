@@ -5,12 +5,14 @@ The parser also reads the trace recorded on an H200 (tests/data/h200-1gpu/burn.j
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from runners import payloads
+from runners.nvml import Gpu, GpuFacts
 from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
@@ -61,6 +63,10 @@ class GpuBurn:
     telemetry: list[Sample]
     error: Optional[str]
 
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.bus_id})" if self.bus_id else f"GPU {self.index}"
+
 
 @dataclass(frozen=True)
 class BurnRun:
@@ -71,6 +77,7 @@ class BurnRun:
     gpus: list[GpuBurn]
     telemetry_error: Optional[str]
     ok: bool  # the payload ran: available and no GPU reported an error
+    cuda_visible_devices: Optional[str] = None  # as the payload saw it; None: not set
 
 
 def run(transport: Transport, seconds: float = QUICK_SECONDS, *, extra: tuple[str, ...] = ()) -> Result:
@@ -113,10 +120,13 @@ def parse_burn(text: str) -> BurnRun:
         raise ParseError("GPU burn output has neither `available: false` nor a non-empty `gpus` list")
     gpus = [_gpu(position, raw) for position, raw in enumerate(data["gpus"])]
     return BurnRun(True, "", str(data.get("dtype", "")), data.get("size"), gpus,
-                   data.get("telemetry_error"), ok=not any(gpu.error for gpu in gpus))
+                   data.get("telemetry_error"), ok=not any(gpu.error for gpu in gpus),
+                   cuda_visible_devices=data.get("cuda_visible_devices"))
 
 
 BANDWIDTH_TIMEOUT_S = 300  # torch start-up plus 3 x 21 copies of 1 GiB on each of 8 GPUs
+BANDWIDTH_FIGURES = {"hbm_copy_tbps": ("HBM copy", "TB/s"), "h2d_gbps": ("pinned H2D", "GB/s"),
+                     "d2h_gbps": ("pinned D2H", "GB/s")}
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,12 @@ class GpuBandwidth:
     h2d_gbps: Optional[float]  # pinned host to device
     d2h_gbps: Optional[float]  # device to pinned host
     error: Optional[str]
+    bus_id: str = ""  # NVML's form, 00000000:19:00.0; "" from payloads that did not say
+    host_numa: Optional[int] = None  # the NUMA node the pinned buffer was allocated on
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.bus_id})" if self.bus_id else f"GPU {self.index}"
 
 
 @dataclass(frozen=True)
@@ -135,11 +151,21 @@ class BandwidthRun:
     reason: str
     gpus: list[GpuBandwidth]
     ok: bool
+    cuda_visible_devices: Optional[str] = None
 
     def slowest(self, attribute: str) -> Optional[float]:
         """The lowest figure over the GPUs, or None when any GPU lacks it (a referenced metric fails)."""
         values = [getattr(gpu, attribute) for gpu in self.gpus]
         return None if not values or None in values else min(values)
+
+    def per_gpu(self, attributes: Sequence[str], digits: int) -> str:
+        """'0: 4.25, 1: 4.24' or, for two attributes, '0: 55.4/55.3'; '-' where a GPU has no figure;
+        a GPU whose bus id the payload gave is named by it ('GPU 0 (00000000:19:00.0): 4.25')."""
+        def shown(value: Optional[float]) -> str:
+            return "-" if value is None else f"{value:.{digits}f}"
+
+        return ", ".join(f"{gpu.label if gpu.bus_id else gpu.index}: "
+                         + "/".join(shown(getattr(gpu, a)) for a in attributes) for gpu in self.gpus)
 
 
 def bandwidth(transport: Transport, *, extra: tuple[str, ...] = ()) -> Result:
@@ -155,13 +181,108 @@ def parse_bandwidth(text: str) -> BandwidthRun:
 
     def figure(raw, key):
         value = raw.get(key)
-        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def numa(raw):
+        node = raw.get("host_numa")
+        return node.get("node") if isinstance(node, dict) and isinstance(node.get("node"), int) else None
 
     gpus = [GpuBandwidth(int(raw.get("index", position)), str(raw.get("name", "")),
                          figure(raw, "hbm_copy_tbps"), figure(raw, "h2d_gbps"), figure(raw, "d2h_gbps"),
-                         raw.get("error"))
+                         raw.get("error"), str(raw.get("bus_id") or ""), numa(raw))
             for position, raw in enumerate(data["gpus"])]
-    return BandwidthRun(True, "", gpus, ok=not any(gpu.error for gpu in gpus))
+    return BandwidthRun(True, "", gpus, ok=not any(gpu.error for gpu in gpus),
+                        cuda_visible_devices=data.get("cuda_visible_devices"))
+
+
+# PCIe transfer rate per lane (GT/s) and line-code efficiency by generation (PCIe base spec:
+# 8b/10b for Gen1-2, 128b/130b for Gen3-5, FLIT mode at 242/256 for Gen6).
+PCIE_LANE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+PCIE_ENCODING = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}
+
+
+def pcie_ceiling_gbps(generation: Optional[int], width: Optional[int]) -> Optional[float]:
+    """The link's raw data rate in one direction, GB/s: no copy over it can be faster
+    (Gen5 x16: 63.0; the recorded H200 copied 55.4)."""
+    if generation not in PCIE_LANE_GTS or not width:
+        return None
+    return PCIE_LANE_GTS[generation] * PCIE_ENCODING[generation] * width / 8
+
+
+def hbm_ceiling_tbps(memory_clock_max_mhz: Optional[int], bus_width_bits: Optional[int]) -> Optional[float]:
+    """The memory's peak, TB/s: two transfers per clock over the bus (H200: 3201 MHz x 6144 bit =
+    4.92, datasheet 4.8). A copy's read plus write cross the same bus, so the figure the payload
+    counts (2 x bytes) cannot exceed it (the recorded H200 copied 4.25)."""
+    if not memory_clock_max_mhz or not bus_width_bits:
+        return None
+    return memory_clock_max_mhz * 1e6 * 2 * bus_width_bits / 8 / 1e12
+
+
+def ceilings(gpu: Optional[Gpu]) -> dict[str, Optional[float]]:
+    """Per figure, the most the GPU's own hardware (as NVML describes it) can move."""
+    if gpu is None:
+        return dict.fromkeys(BANDWIDTH_FIGURES)
+    link = pcie_ceiling_gbps(gpu.pcie_gen_max, gpu.pcie_width_max)
+    return {"hbm_copy_tbps": hbm_ceiling_tbps(gpu.clock_mem_max_mhz, gpu.memory_bus_width),
+            "h2d_gbps": link, "d2h_gbps": link}
+
+
+def nvml_gpu(facts: GpuFacts, index: int, bus_id: str) -> Optional[Gpu]:
+    """The NVML GPU a payload measured: by PCI bus id where both say it, else by index (the
+    payloads set CUDA_DEVICE_ORDER=PCI_BUS_ID, so CUDA's index is NVML's)."""
+    if bus_id:
+        for gpu in facts.gpus:
+            if gpu.bus_id and gpu.bus_id.upper() == bus_id.upper():
+                return gpu
+        return None
+    return next((gpu for gpu in facts.gpus if gpu.index == index), None)
+
+
+def bandwidth_problems(run: BandwidthRun, attributes: Sequence[str], facts: GpuFacts,
+                       limits: Optional[dict[str, Optional[float]]] = None) -> list[str]:
+    """Why `attributes`' per-GPU figures cannot be trusted: a GPU's error, a missing figure, or one
+    above what its hardware can move (NVML's memory clock and bus width, its PCIe link) or above
+    `limits` (the profile's upper bound, per attribute). Events that saw no copy give launch
+    times: absurdly high figures, which these bounds catch on every GPU, not just the slowest."""
+    problems = [f"{gpu.label}: {gpu.error}" for gpu in run.gpus if gpu.error]
+    for gpu in run.gpus:
+        if gpu.error:
+            continue
+        hardware = ceilings(nvml_gpu(facts, gpu.index, gpu.bus_id))
+        for attribute in attributes:
+            what, unit = BANDWIDTH_FIGURES[attribute]
+            value = getattr(gpu, attribute)
+            if value is None or not math.isfinite(value) or value <= 0:
+                problems.append(f"{gpu.label}: no {what} figure ({value})")
+                continue
+            for bound, source in ((hardware[attribute], "its hardware's peak"),
+                                  ((limits or {}).get(attribute), "the profile's upper bound")):
+                if bound is not None and value > bound:
+                    problems.append(f"{gpu.label}: {what} {value:.2f} {unit} is above {source} "
+                                    f"{bound:.2f} {unit}: the timing saw no copy (or a bad clock)")
+                    break
+    return problems
+
+
+def unmeasured_gpus(measured: Sequence[tuple[int, str]], facts: GpuFacts, what: str,
+                    cuda_visible_devices: Optional[str]) -> list[str]:
+    """The GPUs NVML lists that the payload did not measure, with what hides them: a GPU hidden by
+    CUDA_VISIBLE_DEVICES or in MIG mode is left out of CUDA's list, never silently passed.
+    `measured` is (index, bus id) per GPU the payload ran on."""
+    if len(measured) >= len(facts.gpus):
+        return []
+    buses = {bus.upper() for _, bus in measured if bus}
+    missing = [gpu for gpu in facts.gpus if gpu.bus_id.upper() not in buses] if len(buses) == len(measured) \
+        else facts.gpus[len(measured):]
+    why = []
+    if cuda_visible_devices is not None:
+        why.append(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} on the node")
+    mig = [gpu.label for gpu in facts.gpus if gpu.mig_current]
+    if mig:
+        why.append(f"MIG mode on {', '.join(mig)}")
+    return [f"NVML lists {len(facts.gpus)} GPU(s), the {what} ran on {len(measured)}: "
+            f"{', '.join(gpu.label for gpu in missing)} not measured"
+            + (f" ({'; '.join(why)})" if why else " (CUDA does not see them)")]
 
 
 PARSERS = {"gpu-burn": parse_burn, "gpu-bandwidth": parse_bandwidth}
@@ -196,6 +317,7 @@ class GpuSummary:
     samples: int
     pcie_gen_min: Optional[int] = None  # the lowest running link during the burn (under load)
     pcie_width_min: Optional[int] = None
+    label: str = ""  # "GPU 3 (00000000:3B:00.0)": the GPU's bus id where the payload gave it
 
 
 @dataclass(frozen=True)
@@ -210,7 +332,7 @@ class BurnAnalysis:
     def summary(self) -> str:
         parts = []
         for gpu in self.gpus:
-            text = f"GPU {gpu.index}: {_fmt(gpu.sustained_tflops)} TFLOP/s"
+            text = f"{gpu.label or f'GPU {gpu.index}'}: {_fmt(gpu.sustained_tflops)} TFLOP/s"
             if gpu.burn_vs_matmul_pct is not None:
                 text += f" ({gpu.burn_vs_matmul_pct:.1f}% of matmul)"
             if gpu.samples:
@@ -248,7 +370,7 @@ def summarize(gpu: GpuBurn) -> GpuSummary:
         median_sm_mhz=statistics.median(clocks) if clocks else None,
         reasons_seen=dict(reasons), samples=len(burn),
         pcie_gen_min=min(generations) if generations else None,
-        pcie_width_min=min(widths) if widths else None)
+        pcie_width_min=min(widths) if widths else None, label=gpu.label)
 
 
 def throttle_problems(gpu: GpuBurn) -> list[str]:
@@ -260,7 +382,7 @@ def throttle_problems(gpu: GpuBurn) -> list[str]:
             continue
         hits = [s for s in burn if s.reasons is not None and s.reasons & bit]
         if hits:
-            problems.append(f"GPU {gpu.index}: clocks-event reason {name} (0x{bit:x}) in "
+            problems.append(f"{gpu.label}: clocks-event reason {name} (0x{bit:x}) in "
                             f"{len(hits)} of {len(burn)} samples, first at t={hits[0].t:g} s "
                             f"({hits[0].temp_c} C, {_fmt(hits[0].power_w)} W)")
     return problems
@@ -282,7 +404,7 @@ def digest_problems(gpus: list[GpuBurn]) -> tuple[Optional[str], list[str]]:
     for gpu in gpus:
         bad = [window for window, digest in gpu.digests if digest != reference]
         if bad:
-            problems.append(f"GPU {gpu.index}: result differs bit for bit from the reference in "
+            problems.append(f"{gpu.label}: result differs bit for bit from the reference in "
                             f"{len(bad)} of {len(gpu.digests)} checks (windows "
                             f"{', '.join(map(str, bad[:5]))}{'...' if len(bad) > 5 else ''}): "
                             "silent data corruption")
@@ -293,13 +415,13 @@ def analyze(run: BurnRun) -> BurnAnalysis:
     summaries = [summarize(gpu) for gpu in run.gpus]
     rates = [s.sustained_tflops for s in summaries if s.sustained_tflops is not None]
     median = statistics.median(rates) if rates else None
-    problems = [f"GPU {gpu.index}: {gpu.error}" for gpu in run.gpus if gpu.error]
+    problems = [f"{gpu.label}: {gpu.error}" for gpu in run.gpus if gpu.error]
     for gpu in run.gpus:
         problems.extend(throttle_problems(gpu))
     for summary in summaries:
         if median and summary.sustained_tflops is not None \
                 and summary.sustained_tflops < SLOWEST_OF_MEDIAN_MIN * median:
-            problems.append(f"GPU {summary.index}: {summary.sustained_tflops:.1f} TFLOP/s sustained, "
+            problems.append(f"{summary.label}: {summary.sustained_tflops:.1f} TFLOP/s sustained, "
                             f"{100 * summary.sustained_tflops / median:.0f}% of the node median "
                             f"{median:.1f}; expected >= {100 * SLOWEST_OF_MEDIAN_MIN:.0f}%")
     reference, sdc = digest_problems(run.gpus)

@@ -183,6 +183,15 @@ class Figure:
     note: str = ""
     lines: dict = field(default_factory=dict)  # legend -> [(size B, busbw GB/s)], every row of the run
 
+    def unjudgeable(self) -> str:
+        """Why busbw says nothing about the hardware ('' when it does): one rank sends nothing to
+        another, so busbw is algbw x 2(n-1)/n = 0 by definition (nccl-tests doc/PERFORMANCE.md)
+        and no band for n ranks applies; the data check before it is all one rank can show."""
+        if self.ranks == 1:
+            return (f"one rank ({self.tool}): busbw is 0 by definition (factor 2(n-1)/n), nothing crosses "
+                    "a link to judge against the band; the data check passed")
+        return ""
+
     def describe(self) -> str:
         env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()) if k.startswith(("NCCL_", "GLOO_")))
         parts = [f"{self.busbw:.3f} GB/s busbw at {self.size / 2**20:g} MiB over {self.ranks} rank(s) ({self.tool})",

@@ -39,14 +39,21 @@ class DeviceFigures:
     not_measured: dict  # dtype -> reason
     fft_c64_gflops: Optional[float]
     fft_error: Optional[float]
+    bus_id: str = ""  # NVML's form of the GPU's PCI address; "" for the CPU or older payloads
+    error: str = ""  # why this GPU has no figures (its CUDA error); the others were measured
 
     @property
     def label(self) -> str:
-        return self.name if self.index is None else f"GPU {self.index} ({self.name})"
+        if self.index is None:
+            return self.name
+        known = ", ".join(part for part in (self.name, self.bus_id) if part)
+        return f"GPU {self.index} ({known})" if known else f"GPU {self.index}"
 
     def problem(self, dtype: str) -> str:
         """Why this device's `dtype` GEMM figure cannot be trusted; '' when it can (or was
-        rightly not measured)."""
+        rightly not measured); a GPU that failed says its error."""
+        if self.error:
+            return f"{self.label}: {self.error}"
         rate, error = self.gemm_tflops[dtype], self.gemm_error.get(dtype)
         if rate is None:
             if dtype in self.not_measured:
@@ -60,6 +67,8 @@ class DeviceFigures:
         return ""
 
     def fft_problem(self) -> str:
+        if self.error:
+            return f"{self.label}: {self.error}"
         if self.fft_c64_gflops is None or not self.fft_c64_gflops > 0:
             return f"{self.label}: no FFT figure"
         if self.fft_error is None or not self.fft_error <= FFT_ERROR_LIMIT:
@@ -125,14 +134,16 @@ def _device(entry: dict) -> DeviceFigures:
         gemm_tflops=tflops,
         gemm_error={k: float(v) for k, v in (entry.get("gemm_error") or {}).items()},
         not_measured={k: str(v) for k, v in (entry.get("not_measured") or {}).items()},
-        fft_c64_gflops=_number(entry.get("fft_c64_gflops")), fft_error=_number(entry.get("fft_error")))
+        fft_c64_gflops=_number(entry.get("fft_c64_gflops")), fft_error=_number(entry.get("fft_error")),
+        bus_id=str(entry.get("bus_id") or ""), error=str(entry.get("error") or ""))
 
 
 def _problems(devices: list[DeviceFigures]) -> list[str]:
-    """Why the figures cannot be trusted, in the report's words; empty when they can."""
+    """Why the figures cannot be trusted, in the report's words; empty when they can. A GPU that
+    failed is named with its error, once."""
     found = [device.problem(dtype) for device in devices for dtype in DTYPES]
     found += [device.fft_problem() for device in devices]
-    return [problem for problem in found if problem]
+    return [problem for problem in dict.fromkeys(found) if problem]
 
 
 def parse_gemm_fft(text: str) -> GemmFftReport:

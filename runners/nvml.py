@@ -56,6 +56,10 @@ class Gpu:
     power_limit_default_mw: Optional[int]
     temp_slowdown: Optional[int]
     temp_shutdown: Optional[int]
+    clock_mem_max_mhz: Optional[int] = None  # with the bus width: the memory's peak bandwidth
+    memory_bus_width: Optional[int] = None  # bits; None in dumps that predate it
+    remapped_uncorrectable: Optional[int] = None  # rows remapped for uncorrectable errors, lifetime
+    lost: str = ""  # why NVML could not reach this GPU at all (NVMLError_GpuIsLost: off the bus)
 
     @property
     def label(self) -> str:
@@ -70,6 +74,11 @@ class GpuFacts:
     cuda_driver: Optional[int] = None
     gpus: list[Gpu] = field(default_factory=list)
     load_error: str = ""  # why the PCIe links could not be read under load ("" when they were)
+
+    @property
+    def reachable(self) -> list[Gpu]:
+        """The GPUs NVML could read; a lost one is named by inventory_problems, not judged twice."""
+        return [gpu for gpu in self.gpus if not gpu.lost]
 
 
 def probe(transport: Transport) -> Result:
@@ -101,18 +110,17 @@ def _pair(raw: Any) -> tuple[Optional[bool], Optional[bool]]:
     return None, None
 
 
-def _remapped(raw: Any) -> tuple[Optional[bool], Optional[bool]]:
-    """(pending, failure) from a dict, or from the tuple text "(corr, unc, pending, failure)"."""
+def _remapped(raw: Any) -> tuple[Optional[bool], Optional[bool], Optional[int]]:
+    """(pending, failure, rows remapped for uncorrectable errors) from a dict, a list, or the tuple
+    text "(corr, unc, pending, failure)"."""
     raw = _value(raw)
     if isinstance(raw, dict):
-        return _flag(raw.get("pending")), _flag(raw.get("failure"))
+        return _flag(raw.get("pending")), _flag(raw.get("failure")), _int(raw.get("uncorrectable"))
     if isinstance(raw, str):
-        numbers = [int(n) for n in re.findall(r"\d+", raw)]
-        if len(numbers) == 4:
-            return bool(numbers[2]), bool(numbers[3])
+        raw = [int(n) for n in re.findall(r"\d+", raw)]
     if isinstance(raw, list) and len(raw) == 4:
-        return bool(raw[2]), bool(raw[3])
-    return None, None
+        return bool(raw[2]), bool(raw[3]), _int(raw[1])
+    return None, None, None
 
 
 def _nvlink_active(links: Any) -> Optional[int]:
@@ -133,7 +141,7 @@ def _gpu(index: int, raw: dict) -> Gpu:
     pci = _value(raw.get("pci")) or {}
     ecc_current, ecc_pending = _pair(raw.get("ecc_mode"))
     mig_current, _ = _pair(raw.get("mig_mode"))
-    remap_pending, remap_failure = _remapped(raw.get("remapped_rows"))
+    remap_pending, remap_failure, remapped_uncorrectable = _remapped(raw.get("remapped_rows"))
     total = memory.get("total") if isinstance(memory, dict) else None
     compute = _int(raw.get("compute_mode"))
     return Gpu(
@@ -169,6 +177,10 @@ def _gpu(index: int, raw: dict) -> Gpu:
         power_limit_default_mw=_int(raw.get("power_limit_default_mw")),
         temp_slowdown=_int(raw.get("temp_slowdown")),
         temp_shutdown=_int(raw.get("temp_shutdown")),
+        clock_mem_max_mhz=_int(raw.get("clock_mem_max")),
+        memory_bus_width=_int(raw.get("memory_bus_width")),
+        remapped_uncorrectable=remapped_uncorrectable,
+        lost=f"{raw['error']}: {raw.get('msg', '')}" if isinstance(raw.get("error"), str) else "",
     )
 
 
@@ -191,14 +203,16 @@ def parse_gpu_facts(text: str) -> GpuFacts:
 
 
 def inventory_problems(facts: GpuFacts, expect: Expectations) -> list[str]:
-    """GPU count and model as the profile says."""
-    problems = []
+    """GPU count and model as the profile says; a GPU NVML counts but cannot reach is named."""
+    problems = [f"{gpu.label}: NVML cannot reach it ({gpu.lost})"
+                + (": fallen off the bus (Xid 79)" if "gpuislost" in gpu.lost.lower() else "")
+                for gpu in facts.gpus if gpu.lost]
     count = expect.gpu_count
     if count is not None and len(facts.gpus) != count:
         problems.append(f"{len(facts.gpus)} GPU(s) found, expected {count}")
     pattern = expect.gpu_model
     if pattern:
-        for gpu in facts.gpus:
+        for gpu in facts.reachable:
             if not re.search(pattern, gpu.name):
                 problems.append(f"{gpu.label} is {gpu.name!r}, expected a match for {pattern!r}")
     return problems
@@ -208,19 +222,33 @@ def ecc_problems(facts: GpuFacts, expect: Expectations) -> tuple[list[str], list
     """(problems, warnings): ECC on, no uncorrectable errors, no pending or failed row remap.
 
     Correctable errors above the profile's `ecc_correctable_max` are a warning, not a failure.
+    Uncorrectable errors since the driver loaded (volatile) fail the GPU. The lifetime (aggregate)
+    count fails it only where row remapping cannot vouch for the repair: NVIDIA's GPU Memory Error
+    Management guide (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt: "Response to Uncorrectable
+    Contained ECC Errors", "Row Remapping", "RMA Policy") says that from Ampere on, the row of an
+    uncorrectable error is remapped in hardware at the next GPU reset, persistently and without a
+    hole in memory, and that the RMA criterion is the row-remapping failure flag. So lifetime
+    uncorrectable errors with rows remapped for them, no remap pending and no remap failure were
+    repaired: a warning. Without a remapped row the errors were not repaired that way: a failure.
     """
     problems, warnings = [], []
     limit = expect.ecc_correctable_max
-    for gpu in facts.gpus:
+    for gpu in facts.reachable:
         if expect.ecc is not False:
             if gpu.ecc_current is not True:
                 problems.append(f"{gpu.label}: ECC is {_state(gpu.ecc_current)}, expected enabled")
             elif gpu.ecc_pending is False:
                 problems.append(f"{gpu.label}: ECC will be disabled at the next reset")
-        for scope, count in (("volatile", gpu.uncorrectable_volatile),
-                             ("aggregate", gpu.uncorrectable_aggregate)):
-            if count:
-                problems.append(f"{gpu.label}: {count} uncorrectable ECC error(s) ({scope})")
+        if gpu.uncorrectable_volatile:
+            problems.append(f"{gpu.label}: {gpu.uncorrectable_volatile} uncorrectable ECC error(s) (volatile)")
+        lifetime = gpu.uncorrectable_aggregate
+        if lifetime and remapped_cleanly(gpu):
+            warnings.append(f"{gpu.label}: {lifetime} uncorrectable ECC error(s) in its lifetime (aggregate), "
+                            f"{gpu.remapped_uncorrectable} row(s) remapped for them, no remap pending, no "
+                            "remap failure: repaired in hardware (NVIDIA GPU Memory Error Management)")
+        elif lifetime:
+            problems.append(f"{gpu.label}: {lifetime} uncorrectable ECC error(s) (aggregate)"
+                            + ("; NVML gives no row-remapping state" if gpu.remap_pending is None else ""))
         if gpu.remap_pending:
             problems.append(f"{gpu.label}: a row remap is pending (reset the GPU to apply it)")
         if gpu.remap_failure:
@@ -234,6 +262,12 @@ def ecc_problems(facts: GpuFacts, expect: Expectations) -> tuple[list[str], list
     return problems, warnings
 
 
+def remapped_cleanly(gpu: Gpu) -> bool:
+    """Rows were remapped for uncorrectable errors, nothing is pending and no remap ever failed."""
+    return (gpu.remap_pending is False and gpu.remap_failure is False
+            and bool(gpu.remapped_uncorrectable))
+
+
 def pcie_problems(facts: GpuFacts, expect: Expectations) -> tuple[list[str], list[str]]:
     """(problems, notes): link capability as the profile says, and the link running at it.
 
@@ -244,12 +278,12 @@ def pcie_problems(facts: GpuFacts, expect: Expectations) -> tuple[list[str], lis
     """
     problems, notes = [], []
     want_gen, want_width = expect.pcie_gen, expect.pcie_width
-    loaded = [gpu for gpu in facts.gpus if gpu.pcie_gen_load is not None or gpu.pcie_width_load is not None]
-    if facts.gpus:
-        notes.append("running link read under load" if len(loaded) == len(facts.gpus) else
-                     f"running link read at idle on {len(facts.gpus) - len(loaded)} GPU(s), where it "
+    loaded = [gpu for gpu in facts.reachable if gpu.pcie_gen_load is not None or gpu.pcie_width_load is not None]
+    if facts.reachable:
+        notes.append("running link read under load" if len(loaded) == len(facts.reachable) else
+                     f"running link read at idle on {len(facts.reachable) - len(loaded)} GPU(s), where it "
                      f"may read low" + (f" ({facts.load_error})" if facts.load_error else ""))
-    for gpu in facts.gpus:
+    for gpu in facts.reachable:
         if want_gen is not None and gpu.pcie_gen_max != want_gen:
             problems.append(f"{gpu.label}: PCIe link at most Gen{gpu.pcie_gen_max}, "
                             f"expected Gen{want_gen}")
@@ -285,13 +319,13 @@ def nvlink_problems(facts: GpuFacts, expect: Expectations) -> list[str]:
     if not want:
         return []
     return [f"{gpu.label}: {gpu.nvlink_active or 0} active NVLink(s), expected {want}"
-            for gpu in facts.gpus if (gpu.nvlink_active or 0) != want]
+            for gpu in facts.reachable if (gpu.nvlink_active or 0) != want]
 
 
 def mode_problems(facts: GpuFacts, expect: Expectations) -> list[str]:
     """Persistence, MIG and compute mode; enforced power limit at the default; thresholds set."""
     problems = []
-    for gpu in facts.gpus:
+    for gpu in facts.reachable:
         for label, want, found in (("persistence mode", expect.persistence_mode, gpu.persistence),
                                    ("MIG mode", expect.mig_mode, gpu.mig_current)):
             if want is not None and found is not want:
@@ -312,8 +346,8 @@ def mode_problems(facts: GpuFacts, expect: Expectations) -> list[str]:
 def firmware_set(facts: GpuFacts) -> dict[str, str]:
     """What must be uniform across nodes: driver, and the VBIOS and InfoROM set of the GPUs."""
     return {"driver": facts.driver,
-            "VBIOS": ",".join(sorted({gpu.vbios for gpu in facts.gpus})),
-            "InfoROM": ",".join(sorted({gpu.inforom for gpu in facts.gpus}))}
+            "VBIOS": ",".join(sorted({gpu.vbios for gpu in facts.reachable})),
+            "InfoROM": ",".join(sorted({gpu.inforom for gpu in facts.reachable}))}
 
 
 def mixed_firmware_problems(facts: GpuFacts) -> list[str]:
@@ -321,7 +355,7 @@ def mixed_firmware_problems(facts: GpuFacts) -> list[str]:
     problems = []
     for label, version_of in (("VBIOS", lambda gpu: gpu.vbios), ("InfoROM", lambda gpu: gpu.inforom)):
         by_version: dict[str, list[int]] = {}
-        for gpu in facts.gpus:
+        for gpu in facts.reachable:
             by_version.setdefault(version_of(gpu), []).append(gpu.index)
         if len(by_version) > 1:
             problems.append(f"GPUs on different {label} versions: " + "; ".join(

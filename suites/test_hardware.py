@@ -242,7 +242,7 @@ def gpu_payload_unavailable(profile, what: str, reason: str) -> None:
 
 
 def judge_burn(on_node, profile, node, record, metrics, step, seconds) -> None:
-    gpu_facts_of(on_node, profile)
+    facts = gpu_facts_of(on_node, profile)
     result = on_node(step, lambda transport: burn.run(transport, seconds))
     run = parsed(burn.parse_burn, result)
     if not run.available:
@@ -250,7 +250,9 @@ def judge_burn(on_node, profile, node, record, metrics, step, seconds) -> None:
     analysis = burn.analyze(run)
     record.note(f"{seconds:g} s {run.dtype} {run.size}^3 GEMMs: {analysis.summary()}"
                 + (f"; {run.telemetry_error}" if run.telemetry_error else ""))
-    problems = [f"{node}: {problem}" for problem in analysis.problems]
+    hidden = burn.unmeasured_gpus([(gpu.index, gpu.bus_id) for gpu in run.gpus], facts, "GPU burn",
+                                  run.cuda_visible_devices)
+    problems = [f"{node}: {problem}" for problem in hidden + analysis.problems]
     try:
         metrics.judge(gpu_burn_tflops=(analysis.min_tflops, "TFLOP/s"),
                       gpu_burn_vs_matmul=(analysis.min_burn_vs_matmul_pct, "%"))
@@ -276,30 +278,42 @@ def test_gpu_burn_full(on_node, profile, node, record):
                burn_seconds("HANDOVER_GPU_BURN_FULL_S", burn.FULL_SECONDS))
 
 
-def bandwidth_of(on_node, profile) -> burn.BandwidthRun:
-    gpu_facts_of(on_node, profile)
+# The bandwidth payload's figures and the profile's reference for each.
+BANDWIDTH_METRICS = {"hbm_copy_tbps": "hbm_copy_bandwidth", "h2d_gbps": "h2d_bandwidth",
+                     "d2h_gbps": "d2h_bandwidth"}
+
+
+def bandwidth_of(on_node, profile, node, record, attributes: tuple[str, ...], title: str,
+                 digits: int) -> burn.BandwidthRun:
+    """The bandwidth run once its `attributes` are sane on every GPU: no error, a figure, within
+    what the GPU's hardware (and the profile's upper bound) allows, and every NVML GPU measured.
+    The per-GPU figures are noted before any failure, so the report shows them either way."""
+    facts = gpu_facts_of(on_node, profile)
     run = parsed(burn.parse_bandwidth, on_node(BANDWIDTH_STEP, burn.bandwidth))
     if not run.available:
         gpu_payload_unavailable(profile, "GPU bandwidth payload", run.reason)
-    errors = [f"GPU {gpu.index}: {gpu.error}" for gpu in run.gpus if gpu.error]
-    if errors:
-        raise SanityFailure("; ".join(errors))
+    numa = [f"{gpu.index}: node {gpu.host_numa}" for gpu in run.gpus if gpu.host_numa is not None]
+    record.note(f"{title} per GPU: {run.per_gpu(attributes, digits)}"
+                + (f"; pinned buffers on NUMA {', '.join(numa)}" if numa else ""))
+    references = {attribute: profile.references.get(BANDWIDTH_METRICS[attribute]) for attribute in attributes}
+    limits = {attribute: reference.high_bound for attribute, reference in references.items() if reference}
+    problems = burn.unmeasured_gpus([(gpu.index, gpu.bus_id) for gpu in run.gpus], facts,
+                                    "GPU bandwidth payload", run.cuda_visible_devices)
+    problems += burn.bandwidth_problems(run, attributes, facts, limits)
+    if problems:
+        raise SanityFailure("; ".join(f"{node}: {problem}" for problem in problems))
     return run
 
 
 @quick
-def test_hbm_bandwidth(on_node, profile, record, metrics):
-    run = bandwidth_of(on_node, profile)
-    record.note("HBM copy TB/s (read+write) per GPU: "
-                + ", ".join(f"{g.index}: {g.hbm_copy_tbps:.2f}" for g in run.gpus))
+def test_hbm_bandwidth(on_node, profile, node, record, metrics):
+    run = bandwidth_of(on_node, profile, node, record, ("hbm_copy_tbps",), "HBM copy TB/s (read+write)", 2)
     metrics.judge(hbm_copy_bandwidth=(run.slowest("hbm_copy_tbps"), "TB/s"))
 
 
 @quick
-def test_pcie_bandwidth(on_node, profile, record, metrics):
-    run = bandwidth_of(on_node, profile)
-    record.note("pinned GB/s per GPU (H2D/D2H): "
-                + ", ".join(f"{g.index}: {g.h2d_gbps:.1f}/{g.d2h_gbps:.1f}" for g in run.gpus))
+def test_pcie_bandwidth(on_node, profile, node, record, metrics):
+    run = bandwidth_of(on_node, profile, node, record, ("h2d_gbps", "d2h_gbps"), "pinned GB/s (H2D/D2H)", 1)
     metrics.judge(h2d_bandwidth=(run.slowest("h2d_gbps"), "GB/s"),
                   d2h_bandwidth=(run.slowest("d2h_gbps"), "GB/s"))
 

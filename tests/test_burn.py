@@ -13,7 +13,7 @@ import pytest
 
 from inventory.loader import load_profile
 from inventory.model import Node
-from runners import burn
+from runners import burn, nvml
 from runners.transport import LocalTransport
 
 DATA = Path(__file__).resolve().parent / "data" / "h200-1gpu"
@@ -205,3 +205,111 @@ def test_bench_on_cpu_runs_matmul_burn_matmul_and_prints_the_ratio(tmp_path):
     figures = json.loads((tmp_path / "bench.json").read_text())
     assert figures["burn_tflops"] > 0 and figures["matmul_tflops"] > 0
     assert figures["ratio"] == pytest.approx(figures["burn_tflops"] / figures["matmul_tflops"])
+
+
+# ---------------------------------------------------------------- bandwidth: per-GPU plausibility
+
+NVML_DUMP = json.loads((DATA / "nvml.json").read_text())
+PERF = json.loads((DATA / "perf.json").read_text())
+
+
+def nvml_facts(gpus: int = 1, **changes) -> nvml.GpuFacts:
+    """The REAL H200 NVML dump, its one GPU copied to `gpus` indices with `changes` applied to every
+    copy (DERIVED where gpus > 1 or changes are given)."""
+    data = copy.deepcopy(NVML_DUMP)
+    data["gpus"] = [{**data["gpus"][0], "index": index, **changes} for index in range(gpus)]
+    return nvml.parse_gpu_facts(json.dumps(data))
+
+
+def bandwidth_run(*figures: tuple[float, float, float], **top) -> burn.BandwidthRun:
+    """DERIVED: one GPU entry per (HBM TB/s, H2D GB/s, D2H GB/s) in the payload's output shape."""
+    return burn.parse_bandwidth(json.dumps({"available": True, **top, "gpus": [
+        {"index": index, "name": "NVIDIA H200", "bus_id": "", "error": None, "hbm_copy_tbps": hbm,
+         "h2d_gbps": h2d, "d2h_gbps": d2h} for index, (hbm, h2d, d2h) in enumerate(figures)]}))
+
+
+H200_FIGURES = (PERF["hbm_copy_tbps_rw"], PERF["h2d_pinned_gbps"], PERF["d2h_pinned_gbps"])
+
+
+def test_hardware_ceilings_from_nvml_bound_the_recorded_h200_figures():
+    """PCIe Gen5 x16 moves at most 63.0 GB/s a direction; H200 HBM3e at 3201 MHz x 6144 bit 4.92
+    TB/s. The REAL figures (55.4, 55.3 GB/s, 4.25 TB/s) lie under them, as any honest copy must."""
+    assert burn.pcie_ceiling_gbps(5, 16) == pytest.approx(63.02, abs=0.01)
+    assert burn.pcie_ceiling_gbps(4, 16) == pytest.approx(31.51, abs=0.01)
+    assert burn.pcie_ceiling_gbps(None, 16) is None and burn.hbm_ceiling_tbps(3201, None) is None
+    assert burn.hbm_ceiling_tbps(3201, 6144) == pytest.approx(4.917, abs=0.001)
+    facts = nvml_facts(memory_bus_width=6144)  # DERIVED: the bus width the real dump predates
+    assert burn.bandwidth_problems(bandwidth_run(H200_FIGURES), tuple(burn.BANDWIDTH_FIGURES), facts) == []
+
+
+def test_a_gpu_timed_on_another_gpus_stream_fails_as_a_sanity_error_not_only_the_slowest():
+    """DERIVED: eight GPUs, GPU 0 at the real H200 figures, GPUs 1-7 at what events on GPU 0's
+    stream give them (launch times: hundreds of TB/s and GB/s). The slowest GPU alone looks fine;
+    every other GPU is named as above its hardware's peak."""
+    absurd = (412.0, 3100.0, 2900.0)
+    run = bandwidth_run(H200_FIGURES, *[absurd] * 7)
+    assert run.slowest("hbm_copy_tbps") == PERF["hbm_copy_tbps_rw"]  # what was judged before
+    facts = nvml_facts(8, memory_bus_width=6144)
+    problems = burn.bandwidth_problems(run, ("hbm_copy_tbps",), facts)
+    assert len(problems) == 7 and problems[0] == (
+        "GPU 1: HBM copy 412.00 TB/s is above its hardware's peak 4.92 TB/s: "
+        "the timing saw no copy (or a bad clock)")
+    pcie = burn.bandwidth_problems(run, ("h2d_gbps", "d2h_gbps"), nvml_facts(8))  # the REAL dump's link
+    assert len(pcie) == 14 and "pinned H2D 3100.00 GB/s is above its hardware's peak 63.02 GB/s" in pcie[0]
+
+
+def test_without_nvml_bounds_the_profiles_upper_bound_and_missing_figures_still_fail():
+    """The REAL dump has no memory bus width: the HBM figure is bounded by the profile's upper bound
+    where it sets one. A figure of zero, infinity or none, or a GPU's error, is named too."""
+    run = bandwidth_run(H200_FIGURES, (50.0, 55.0, 55.0), (float("inf"), 0.0, 55.0))
+    facts = nvml_facts(3)
+    assert burn.bandwidth_problems(run, ("hbm_copy_tbps",), facts) == [
+        "GPU 2: no HBM copy figure (inf)"]
+    assert burn.bandwidth_problems(run, ("hbm_copy_tbps",), facts, {"hbm_copy_tbps": 5.0})[0] == (
+        "GPU 1: HBM copy 50.00 TB/s is above the profile's upper bound 5.00 TB/s: "
+        "the timing saw no copy (or a bad clock)")
+    assert burn.bandwidth_problems(run, ("h2d_gbps",), facts) == [
+        "GPU 2: no pinned H2D figure (0.0)"]
+
+
+def test_per_gpu_note_shows_a_missing_figure_instead_of_a_type_error():
+    run = bandwidth_run(H200_FIGURES, (None, None, None))
+    assert run.per_gpu(("hbm_copy_tbps",), 2) == "0: 4.25, 1: -"
+    assert run.per_gpu(("h2d_gbps", "d2h_gbps"), 1) == "0: 55.4/55.3, 1: -/-"
+    assert run.slowest("hbm_copy_tbps") is None  # the reference then fails as "no measurement"
+    named = burn.parse_bandwidth(json.dumps({"available": True, "gpus": [
+        {"index": 0, "bus_id": "00000000:19:00.0", "hbm_copy_tbps": 4.25, "error": None}]}))
+    assert named.per_gpu(("hbm_copy_tbps",), 2) == "GPU 0 (00000000:19:00.0): 4.25"  # DERIVED bus id
+
+
+def test_gpus_nvml_lists_but_cuda_hides_are_named_with_what_hides_them():
+    """DERIVED: NVML lists two GPUs (the real one copied), the payload measured one."""
+    facts = nvml_facts(2)
+    assert burn.unmeasured_gpus([(0, "")], facts, "GPU burn", "0") == [
+        "NVML lists 2 GPU(s), the GPU burn ran on 1: GPU 1 (00000000:00:06.0) not measured "
+        "(CUDA_VISIBLE_DEVICES='0' on the node)"]
+    mig = nvml_facts(2, mig_mode=[1, 1])
+    assert burn.unmeasured_gpus([(0, "")], mig, "GPU burn", None)[0].endswith(
+        "(MIG mode on GPU 0 (00000000:00:06.0), GPU 1 (00000000:00:06.0))")
+    assert burn.unmeasured_gpus([(0, ""), (1, "")], facts, "GPU burn", None) == []
+
+
+def test_bandwidth_payload_on_cpu_says_what_cuda_saw():
+    pytest.importorskip("torch")
+    result = burn.bandwidth(node_with(sys.executable), extra=("--device", "cpu", "--copy-mib", "1",
+                                                              "--pcie-mib", "1", "--iterations", "1"))
+    data = json.loads(result.stdout)
+    assert "cuda_visible_devices" in data and data["gpus"][0]["bus_id"] == ""
+    assert burn.parse_bandwidth(result.stdout).gpus[0].label == "GPU 0"
+
+
+def test_burn_setup_error_is_that_devices_entry_and_the_payload_still_reports():
+    """A device whose setup raises (here a negative size: torch refuses the allocation, as CUDA
+    refuses a bad GPU's) gets the error in its own entry; the payload prints its JSON and exits 0."""
+    pytest.importorskip("torch")
+    result = burn.run(node_with(sys.executable), seconds=0.5,
+                      extra=("--device", "cpu", "--size", "-1", "--matmul-seconds", "0.1"))
+    assert result.exit_code == 0, result.stderr
+    run = burn.parse_burn(result.stdout)
+    assert not run.ok and run.gpus[0].error.startswith("setup: RuntimeError")
+    assert run.gpus[0].burn_windows == [] and burn.analyze(run).problems[0].startswith("GPU 0: setup: ")

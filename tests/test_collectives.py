@@ -14,10 +14,11 @@ from test_e2e import results_of, run_dir_of, run_suites
 
 from inventory.loader import load_profile
 from inventory.model import Node
-from runners import collectives, isolation
+from runners import collectives, isolation, nccl_tests
 from runners.collectives import plan_for
 from runners.parsing import ParseError
-from runners.transport import LocalTransport
+from runners.payloads import collectives as collectives_payload
+from runners.transport import LocalTransport, Result
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
 
@@ -61,6 +62,50 @@ def test_one_rank_reports_zero_busbw_by_definition_rather_than_failing():
     assert report.ok and report.ranks == 1
     assert report.largest("all_reduce").busbw == 0.0 and report.largest("all_reduce").algbw > 0
     assert "busbw is 0 by definition" in report.note
+    figure, _ = collectives.torch_figure("here", report)
+    assert figure is not None and figure.unjudgeable().startswith("one rank (torch ")
+
+
+H200 = Path(__file__).resolve().parent / "data" / "h200-1gpu"
+
+
+def test_one_gpu_nccl_tests_figure_is_not_judged_against_the_band():
+    """The REAL all_reduce_perf -g 1 of the recorded H200: sane, busbw 0 by definition, so the suite
+    skips with the reason instead of failing the 8-GPU band; two ranks are judged."""
+    text = (H200 / "all_reduce_perf_h200_g1.txt").read_text()
+    result = Result("h200", "all_reduce_perf", 0, text, "", 1.0)
+    report = nccl_tests.parse_nccl_tests(text)
+    assert nccl_tests.judge(result, report) == ""
+    figure, why = collectives.nccl_tests_figure(result, report, 1)
+    assert why == "" and figure is not None and figure.busbw == 0
+    assert figure.unjudgeable() == ("one rank (nccl-tests): busbw is 0 by definition (factor 2(n-1)/n), "
+                                    "nothing crosses a link to judge against the band; the data check passed")
+    assert replace(figure, ranks=2).unjudgeable() == ""
+
+
+@pytest.fixture
+def one_gloo_rank():
+    """A real gloo process group of one rank in this process (an in-memory store)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch 2.13 renames the payload's older names
+@pytest.mark.parametrize("name", collectives.COLLECTIVES)
+def test_the_timed_run_is_the_collective_alone_and_the_check_refills(name, one_gloo_rank):
+    """run() (what the loop times) writes no input: inputs set to 7 after fill() reach the outputs
+    as 7, where a fill inside run() would send 1. check() fills again: no wrong element."""
+    import torch
+
+    op = collectives_payload.build(torch, one_gloo_rank, name, 16, 1, torch.device("cpu"))
+    op.fill(0)
+    op.inputs.fill_(7)
+    op.run()
+    assert op.outputs.tolist() == [7.0] * len(op.outputs)
+    assert op.check(0) == 0
 
 
 def test_wrong_values_and_a_missing_rank_are_not_ok(four_collectives_two_ranks):

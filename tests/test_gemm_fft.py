@@ -175,3 +175,29 @@ def test_the_slowest_device_is_judged_and_every_device_named(cpu_run):
     assert slowest.index == 1 and slowest.label == "GPU 1 (cpu)"
     note = gemm_fft.per_device(report, slowest, lambda device: device.gemm_tflops["fp32"], "TFLOP/s", 4)
     assert note.startswith("slowest GPU 1 (cpu): ") and "; all: GPU 0 (cpu) " in note
+
+
+def test_a_device_that_fails_is_its_own_entry_and_the_payload_still_reports():
+    """A device whose measurement raises (here a negative GEMM size, refused by torch as CUDA
+    refuses a bad GPU's work) gets the error in its entry: the payload prints its JSON, exits 0,
+    and the parser names that device once."""
+    result = gemm_fft.run(local(), gemm_size=-1, fft_shape=(2, 16, 16), timeout=120)
+    assert result.ok, result.stderr[-2000:]
+    report = gemm_fft.parse_gemm_fft(result.stdout)
+    [cpu] = report.devices
+    assert cpu.error.startswith("RuntimeError") and not report.ok
+    assert report.problems == [f"cpu: {cpu.error}"]
+    assert cpu.problem("fp32") == cpu.fft_problem() == f"cpu: {cpu.error}"
+
+
+def test_derived_failing_gpu_is_named_by_bus_id_and_the_other_is_judged(cpu_run):
+    """Derived from the real CPU run: its entry as GPU 0 with a bus id, and GPU 1 with a CUDA
+    error instead of figures (the payload's shape for a GPU that failed)."""
+    data = json.loads(cpu_run.stdout.strip().splitlines()[-1])
+    data["devices"] = [dict(data["devices"][0], index=0, name="NVIDIA H200", bus_id="00000000:19:00.0"),
+                       {"index": 1, "name": "", "bus_id": "", "gemm_tflops": {}, "gemm_error": {},
+                        "not_measured": {}, "error": "AcceleratorError: CUDA error: unspecified launch failure"}]
+    report = gemm_fft.parse_gemm_fft(json.dumps(data))
+    assert report.devices[0].label == "GPU 0 (NVIDIA H200, 00000000:19:00.0)"
+    assert report.problems == ["GPU 1: AcceleratorError: CUDA error: unspecified launch failure"]
+    assert report.slowest("fp32") is report.devices[0]

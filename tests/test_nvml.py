@@ -211,3 +211,83 @@ def test_not_supported_page_retirement_and_correctable_errors_do_not_fail():
     assert nvml.ecc_problems(facts(), ONE_H200) == ([], [])
     problems, warnings = nvml.ecc_problems(derived(lambda gpu: gpu.update(ecc_sbe_aggregate=5000)), ONE_H200)
     assert problems == [] and len(warnings) == 1
+
+
+def test_derived_uncorrectable_errors_repaired_by_row_remapping_are_a_warning():
+    """NVIDIA's memory error management: an uncorrectable error's row is remapped at the next reset,
+    and the RMA criterion is a remap failure. DERIVED: 2 lifetime uncorrectable errors with 2 rows
+    remapped for them, nothing pending, no failure: a warning; the same with a pending remap, with
+    a failed one, or with no row remapped for them (not repaired that way) still fails."""
+    repaired = derived(lambda gpu: gpu.update(ecc_dbe_aggregate=2, remapped_rows="(0, 2, 0, 0)"))
+    problems, warnings = nvml.ecc_problems(repaired, ONE_H200)
+    assert problems == [] and warnings == [
+        "GPU 0 (00000000:00:06.0): 2 uncorrectable ECC error(s) in its lifetime (aggregate), 2 row(s) "
+        "remapped for them, no remap pending, no remap failure: repaired in hardware (NVIDIA GPU Memory "
+        "Error Management)"]
+    for rows in ("(0, 2, 1, 0)", "(0, 2, 0, 1)", "(0, 0, 0, 0)"):
+        changed = derived(lambda gpu, rows=rows: gpu.update(ecc_dbe_aggregate=2, remapped_rows=rows))
+        problems, _ = nvml.ecc_problems(changed, ONE_H200)
+        assert problems[0] == "GPU 0 (00000000:00:06.0): 2 uncorrectable ECC error(s) (aggregate)", rows
+    unknown = derived(lambda gpu: gpu.update(ecc_dbe_aggregate=2, remapped_rows={"error": "NVMLError_NotSupported",
+                                                                                  "msg": "Not Supported"}))
+    assert nvml.ecc_problems(unknown, ONE_H200)[0] == [
+        "GPU 0 (00000000:00:06.0): 2 uncorrectable ECC error(s) (aggregate); NVML gives no row-remapping state"]
+
+
+# A stand-in for pynvml where NVML cannot run (no GPU, no driver here): the REAL nvidia-ml-py module
+# with its errors, constants and signatures, on a node of two GPUs whose GPU 1 has fallen off the
+# bus (NVML_ERROR_GPU_IS_LOST from nvmlDeviceGetHandleByIndex, as NVML answers for a lost GPU) and
+# whose GPU 0 answers every getter with NotSupported. Only what NVML would say is changed.
+STAND_IN = '''
+import importlib.util
+import sys
+spec = importlib.util.spec_from_file_location("real_pynvml", {path!r})
+real = sys.modules["real_pynvml"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(real)
+globals().update({{name: value for name, value in vars(real).items() if not name.startswith("__")}})
+
+
+def not_supported(*args):
+    raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+
+
+for name in dir(real):
+    if name.startswith(("nvmlDeviceGet", "nvmlSystemGet")):
+        globals()[name] = not_supported
+
+
+def nvmlInit():
+    pass
+
+
+def nvmlShutdown():
+    pass
+
+
+def nvmlDeviceGetCount():
+    return 2
+
+
+def nvmlDeviceGetHandleByIndex(index):
+    if index == 1:
+        raise real.NVMLError(real.NVML_ERROR_GPU_IS_LOST)
+    return "gpu0"
+'''
+
+
+def test_a_lost_gpu_is_named_and_the_others_keep_their_facts(tmp_path):
+    pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed in this interpreter")
+    (tmp_path / "pynvml.py").write_text(STAND_IN.format(path=pynvml.__file__))
+    done = subprocess.run([sys.executable, "-"], input=payloads.load("gpu_facts"), capture_output=True,
+                          text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["count"] == 2 and data["gpus"][1] == {"index": 1, "error": "NVMLError_GpuIsLost",
+                                                      "msg": "GPU is lost"}
+    assert data["gpus"][0]["name"] == {"error": "NVMLError_NotSupported", "msg": "Not Supported"}
+    found = nvml.parse_gpu_facts(done.stdout)
+    assert [gpu.index for gpu in found.reachable] == [0]
+    two = replace(ONE_H200, gpu_model=None, gpu_count=2)
+    assert nvml.inventory_problems(found, two) == [
+        "GPU 1: NVML cannot reach it (NVMLError_GpuIsLost: GPU is lost): fallen off the bus (Xid 79)"]
+    assert not any("GPU 1" in problem for problem in nvml.ecc_problems(found, two)[0] + nvml.mode_problems(found, two))

@@ -7,10 +7,13 @@ Definitions as nccl-tests (doc/PERFORMANCE.md): S is the collective's whole arra
 (all_gather: the gathered result; reduce_scatter: the input), t the slowest rank's mean time per
 op, algbw = S / t in GB/s (1e9 B/s), busbw = algbw x 2(n-1)/n for all_reduce and x (n-1)/n for
 all_gather, reduce_scatter and all_to_all. One rank moves nothing between ranks: busbw is 0 by
-definition and the output says so. Every collective's result is checked element by element
-after the timed loop with known inputs; wrong elements are counted, never ignored.
-nccl backend on GPUs (one per local rank), gloo on CPUs. The marker argument only makes the
-processes of one run findable (pgrep -f) on the node.
+definition and the output says so. The buffers are filled once, before the warm-up, so the timed
+loop times the collective alone (a fill inside it would time a write of the whole message too);
+as nccl-tests does, the inputs are filled again after the timed loop and one more run is checked
+element by element against known values: wrong elements are counted, never ignored.
+nccl backend on GPUs (one per local rank), gloo on CPUs; CUDA_DEVICE_ORDER=PCI_BUS_ID, so
+local rank i runs on NVML's GPU i. The marker argument only makes the processes of one run
+findable (pgrep -f) on the node.
 """
 import argparse
 import datetime
@@ -20,6 +23,8 @@ import socket
 import sys
 import time
 import warnings
+
+os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch initialises CUDA: indices = NVML's
 
 FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
            "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
@@ -110,13 +115,14 @@ def measure(torch, dist, name, size, rank, world, device, sync, args):
     """One collective at one size: timed loop, slowest rank's mean, then a data check."""
     elements = max(world, size // FLOAT_BYTES // world * world)  # divisible among the ranks
     op = build(torch, dist, name, elements, world, device)
+    op.fill(rank)
     for _ in range(args.warmup):
-        op.run(rank)
+        op.run()
     sync()
     dist.barrier()
     started = time.perf_counter()
     for _ in range(args.iters):
-        op.run(rank)
+        op.run()
     sync()
     elapsed = torch.tensor([(time.perf_counter() - started) / args.iters], dtype=torch.float64,
                            device=device)
@@ -131,61 +137,42 @@ def measure(torch, dist, name, size, rank, world, device, sync, args):
 
 
 def build(torch, dist, name, elements, world, device):
-    """The collective's buffers and its run/check pair; inputs are rank-dependent and known."""
+    """The collective's buffers and its fill/run/check: fill(rank) writes the known inputs,
+    run() is the collective alone (what the loop times), check(rank) fills, runs once and counts
+    the wrong elements (all_reduce works in place, so its timed runs leave sums of sums)."""
     chunk = elements // world
+    gathered = torch.arange(1, world + 1, dtype=torch.float32, device=device).repeat_interleave(chunk)
+
+    def buffer(size):
+        return torch.empty(size, dtype=torch.float32, device=device)
 
     class Op:
         pass
 
     op = Op()
     if name == "all_reduce":
-        data = torch.empty(elements, dtype=torch.float32, device=device)
-
-        def run(rank):
-            data.fill_(rank + 1)
-            dist.all_reduce(data)
-
-        def check(rank):
-            run(rank)
-            return int((data != world * (world + 1) / 2).sum().item())
+        op.inputs = op.outputs = buffer(elements)
+        op.run, op.expected = (lambda: dist.all_reduce(op.inputs)), world * (world + 1) / 2
     elif name == "all_gather":
-        mine = torch.empty(chunk, dtype=torch.float32, device=device)
-        gathered = torch.empty(elements, dtype=torch.float32, device=device)
-        expected = torch.arange(1, world + 1, dtype=torch.float32, device=device).repeat_interleave(chunk)
-
-        def run(rank):
-            mine.fill_(rank + 1)
-            dist.all_gather_into_tensor(gathered, mine)
-
-        def check(rank):
-            run(rank)
-            return int((gathered != expected).sum().item())
+        op.inputs, op.outputs = buffer(chunk), buffer(elements)
+        op.run, op.expected = (lambda: dist.all_gather_into_tensor(op.outputs, op.inputs)), gathered
     elif name == "reduce_scatter":
-        source = torch.empty(elements, dtype=torch.float32, device=device)
-        mine = torch.empty(chunk, dtype=torch.float32, device=device)
-
-        def run(rank):
-            source.fill_(rank + 1)
-            dist.reduce_scatter_tensor(mine, source)
-
-        def check(rank):
-            run(rank)
-            return int((mine != world * (world + 1) / 2).sum().item())
+        op.inputs, op.outputs = buffer(elements), buffer(chunk)
+        op.run = lambda: dist.reduce_scatter_tensor(op.outputs, op.inputs)
+        op.expected = world * (world + 1) / 2
     elif name == "all_to_all":
-        source = torch.empty(elements, dtype=torch.float32, device=device)
-        received = torch.empty(elements, dtype=torch.float32, device=device)
-        expected = torch.arange(1, world + 1, dtype=torch.float32, device=device).repeat_interleave(chunk)
-
-        def run(rank):
-            source.fill_(rank + 1)
-            dist.all_to_all_single(received, source)
-
-        def check(rank):
-            run(rank)
-            return int((received != expected).sum().item())
+        op.inputs, op.outputs = buffer(elements), buffer(elements)
+        op.run, op.expected = (lambda: dist.all_to_all_single(op.outputs, op.inputs)), gathered
     else:
         raise ValueError(f"unknown collective {name!r}; known: {', '.join(FACTORS)}")
-    op.run, op.check = run, check
+
+    def check(rank):
+        op.fill(rank)
+        op.run()
+        return int((op.outputs != op.expected).sum().item())
+
+    op.fill = lambda rank: op.inputs.fill_(rank + 1)
+    op.check = check
     return op
 
 

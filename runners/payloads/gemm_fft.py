@@ -16,13 +16,20 @@ relative errors are printed beside the figures for the harness to judge.
 
 Without CUDA the same measurements run on the CPU with small shapes (fp32, fp64, FFT);
 bf16, fp16 and tf32 are reported as not measured. Without torch: {"torch": null, ...}.
+
+A GPU whose measurement raises (a CUDA error) gets the error in its own entry and the next GPU
+is measured. CUDA_DEVICE_ORDER=PCI_BUS_ID is set before torch starts CUDA, so "GPU 3" is NVML's
+GPU 3, and each entry carries its PCI bus id.
 """
 import argparse
 import json
 import math
+import os
 import socket
 import sys
 import time
+
+os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch initialises CUDA: indices = NVML's
 
 GPU_GEMM_SIZE = 8192
 GPU_FFT_SHAPE = (64, 1024, 1024)  # batch, nx, ny: 512 MiB of complex64
@@ -123,6 +130,32 @@ def measure(torch, device, name, gemm_size, fft_shape, args):
     return entry
 
 
+def bus_id_of(torch, device):
+    """NVML's form of the GPU's PCI address (00000000:19:00.0); '' where torch does not say."""
+    properties = torch.cuda.get_device_properties(device)
+    bus = getattr(properties, "pci_bus_id", None)
+    if bus is None:
+        return ""
+    domain, slot = getattr(properties, "pci_domain_id", 0), getattr(properties, "pci_device_id", 0)
+    return f"{domain:08X}:{bus:02X}:{slot:02X}.0"
+
+
+def measure_device(torch, device, gemm_size, fft_shape, args):
+    """One device's entry; its own error instead of figures when it fails (a GPU's CUDA error)."""
+    gpu = device.type == "cuda"
+    try:
+        if gpu:
+            torch.cuda.set_device(device)
+        entry = measure(torch, device, torch.cuda.get_device_name(device) if gpu else "cpu",
+                        gemm_size, fft_shape, args)
+        entry["bus_id"] = bus_id_of(torch, device) if gpu else ""
+        return entry
+    except Exception as exc:  # one bad GPU is that GPU's failure; the next one is measured
+        return {"index": device.index if gpu else None, "name": "" if gpu else "cpu", "bus_id": "",
+                "gemm_tflops": {}, "gemm_error": {}, "not_measured": {},
+                "error": f"{type(exc).__name__}: {exc}"}
+
+
 def main():
     args = arguments()
     report = {"hostname": socket.gethostname(), "python": sys.executable, "torch": None,
@@ -142,15 +175,13 @@ def main():
                   gemm_size=gemm_size, fft_shape=list(fft_shape), iters=args.iters,
                   windows=args.windows)
     if gpu:
+        report["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
         for index in range(torch.cuda.device_count()):
-            device = torch.device("cuda", index)
-            torch.cuda.set_device(device)
-            report["devices"].append(measure(torch, device, torch.cuda.get_device_name(device),
-                                             gemm_size, fft_shape, args))
+            report["devices"].append(measure_device(torch, torch.device("cuda", index), gemm_size,
+                                                    fft_shape, args))
     else:
         report["threads"] = torch.get_num_threads()
-        report["devices"].append(measure(torch, torch.device("cpu"), "cpu", gemm_size, fft_shape,
-                                         args))
+        report["devices"].append(measure_device(torch, torch.device("cpu"), gemm_size, fft_shape, args))
     print(json.dumps(report), flush=True)
 
 

@@ -8,7 +8,8 @@ Every GPU multiplies the same seeded inputs for --seconds, timing windows of --w
 The same GEMM on the same inputs gives the same bits on GPUs of one model and software stack,
 so digests that differ across GPUs or iterations are silent data corruption. Then a plain
 torch.matmul loop runs for --matmul-seconds on every GPU (same heat, same power cap): the
-burn's own overhead is judged against it. `--device cpu` runs the same code on the CPU with
+burn's own overhead is judged against it. A GPU whose setup or GEMMs raise (a CUDA error) has
+that error in its entry and drops out; the others run both phases. `--device cpu` runs the same code on the CPU with
 tiny sizes, for the harness's own tests. Prints one JSON object; without torch or a GPU,
 {"available": false, "reason": ...} and exit 0.
 """
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 
-os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch's indices = NVML's indices
+os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch starts CUDA: its indices = NVML's
 
 
 def unavailable(reason):
@@ -87,9 +88,17 @@ class Worker:
 
     def __init__(self, index, device):
         self.index, self.device = index, device
-        self.name, self.bus_id = describe(device)
+        self.name, self.bus_id = "", ""
         self.burn_windows, self.matmul_windows, self.digests = [], [], []
         self.error = None
+        try:
+            self.name, self.bus_id = describe(device)
+            self.prepare()
+        except Exception as exc:  # this GPU's CUDA error is this GPU's failure
+            self.error = f"setup: {type(exc).__name__}: {exc}"
+
+    def prepare(self):
+        device = self.device
         generator = torch.Generator().manual_seed(args.seed)
         a = torch.randn(args.size, args.size, generator=generator)
         b = torch.randn(args.size, args.size, generator=generator)
@@ -100,7 +109,8 @@ class Worker:
 
     def window_tflops(self, started):
         synchronize(self.device)
-        return round(FLOPS_PER_GEMM * args.window / (time.perf_counter() - started) / 1e12, 4)
+        tflops = FLOPS_PER_GEMM * args.window / (time.perf_counter() - started) / 1e12
+        return float(f"{tflops:.6g}")  # significant digits: a slow device's rate never rounds to 0
 
     def burn(self, seconds):
         deadline, window = time.monotonic() + seconds, 0
@@ -128,7 +138,6 @@ class Worker:
             getattr(self, phase)(seconds)
         except Exception as exc:  # a CUDA error on one GPU must not hide the others' results
             self.error = f"{phase}: {type(exc).__name__}: {exc}"
-            barrier.abort()
 
 
 class Telemetry(threading.Thread):
@@ -146,9 +155,13 @@ class Telemetry(threading.Thread):
         handles = {}
         for worker in self.workers:
             try:
-                handles[worker.index] = pynvml.nvmlDeviceGetHandleByPciBusId(worker.bus_id)
-            except pynvml.NVMLError:  # no bus id from torch: CUDA_DEVICE_ORDER makes indices agree
-                handles[worker.index] = pynvml.nvmlDeviceGetHandleByIndex(worker.index)
+                try:
+                    handles[worker.index] = pynvml.nvmlDeviceGetHandleByPciBusId(worker.bus_id)
+                except pynvml.NVMLError:  # no bus id from torch: CUDA_DEVICE_ORDER makes indices agree
+                    handles[worker.index] = pynvml.nvmlDeviceGetHandleByIndex(worker.index)
+            except pynvml.NVMLError as exc:  # a lost GPU: no samples for it, the others sampled
+                self.samples[worker.index].append({"t": 0.0, "phase": self.phase,
+                                                   "error": f"{type(exc).__name__}: {exc}"})
         return handles
 
     def run(self):
@@ -194,6 +207,10 @@ def optional(pynvml, getter, handle):
 
 
 def run_phase(workers, telemetry, phase, seconds):
+    """The phase on every worker still without an error, all at once."""
+    workers = [worker for worker in workers if worker.error is None]
+    if not workers:
+        return
     telemetry.phase = phase
     barrier = threading.Barrier(len(workers))
     threads = [threading.Thread(target=w.run, args=(phase, seconds, barrier)) for w in workers]
@@ -207,8 +224,7 @@ workers = [Worker(index, device) for index, device in enumerate(DEVICES)]
 telemetry = Telemetry(workers)
 telemetry.start()
 run_phase(workers, telemetry, "burn", args.seconds)
-if not any(worker.error for worker in workers):
-    run_phase(workers, telemetry, "matmul", args.matmul_seconds)
+run_phase(workers, telemetry, "matmul", args.matmul_seconds)
 telemetry.stopped.set()
 telemetry.join(timeout=10)
 print(json.dumps({
@@ -222,6 +238,7 @@ print(json.dumps({
     "seconds": args.seconds,
     "matmul_seconds": args.matmul_seconds,
     "telemetry_error": telemetry.error,
+    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "gpus": [{"index": w.index, "name": w.name, "bus_id": w.bus_id,
               "gemm_tflops_windows": w.burn_windows, "matmul_tflops_windows": w.matmul_windows,
               "digests": w.digests, "telemetry": telemetry.samples[w.index], "error": w.error}

@@ -70,7 +70,12 @@ def clocks_event_reasons(handle):
 
 
 def gpu(index):
-    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    """The GPU's facts; a GPU NVML cannot even open (NVMLError_GpuIsLost: fallen off the bus) is
+    {"index", "error", "msg"}, so the others keep theirs."""
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    except pynvml.NVMLError as exc:
+        return {"index": index, "error": type(exc).__name__, "msg": str(exc)}
     remapped = attempt(pynvml.nvmlDeviceGetRemappedRows, handle)
     if isinstance(remapped, list):
         remapped = dict(zip(("correctable", "uncorrectable", "pending", "failure"), remapped))
@@ -118,6 +123,7 @@ def gpu(index):
         "power_limit_range_mw": attempt(pynvml.nvmlDeviceGetPowerManagementLimitConstraints, handle),
         "clock_sm_max": attempt(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM),
         "clock_mem_max": attempt(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_MEM),
+        "memory_bus_width": attempt(pynvml.nvmlDeviceGetMemoryBusWidth, handle),
         "clock_sm_cur": attempt(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM),
         "clock_mem_cur": attempt(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM),
         "clocks_event_reasons": clocks_event_reasons(handle),
@@ -140,7 +146,7 @@ def pcie_under_load(count):
     Returns ({"seconds": ..., "error": ...}, {index: {"pcie_gen_load": ..., "pcie_width_load": ...}});
     without torch or CUDA the error says why and the suite judges the idle reading.
     """
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch's indices = NVML's indices
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch starts CUDA: its indices = NVML's
     try:
         import torch
     except ImportError as exc:
@@ -178,11 +184,15 @@ def pcie_under_load(count):
     time.sleep(LOAD_SECONDS)
     readings = {}
     for index in range(count):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         if index in errors or not started[index].is_set():
             error = errors.setdefault(index, f"not busy within {LOAD_START_TIMEOUT_S:g} s")
             readings[index] = {"pcie_gen_load": {"error": "load", "msg": error},
                                "pcie_width_load": {"error": "load", "msg": error}}
+            continue
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except pynvml.NVMLError as exc:  # lost since the facts were read: this GPU's reading only
+            errors[index] = f"{type(exc).__name__}: {exc}"
             continue
         readings[index] = {
             "pcie_gen_load": attempt(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle),
@@ -214,7 +224,8 @@ try:
     except Exception as exc:  # the facts above matter more than the under-load reading
         facts["pcie_load"], readings = {"seconds": 0, "error": f"{type(exc).__name__}: {exc}"}, {}
     for index, reading in readings.items():
-        facts["gpus"][index].update(reading)
+        if "error" not in facts["gpus"][index]:
+            facts["gpus"][index].update(reading)
 finally:
     pynvml.nvmlShutdown()
 print(json.dumps(facts))

@@ -3,6 +3,7 @@
 Synthetic tokens generated here (nothing downloaded); one fixed batch, the same on every rank,
 so a healthy run's loss must fall far within a few dozen steps at any scale. bf16 autocast and NCCL on GPUs, fp32 and
 Gloo on CPUs. Every rank times its steps; rank 0 gathers everything and prints one JSON line.
+CUDA_DEVICE_ORDER=PCI_BUS_ID, so a rank's CUDA device and the NVML sampler's index are one GPU.
 
 With --checkpoint-dir (a scratch path the inventory declares), rank 0 writes the model and
 optimizer state there, every rank on every node reads it back and compares bytes and tensors,
@@ -20,6 +21,7 @@ import time
 from datetime import timedelta
 
 STARTED = time.monotonic()
+os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch initialises CUDA: local rank i is NVML's GPU i
 
 import torch  # noqa: E402  (the start time includes torch's import, as a user's job would)
 import torch.distributed as dist  # noqa: E402
