@@ -262,3 +262,10 @@ def port_problems(devices: IbDevices, expect: Expectations) -> list[str]:
             if layer and port.link_layer != layer:
                 problems.append(f"{where}: link layer {port.link_layer}, expected {layer}")
     return problems
+
+
+# What a failed port or error counter calls for (the network suite's actions).
+PORT_ACTION = ("a port down or at the wrong rate: reseat or replace its cable (and transceiver), check the switch "
+               "port and the subnet manager, then re-run")
+COUNTERS_ACTION = ("reseat or replace the cable of each port named, check its switch port, clear the counters "
+                   "(perfquery -x) and re-run: errors that come back mean a bad cable, transceiver or HCA")

@@ -367,3 +367,9 @@ def parse_kernel_read(text: str) -> KernelRead:
 
 
 PARSERS = {"kernel-log": parse_kernel_log_excerpt}
+
+
+def kernel_action(events: list[KernelEvent]) -> str:
+    """The recommended actions of NVIDIA's catalog for the events, once each: 'xid 79: ...'."""
+    return "; ".join(dict.fromkeys(f"{e.kind}{f' {e.code}' if e.code is not None else ''}: {e.action}"
+                                   for e in events))

@@ -370,3 +370,14 @@ def _state(value: Optional[bool]) -> str:
 
 def _watts(milliwatts: Optional[int]) -> str:
     return "unknown" if milliwatts is None else f"{milliwatts / 1000:g} W"
+
+
+def ecc_action(problems: list[str]) -> str:
+    """What the GPUs' ECC problems call for: a replacement (RMA) for uncorrectable errors or
+    a failed row remap, a reset for pending remaps or retirements, a setting for ECC off."""
+    words = " ".join(problems)
+    if "uncorrectable" in words or "remapping failed" in words:
+        return "drain the node and replace the GPU(s) named (RMA): uncorrectable memory errors do not heal"
+    if "pending" in words:
+        return "reset the GPU(s) named (nvidia-smi -r, or reboot) and re-run; if it comes back, replace the GPU (RMA)"
+    return "enable ECC (nvidia-smi -e 1), reset the GPU(s) named, then re-run"

@@ -556,3 +556,20 @@ class PairTool(ABC):
     def tally(self, rail: Rail, first: dict[Pair, PairOutcome]) -> str:
         """How many pairs of this rail the first pass measured, for the attribution's note."""
         return f"{self.label(rail)}: {len(first)} pair(s)"
+
+
+def link_action(attribution: Optional[Attribution], node: str, rail: Rail, tool: str) -> str:
+    """What to do about what attribution holds against a node: the cable between the two ends
+    of a suspect link (on its rail), or the node's own port when all its pairs failed."""
+    if attribution is None:
+        return ""
+    if rail is None:  # iperf3: the data (Ethernet) network
+        port, cable = "data-network port (NIC, cable, switch port)", "the data-network cabling"
+    else:
+        port, cable = f"HCA port on rail {rail} (ibstat, its error counters)", "the cable"
+    steps = []
+    if node in attribution.suspect_nodes:
+        steps.append(f"check {node}'s {port}: reseat its cable, then replace the transceiver or the NIC")
+    steps += [f"reseat or replace {cable} between {a} and {b}" + (f" on rail {rail}" if rail is not None else "")
+              + " and check the switch ports at both ends" for a, b in attribution.suspect_links if node in (a, b)]
+    return "; ".join(steps) + f", then re-run {tool}" if steps else ""

@@ -54,17 +54,6 @@ BURN = ("a GPU whose results differ bit for bit: replace it (RMA); one that thro
         "cooling and power, then re-run")
 
 
-def ecc_action(problems: list[str]) -> str:
-    """What the GPUs' ECC problems call for: a replacement (RMA) for uncorrectable errors or
-    a failed row remap, a reset for pending remaps or retirements, a setting for ECC off."""
-    words = " ".join(problems)
-    if "uncorrectable" in words or "remapping failed" in words:
-        return "drain the node and replace the GPU(s) named (RMA): uncorrectable memory errors do not heal"
-    if "pending" in words:
-        return "reset the GPU(s) named (nvidia-smi -r, or reboot) and re-run; if it comes back, replace the GPU (RMA)"
-    return "enable ECC (nvidia-smi -e 1), reset the GPU(s) named, then re-run"
-
-
 def fail_on(problems: list[str], kind=ExpectationFailure, action: str = "") -> None:
     if problems:
         raise kind("; ".join(problems), action=action)
@@ -91,7 +80,7 @@ def test_gpu_ecc(on_node, profile, record):
     problems, warnings = nvml.ecc_problems(facts, profile.expect)
     record.note("; ".join(["WARNING: " + w for w in warnings])
                 or f"ECC clean on {len(facts.gpus)} GPU(s)")
-    fail_on(problems, action=ecc_action(problems))
+    fail_on(problems, action=nvml.ecc_action(problems))
 
 
 @quick
@@ -318,12 +307,6 @@ def test_pcie_bandwidth(on_node, profile, node, record, metrics):
                   d2h_bandwidth=(run.slowest("d2h_gbps"), "GB/s"))
 
 
-def kernel_action(events: list[kernel_log.KernelEvent]) -> str:
-    """The recommended actions of NVIDIA's catalog for the events, once each: 'xid 79: ...'."""
-    return "; ".join(dict.fromkeys(f"{e.kind}{f' {e.code}' if e.code is not None else ''}: {e.action}"
-                                   for e in events))
-
-
 def describe_events(events: list[kernel_log.KernelEvent]) -> list[str]:
     return [f"{e.kind} {e.code if e.code is not None else ''} {e.device}: {e.meaning} -> "
             f"{e.action}".replace("  ", " ") for e in events]
@@ -356,4 +339,4 @@ def test_kernel_log(on_node, profile, acceptance, record):
     if problems:
         critical = [e for e in log.log.events if e.severity == kernel_log.CRITICAL]
         raise SanityFailure("critical kernel event(s) " + "; ".join(problems), "\n".join(e.line for e in critical),
-                            action=kernel_action(critical))
+                            action=kernel_log.kernel_action(critical))

@@ -47,10 +47,6 @@ SECOND_PASS_BASE_PORTS = {"iperf3": 5401, "ib_write_bw": 23515, "ib_write_lat": 
 RAIL_PORT_STRIDE = 100  # rail r of pair i in a round listens on base + r * stride + i
 COUNTERS_STEP = "ib_counters"
 NEEDS_TWO = "needs at least two nodes"
-PORT_ACTION = ("a port down or at the wrong rate: reseat or replace its cable (and transceiver), check the switch "
-               "port and the subnet manager, then re-run")
-COUNTERS_ACTION = ("reseat or replace the cable of each port named, check its switch port, clear the counters "
-                   "(perfquery -x) and re-run: errors that come back mean a bad cable, transceiver or HCA")
 
 
 # ------------------------------------------------------------------------------ port health
@@ -86,7 +82,7 @@ def test_ib_ports(on_node, profile, record, acceptance, node):
         else f"{hca.name}/{port.port} {port.state}" for hca, port in ports))
     problems = ibstat.port_problems(devices, profile.expect)
     if problems:
-        raise ExpectationFailure("; ".join(problems), action=PORT_ACTION)
+        raise ExpectationFailure("; ".join(problems), action=ibstat.PORT_ACTION)
 
 
 @pytest.mark.quick
@@ -125,7 +121,7 @@ def test_ib_counters(on_node, profile, record):
         for p in found.ports))
     problems = ibstat.counter_problems(found, profile.expect)
     if problems:
-        raise ExpectationFailure("; ".join(problems), action=COUNTERS_ACTION)
+        raise ExpectationFailure("; ".join(problems), action=ibstat.COUNTERS_ACTION)
 
 
 # ------------------------------------------------------------------------------ pairs
@@ -199,7 +195,7 @@ class PairCampaign:
                          runs=[self.runs.get((pair, rail)) or self.second_runs[(pair, rail)] for pair in mine],
                          raw=[path for pair in mine for path in self.raw.get((pair, rail), [])],
                          median=self._medians.get(rail),
-                         action=link_action(self.attributions.get(rail), node, rail, self.tool.name))
+                         action=pairs.link_action(self.attributions.get(rail), node, rail, self.tool.name))
 
     def measure(self) -> None:
         with self._lock:
@@ -305,23 +301,6 @@ def pairwise_ib_write_lat(request, cluster_run, acceptance, profile) -> PairCamp
 
 
 LINKS_NAMED = 8  # a note names this many of a node's low or failed pairs, then counts the rest
-
-
-def link_action(attribution: Optional[pairs.Attribution], node: str, rail: Rail, tool: str) -> str:
-    """What to do about what attribution holds against a node: the cable between the two ends
-    of a suspect link (on its rail), or the node's own port when all its pairs failed."""
-    if attribution is None:
-        return ""
-    if rail is None:  # iperf3: the data (Ethernet) network
-        port, cable = "data-network port (NIC, cable, switch port)", "the data-network cabling"
-    else:
-        port, cable = f"HCA port on rail {rail} (ibstat, its error counters)", "the cable"
-    steps = []
-    if node in attribution.suspect_nodes:
-        steps.append(f"check {node}'s {port}: reseat its cable, then replace the transceiver or the NIC")
-    steps += [f"reseat or replace {cable} between {a} and {b}" + (f" on rail {rail}" if rail is not None else "")
-              + " and check the switch ports at both ends" for a, b in attribution.suspect_links if node in (a, b)]
-    return "; ".join(steps) + f", then re-run {tool}" if steps else ""
 
 
 def node_links(campaign: PairCampaign, node: str, rail: Rail, record) -> NodeLinks:

@@ -10,9 +10,10 @@ import pytest
 from handover import failures
 from reports.html import build_view, render_html
 from runners import kernel_log
-from runners.pairs import Attribution
-from suites.test_hardware import ecc_action, kernel_action
-from suites.test_network import COUNTERS_ACTION, PORT_ACTION, link_action
+from runners.ibstat import COUNTERS_ACTION, PORT_ACTION
+from runners.kernel_log import kernel_action
+from runners.nvml import ecc_action
+from runners.pairs import Attribution, link_action
 from tests.test_html import check, results
 
 
