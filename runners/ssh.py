@@ -420,7 +420,10 @@ def _run_on_channel(lease: "SshLease", command: str, stdin: bytes, *, open_timeo
         if not pending:
             channel.shutdown_write()
         stdout, stderr = bytearray(), bytearray()
-        ready = channel.fileno()  # readable while output or an EOF waits
+        # The channel's pipe is readable while output or an EOF waits. poll, not select: a
+        # harness with a thousand connections has descriptors past select's limit of 1,024.
+        ready = select.poll()
+        ready.register(channel.fileno(), select.POLLIN)
         while True:
             while channel.recv_ready():
                 stdout += channel.recv(CHANNEL_CHUNK)
@@ -443,7 +446,7 @@ def _run_on_channel(lease: "SshLease", command: str, stdin: bytes, *, open_timeo
             if remaining <= 0:
                 return _Ran(-1, bytes(stdout), bytes(stderr), timed_out=True)
             # Stdin waiting on a full window is polled: nothing else signals the window opening.
-            select.select([ready], [], [], min(remaining, SEND_POLL_S) if pending else remaining)
+            ready.poll(1000 * (min(remaining, SEND_POLL_S) if pending else remaining))
     finally:
         channel.close()
 

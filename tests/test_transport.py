@@ -256,3 +256,28 @@ def test_known_hosts_are_read_once_and_found_by_plain_hashed_and_port_names(tmp_
     again = KnownHosts.of(str(path))
     assert again is not known and [k.get_base64() for k in again.keys_of("10.0.0.3")] == [first.split()[1]]
     assert KnownHosts.of(str(tmp_path / "missing")).keys_of("10.0.0.1") == []
+
+
+def test_a_command_runs_while_the_harness_holds_more_than_1024_descriptors(ns_cluster, tmp_path):
+    """A thousand nodes are a thousand sockets: a command's wait must not use select(), which
+    refuses descriptors past 1,024."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1400
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"the hard limit on open files is {hard}, under {wanted}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        transport = make_transport(ns_inventory(ns_cluster, tmp_path / "inv.yaml").nodes[0])
+        try:
+            result = transport.run(["sh", "-c", "echo out; echo err >&2"], timeout=10)
+        finally:
+            transport.close()
+        assert result.ok and (result.stdout, result.stderr) == ("out\n", "err\n"), result.explain()
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
