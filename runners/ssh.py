@@ -110,10 +110,15 @@ class KnownHosts:
 
     def learned(self, line: str) -> None:
         """A line this process appended itself: index it, and take the file's new stamp, so the
-        next connection does not read the whole file again (accept-new on a fresh cluster)."""
+        next connection does not read the whole file again (accept-new on a fresh cluster).
+        Where the file grew by more than the line (another process wrote too), it is read again."""
         with self._lock:
-            self.add_line(line)
-            self.stamp = _stamp(self.path)
+            stamp = _stamp(self.path)
+            if stamp[:2] == (self.stamp[0], self.stamp[1] + len(line.encode())):
+                self.add_line(line)
+                self.stamp = stamp
+            else:
+                self.stamp = (0, 0, -1)  # matches no file: the next look reads it again
 
 
 def _stamp(path: str) -> tuple[int, int, int]:

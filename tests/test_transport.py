@@ -281,3 +281,22 @@ def test_a_command_runs_while_the_harness_holds_more_than_1024_descriptors(ns_cl
         for descriptor in held:
             os.close(descriptor)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_learned_host_is_indexed_without_reading_the_file_again_unless_another_wrote_too(tmp_path):
+    from runners.ssh import KnownHosts
+
+    first, second = public_key(tmp_path, "a"), public_key(tmp_path, "b")
+    path = tmp_path / "known_hosts"
+    path.write_text(f"10.0.0.1 {first}\n")
+    known = KnownHosts.of(str(path))
+    line = f"10.0.0.2 {second}\n"
+    with path.open("a") as out:
+        out.write(line)
+    known.learned(line)
+    assert KnownHosts.of(str(path)) is known and len(known.keys_of("10.0.0.2")) == 1
+    with path.open("a") as out:
+        out.write(f"10.0.0.3 {first}\n10.0.0.4 {second}\n")  # another process's line, then ours
+    known.learned(f"10.0.0.4 {second}\n")
+    again = KnownHosts.of(str(path))
+    assert again is not known and len(again.keys_of("10.0.0.3")) == 1
