@@ -11,8 +11,9 @@ in the same run and on the same nodes:
 
 and reports each one's wall-clock seconds, and the harness's own CPU seconds and peak memory
 (getrusage of its process: all its threads; the sshd sessions and remote commands, which on a
-real cluster run on the nodes, are not in it). From the smallest and largest size it projects
-the harness's CPU and memory to a 1,024-node system suite, linearly per extra node.
+real cluster run on the nodes, are not in it). A least-squares line through every size projects
+the harness's CPU and memory to a 1,024-node system suite, and the CPU per extra node of each
+step between sizes is printed beside it, so a cost that grows faster than the nodes shows.
 
 Each figure is the median of --repeat runs; a harness run counts only if pytest passed, an
 xargs run only if every ssh exited 0. Run as root from the repository root:
@@ -21,6 +22,7 @@ xargs run only if every ssh exited 0. Run as root from the repository root:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shlex
@@ -123,12 +125,27 @@ def measure(n: int, *, repeat: int, workdir: Path) -> dict:
 
 
 def projection(rows: list[dict]) -> dict:
-    """The harness's CPU and memory per extra node, smallest to largest size, and at PROJECT_TO."""
-    first, last = rows[0], rows[-1]
-    extra = last["nodes"] - first["nodes"]
-    cpu_per_node = (last["harness_cpu_s"] - first["harness_cpu_s"]) / extra if extra else 0.0
-    mib_per_node = (last["harness_peak_mib"] - first["harness_peak_mib"]) / extra if extra else 0.0
-    return {"cpu_ms_per_node": 1000 * cpu_per_node, "mib_per_node": mib_per_node,
+    """The harness's CPU and memory per extra node, and at PROJECT_TO nodes.
+
+    The slope is a least-squares line through every size, not the two ends alone, and each step
+    between sizes keeps its own slope: a cost that grows faster than the nodes (a file every
+    connection reads whole, a scan of every node per node) shows as slopes that rise from step
+    to step, which a straight projection would hide.
+    """
+    xs = [row["nodes"] for row in rows]
+
+    def slope(key: str) -> float:
+        ys = [row[key] for row in rows]
+        mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+        spread = sum((x - mean_x) ** 2 for x in xs)
+        return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread if spread else 0.0
+
+    cpu_per_node, mib_per_node = slope("harness_cpu_s"), slope("harness_peak_mib")
+    first = rows[0]
+    steps = [{"from": a["nodes"], "to": b["nodes"],
+              "cpu_ms_per_node": 1000 * (b["harness_cpu_s"] - a["harness_cpu_s"]) / (b["nodes"] - a["nodes"])}
+             for a, b in itertools.pairwise(rows)]
+    return {"cpu_ms_per_node": 1000 * cpu_per_node, "mib_per_node": mib_per_node, "steps": steps,
             "cpu_s_at": first["harness_cpu_s"] + cpu_per_node * (PROJECT_TO - first["nodes"]),
             "mib_at": first["harness_peak_mib"] + mib_per_node * (PROJECT_TO - first["nodes"])}
 
@@ -167,8 +184,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"`pytest -m system` against `xargs -P ssh` on namespace sshd nodes; median of {args.repeat} runs; "
           f"{info['cpus']} CPUs, {when:%Y-%m-%d %H:%M} UTC")
     print(table(rows))
-    print(f"Harness per extra node: {ahead['cpu_ms_per_node']:.1f} ms CPU, {ahead['mib_per_node']:.2f} MiB; "
-          f"projected to {PROJECT_TO} nodes: {ahead['cpu_s_at']:.1f} s CPU, {ahead['mib_at']:.0f} MiB peak.")
+    print(f"Harness per extra node (least squares over every size): {ahead['cpu_ms_per_node']:.1f} ms CPU, "
+          f"{ahead['mib_per_node']:.2f} MiB; projected to {PROJECT_TO} nodes: {ahead['cpu_s_at']:.1f} s CPU, "
+          f"{ahead['mib_at']:.0f} MiB peak.")
+    if ahead["steps"]:
+        print("CPU per extra node, step by step (rising steps would mean a cost growing faster than the nodes): "
+              + ", ".join(f"{step['from']}->{step['to']}: {step['cpu_ms_per_node']:.1f} ms" for step in ahead["steps"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"date": when.isoformat(timespec="seconds"), "machine": info,

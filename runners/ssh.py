@@ -1,21 +1,21 @@
-"""The SSH transport, on fabric: strict host keys by default, connect retries, connect and run
+"""The SSH transport: fabric sets up each connection (ssh_config, jump hosts, keys), commands
+run on paramiko channels directly. Strict host keys by default, connect retries, connect and run
 timeouts, a heartbeat that finds a dead link within seconds, remote kill."""
 from __future__ import annotations
 
 import logging
 import os
+import select
 import shlex
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from functools import cache
-from io import StringIO
 from typing import Callable, Optional
 
 import paramiko
 from fabric import Config, Connection
-from fabric.runners import Remote
-from invoke.exceptions import CommandTimedOut
 
 from inventory.model import Node
 from runners.transport import (
@@ -35,8 +35,98 @@ DEFAULT_KNOWN_HOSTS = os.path.expanduser("~/.ssh/known_hosts")
 LINK_DEAD_AFTER_S = 12  # no echo of a heartbeat this long: the node is unreachable
 CONNECT_TRIES = 3
 CONNECT_BACKOFF_S = 1.0  # before the second try; doubled before each one after
+CHANNEL_CHUNK = 64 * 1024  # bytes per read from or write to a command's channel
+SEND_POLL_S = 0.05  # how often stdin is retried while the node's window is full
 
 log = logging.getLogger("handover.ssh")
+
+
+class KnownHosts:
+    """A known_hosts file read once for every connection, with its plain names indexed.
+
+    paramiko's own load checks each line against every line before it, and each connection
+    loads the file anew: on a 1,024-line file that is about 0.16 s of CPU per connection, a
+    quadratic cost in the cluster's size. Here a file is read again only when it changed on
+    disk, a host's keys are found by one dictionary lookup (hashed names, `|1|salt|hash`, by
+    one HMAC per hashed line, as paramiko matches them), and only the lines that name the host
+    are parsed. paramiko accepts exact and hashed names only (no patterns), and so does this.
+    """
+
+    _lock = threading.Lock()
+    _files: dict[str, "KnownHosts"] = {}
+
+    def __init__(self, path: str, stamp: tuple[int, int, int]):
+        self.path = path
+        self.stamp = stamp
+        self.lines: list[str] = []
+        self.plain: dict[str, list[int]] = {}
+        self.hashed: list[tuple[list[str], int]] = []
+        try:
+            with open(path, encoding="utf-8", errors="replace") as listed:
+                for line in listed:
+                    self.add_line(line)
+        except FileNotFoundError:
+            pass
+
+    @classmethod
+    def of(cls, path: str) -> "KnownHosts":
+        """The file's index, read again only when its size, mtime or inode changed."""
+        stamp = _stamp(path)
+        with cls._lock:
+            known = cls._files.get(path)
+            if known is None or known.stamp != stamp:
+                known = cls._files[path] = cls(path, stamp)
+            return known
+
+    def add_line(self, line: str) -> None:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            return
+        index = len(self.lines)
+        self.lines.append(line)
+        names = line.split(None, 1)[0].split(",")
+        hashed = [name for name in names if name.startswith("|1|")]
+        if hashed:
+            self.hashed.append((hashed, index))
+        for name in names:
+            if not name.startswith("|1|"):
+                self.plain.setdefault(name, []).append(index)
+
+    def keys_of(self, name: str) -> list[paramiko.PKey]:
+        """The keys the file gives for `name` (`host`, or `[host]:port` off port 22), in file order."""
+        indices = set(self.plain.get(name, ()))
+        for hashes, index in self.hashed:
+            if any(paramiko.HostKeys.hash_host(name, salted) == salted for salted in hashes):
+                indices.add(index)
+        keys = []
+        for index in sorted(indices):
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(self.lines[index], index + 1)
+            except paramiko.SSHException:  # as paramiko's own load: an unreadable line is skipped
+                continue
+            if entry is not None:
+                keys.append(entry.key)
+        return keys
+
+    def learned(self, line: str) -> None:
+        """A line this process appended itself: index it, and take the file's new stamp, so the
+        next connection does not read the whole file again (accept-new on a fresh cluster).
+        Where the file grew by more than the line (another process wrote too), it is read again."""
+        with self._lock:
+            stamp = _stamp(self.path)
+            if stamp[:2] == (self.stamp[0], self.stamp[1] + len(line.encode())):
+                self.add_line(line)
+                self.stamp = stamp
+            else:
+                self.stamp = (0, 0, -1)  # matches no file: the next look reads it again
+
+
+def _stamp(path: str) -> tuple[int, int, int]:
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return (0, 0, 0)
+    return (info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
@@ -54,18 +144,10 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with self._lock:
             os.makedirs(os.path.dirname(self.known_hosts) or ".", mode=0o700, exist_ok=True)
+            known = KnownHosts.of(self.known_hosts)
             with open(self.known_hosts, "a", encoding="ascii") as out:
                 out.write(line)
-
-
-class _ChunkedInput(StringIO):
-    """invoke asks a non-terminal stdin for one character per 10 ms tick, so a 2 KB payload
-    took 20 s to ship; hand it whole chunks instead."""
-
-    CHUNK = 64 * 1024
-
-    def read(self, size: Optional[int] = -1) -> str:
-        return super().read(self.CHUNK)
+            known.learned(line)
 
 
 def _classify(exc: BaseException, connect_timeout: float) -> tuple[str, str]:
@@ -91,22 +173,6 @@ def _transient(exc: BaseException, failure: str) -> bool:
     return failure == "unreachable" and not isinstance(exc, (socket.timeout, TimeoutError, socket.gaierror))
 
 
-class _QuietRemote(Remote):
-    """fabric's runner, without its busy waiting: invoke polls every 10 ms in two threads per
-    command for as long as the command runs, which with a command on every node of a big
-    cluster is most of the harness's CPU. It waits on paramiko's exit-status event instead,
-    and its stdin thread hands the payload over, closes the node's stdin and ends."""
-
-    def wait(self) -> None:
-        while not (self.process_is_finished or self.has_dead_threads):
-            self.channel.status_event.wait(0.5)
-
-    def handle_stdin(self, input_, output, echo=False) -> None:
-        while data := self.read_our_stdin(input_):
-            self.write_proc_stdin(data)
-        self.close_proc_stdin()
-
-
 class AeadFirstTransport(paramiko.Transport):
     """paramiko's transport, offering AES-GCM first: its tag is checked inside the cipher, where
     a separate MAC is compared byte by byte in Python on every packet. The other ciphers stay
@@ -117,10 +183,18 @@ class AeadFirstTransport(paramiko.Transport):
 
 
 @cache
-def _shared_config() -> Config:
-    """One fabric Config for every connection, as fabric's own Group shares one: building it
-    (and reading ~/.ssh/config) per node cost milliseconds each."""
-    return Config(overrides={"run": {"hide": True, "warn": True}, "runners": {"remote": _QuietRemote}})
+def _ssh_config() -> paramiko.SSHConfig:
+    """~/.ssh/config and /etc/ssh/ssh_config, read once for every connection, as fabric reads them."""
+    return Config().base_ssh_config
+
+
+def _config() -> Config:
+    """A fabric Config of the connection's own. fabric's Connection writes into its config as it
+    is made (inline_ssh_env), and invoke merges every level anew on each write, so a Config
+    shared by many threads was seen half-merged by the others ("No attribute or config key
+    found for 'gateway'"). Only the parsed ssh_config files are shared: reading them per node
+    cost milliseconds each."""
+    return Config(ssh_config=_ssh_config())
 
 
 class SshLease(Lease):
@@ -271,7 +345,7 @@ class SshTransport(Transport):
         connect_kwargs["transport_factory"] = AeadFirstTransport
         if ssh.identity_file:
             connect_kwargs["key_filename"] = [ssh.identity_file]
-        return Connection(host, user=user, port=port, config=_shared_config(), connect_timeout=timeout,
+        return Connection(host, user=user, port=port, config=_config(), connect_timeout=timeout,
                           connect_kwargs=connect_kwargs)
 
     def _secure(self, connection: Connection) -> None:
@@ -283,8 +357,12 @@ class SshTransport(Transport):
                            or _expand(connection.ssh_config.get("userknownhostsfile"))
                            or DEFAULT_KNOWN_HOSTS)
             client = connection.client
-            if os.path.exists(known_hosts):
-                client.load_host_keys(known_hosts)
+            name = connection.host if connection.port == 22 else f"[{connection.host}]:{connection.port}"
+            trusted, types = client.get_host_keys(), set()
+            for key in KnownHosts.of(known_hosts).keys_of(name):
+                if key.get_name() not in types:  # the first line of each key type, as paramiko
+                    types.add(key.get_name())
+                    trusted.add(name, key.get_name(), key)
             if ssh.host_keys == "accept-new":
                 client.set_missing_host_key_policy(AcceptNewPolicy(known_hosts))
             else:
@@ -295,12 +373,9 @@ class SshTransport(Transport):
         assert isinstance(lease, SshLease)
         started = time.monotonic()
         try:
-            ran = lease.connection.run(shlex.join(command), in_stream=_ChunkedInput(stdin or ""),
-                                       timeout=timeout + HARNESS_GRACE_S)
-        except CommandTimedOut as exc:
-            partial = exc.result
-            return Result(self.node.name, display, None, partial.stdout, partial.stderr,
-                          time.monotonic() - started, timed_out=True)
+            ran = _run_on_channel(lease, shlex.join(command), (stdin or "").encode(),
+                                  open_timeout=self.node.ssh.connect_timeout,
+                                  deadline=started + timeout + HARNESS_GRACE_S)
         except Exception as exc:
             duration = time.monotonic() - started
             if lease.closed_within(1.0):
@@ -309,10 +384,13 @@ class SshTransport(Transport):
             return Result(self.node.name, display, None, "", "", duration, failure="error",
                           detail=f"{type(exc).__name__}: {exc}")
         duration = time.monotonic() - started
-        if ran.exited == -1 and lease.closed_within(1.0):  # no exit status: the channel died with the link
-            return self._cut_off(display, ran.stdout, ran.stderr, duration)
-        return Result(self.node.name, display, ran.exited, ran.stdout, ran.stderr, duration,
-                      timed_out=node_timed_out(ran.exited, duration, timeout))
+        stdout, stderr = ran.stdout.decode(errors="replace"), ran.stderr.decode(errors="replace")
+        if ran.timed_out:
+            return Result(self.node.name, display, None, stdout, stderr, duration, timed_out=True)
+        if ran.exit_code == -1 and lease.closed_within(1.0):  # no exit status: the channel died with the link
+            return self._cut_off(display, stdout, stderr, duration)
+        return Result(self.node.name, display, ran.exit_code, stdout, stderr, duration,
+                      timed_out=node_timed_out(ran.exit_code, duration, timeout))
 
     def _cut_off(self, display: str, stdout: str, stderr: str, duration: float) -> Result:
         """A command whose connection went away under it: the node is unreachable, whatever the
@@ -320,6 +398,62 @@ class SshTransport(Transport):
         loss = self.lose("the connection closed")  # unless the heartbeat said why first
         return Result(self.node.name, display, None, stdout, stderr, duration, failure="unreachable",
                       detail=f"{loss.reason}, {duration:.0f} s into `{display}`")
+
+
+@dataclass(frozen=True)
+class _Ran:
+    exit_code: int  # -1: the channel closed without an exit status (a signal, or the link)
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+
+
+def _run_on_channel(lease: "SshLease", command: str, stdin: bytes, *, open_timeout: float,
+                    deadline: float) -> _Ran:
+    """One command on its own session channel, in the calling thread: stdin sent as the node's
+    window allows, then closed; stdout and stderr read as they come (both at once, so neither
+    can fill the window and stall the other); then the exit status. invoke's Runner spent three
+    threads and a 10 ms polling loop on each command; this waits on the channel's pipe instead.
+    Past the deadline it returns what came so far, timed out (the caller kills the work)."""
+    transport = lease.connection.client.get_transport()
+    if transport is None:
+        raise EOFError("the connection is closed")
+    channel = transport.open_session(timeout=open_timeout)
+    try:
+        channel.exec_command(command)
+        pending = memoryview(stdin)
+        if not pending:
+            channel.shutdown_write()
+        stdout, stderr = bytearray(), bytearray()
+        # The channel's pipe is readable while output or an EOF waits. poll, not select: a
+        # harness with a thousand connections has descriptors past select's limit of 1,024.
+        ready = select.poll()
+        ready.register(channel.fileno(), select.POLLIN)
+        while True:
+            while channel.recv_ready():
+                stdout += channel.recv(CHANNEL_CHUNK)
+            while channel.recv_stderr_ready():
+                stderr += channel.recv_stderr(CHANNEL_CHUNK)
+            if pending and channel.send_ready():
+                pending = pending[channel.send(pending[:CHANNEL_CHUNK]):]
+                if not pending:
+                    channel.shutdown_write()
+            remaining = deadline - time.monotonic()
+            if channel.closed or channel.eof_received:
+                # All output is in; the exit status comes with or just after the EOF.
+                if not channel.status_event.wait(max(0.0, remaining)):
+                    return _Ran(-1, bytes(stdout), bytes(stderr), timed_out=True)
+                while channel.recv_ready():
+                    stdout += channel.recv(CHANNEL_CHUNK)
+                while channel.recv_stderr_ready():
+                    stderr += channel.recv_stderr(CHANNEL_CHUNK)
+                return _Ran(channel.recv_exit_status(), bytes(stdout), bytes(stderr), timed_out=False)
+            if remaining <= 0:
+                return _Ran(-1, bytes(stdout), bytes(stderr), timed_out=True)
+            # Stdin waiting on a full window is polled: nothing else signals the window opening.
+            ready.poll(1000 * (min(remaining, SEND_POLL_S) if pending else remaining))
+    finally:
+        channel.close()
 
 
 def _split_jump(jump: str) -> tuple[str, Optional[str], Optional[int]]:

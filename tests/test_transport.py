@@ -220,3 +220,83 @@ def test_jump_host_reaches_a_node_only_its_neighbours_can_resolve(ns_cluster, tm
         through.close()
     direct = make_transport(dataclasses.replace(node, ssh=dataclasses.replace(node.ssh, jump=None)))
     assert direct.run(["hostname"], timeout=10).failure == "unreachable"
+
+
+def public_key(tmp_path, name: str) -> str:
+    """'ssh-ed25519 AAAA...' of a fresh key made by ssh-keygen."""
+    import subprocess
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / name)], check=True)
+    return " ".join((tmp_path / f"{name}.pub").read_text().split()[:2])
+
+
+def test_known_hosts_are_read_once_and_found_by_plain_hashed_and_port_names(tmp_path):
+    import os
+
+    import paramiko
+
+    from runners.ssh import KnownHosts
+
+    first, second = public_key(tmp_path, "a"), public_key(tmp_path, "b")
+    hashed = paramiko.HostKeys.hash_host("10.0.0.2")
+    path = tmp_path / "known_hosts"
+    path.write_text(f"# comment\n\n10.0.0.1,gpu01 {first}\n[10.0.0.1]:2222 {second}\n{hashed} {second}\n"
+                    f"10.0.0.1 {second}\n")
+    known = KnownHosts.of(str(path))
+
+    def found(name: str) -> list[str]:
+        return [f"{key.get_name()} {key.get_base64()}" for key in known.keys_of(name)]
+
+    assert found("10.0.0.1") == [first, second] and found("gpu01") == [first]  # file order
+    assert found("[10.0.0.1]:2222") == [second] and found("10.0.0.2") == [second]
+    assert found("10.0.0.3") == [] and found("[10.0.0.2]:2222") == []
+    assert KnownHosts.of(str(path)) is known  # unchanged on disk: not read again
+    with path.open("a") as out:
+        out.write(f"10.0.0.3 {first}\n")
+    os.utime(path, ns=(0, 0))  # a change the size alone would not show is still seen: mtime
+    again = KnownHosts.of(str(path))
+    assert again is not known and [k.get_base64() for k in again.keys_of("10.0.0.3")] == [first.split()[1]]
+    assert KnownHosts.of(str(tmp_path / "missing")).keys_of("10.0.0.1") == []
+
+
+def test_a_command_runs_while_the_harness_holds_more_than_1024_descriptors(ns_cluster, tmp_path):
+    """A thousand nodes are a thousand sockets: a command's wait must not use select(), which
+    refuses descriptors past 1,024."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1400
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"the hard limit on open files is {hard}, under {wanted}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        transport = make_transport(ns_inventory(ns_cluster, tmp_path / "inv.yaml").nodes[0])
+        try:
+            result = transport.run(["sh", "-c", "echo out; echo err >&2"], timeout=10)
+        finally:
+            transport.close()
+        assert result.ok and (result.stdout, result.stderr) == ("out\n", "err\n"), result.explain()
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_learned_host_is_indexed_without_reading_the_file_again_unless_another_wrote_too(tmp_path):
+    from runners.ssh import KnownHosts
+
+    first, second = public_key(tmp_path, "a"), public_key(tmp_path, "b")
+    path = tmp_path / "known_hosts"
+    path.write_text(f"10.0.0.1 {first}\n")
+    known = KnownHosts.of(str(path))
+    line = f"10.0.0.2 {second}\n"
+    with path.open("a") as out:
+        out.write(line)
+    known.learned(line)
+    assert KnownHosts.of(str(path)) is known and len(known.keys_of("10.0.0.2")) == 1
+    with path.open("a") as out:
+        out.write(f"10.0.0.3 {first}\n10.0.0.4 {second}\n")  # another process's line, then ours
+    known.learned(f"10.0.0.4 {second}\n")
+    again = KnownHosts.of(str(path))
+    assert again is not known and len(again.keys_of("10.0.0.3")) == 1
