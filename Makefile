@@ -10,6 +10,9 @@ STAMP   := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 DEBS    := openssh-server openssh-client iproute2 procps sudo stress-ng fio iperf3 hpcc openmpi-bin perftest ibverbs-utils rdma-core infiniband-diags munge slurmctld slurmd slurm-client
 INVENTORY ?= inventory/local.yaml
 PYTEST_ARGS ?=
+# The harness's own tests, two at a time: most wait on namespace nodes, SSH and sleeps, not on
+# CPU. Modules that must not share the machine run in one group (tests/conftest.py).
+TEST_WORKERS ?= 2
 # make accept runs the quick depth; a real delivery runs the full one too (-m full).
 ACCEPT_ARGS ?= -m quick
 # The scratch path inventory/local.yaml declares: storage (fio) and HPL (hpcc) write only there.
@@ -33,7 +36,7 @@ accept: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest tests --strict-markers $(PYTEST_ARGS)
+	$(PY) -m pytest tests --strict-markers -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/fanout.py

@@ -66,3 +66,35 @@ def sign_key(tmp_path_factory):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops@example.com",
                     "-f", str(key)], check=True)
     return key
+
+
+
+# `make test` runs two tests at a time (pytest-xdist). The modules of a group run one after another
+# on one worker, never beside each other:
+# - this-machine: they run the suites (or a tool on a fixed port) on this machine itself; a run
+#   takes the machine's one node lock and scratch path, so two at once refuse each other;
+# - performance: they judge timed figures on namespace nodes (a slow node named among healthy
+#   ones); two at once on two cores would slow healthy nodes into the figures too.
+SERIAL_GROUPS = {
+    "this-machine": ["test_bundle", "test_disk_faults", "test_e2e", "test_entry_points", "test_gemm_fft",
+                     "test_hardware_suite", "test_hpc_suite", "test_retest", "test_schema", "test_waivers",
+                     "test_iperf3", "test_perftest"],
+    "performance": ["test_collectives", "test_training_suite", "test_outliers", "test_network_suite",
+                    "test_slurm_cluster"],
+}
+GROUP_OF_MODULE = {module: group for group, modules in SERIAL_GROUPS.items() for module in modules}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Each group one unit of work, every other test a unit of its own. (xdist's own
+    `--dist loadgroup` marks do not reach its scheduler under pytest 9: it renames `item._nodeid`,
+    which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rpartition("/")[2].removesuffix(".py")
+            return GROUP_OF_MODULE.get(module, nodeid)
+
+    return SerialGroups(config, log)

@@ -444,6 +444,10 @@ class NamespaceCluster:
         while names and set(names) & _link_names() and time.monotonic() < deadline:
             time.sleep(0.005)
 
+    def processes(self) -> set[int]:
+        """PIDs running on these nodes: in their namespaces or under their sshds."""
+        return _node_processes(self._namespaces, {proc.pid for proc in self._sshds.values()})
+
     def _leftovers(self) -> list[str]:
         links = _link_names()
         namespaces = _namespace_names()

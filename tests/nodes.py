@@ -19,15 +19,23 @@ def unique_sleep() -> str:
     return f"sleep {random.randint(300, 899)}.{random.randint(1, 10**6)}"
 
 
-def leftovers(marker: str) -> list[str]:
-    """Processes whose command line contains marker (the nodes share this PID namespace)."""
+def leftovers(marker: str, on=None) -> list[str]:
+    """Processes whose command line contains marker (the nodes share this PID namespace).
+
+    With on (a NamespaceCluster), only those on its nodes: tests run two at a time, so another
+    test's mpirun or lock holder may be running here too.
+    """
     found = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
-    return [line for line in found.splitlines() if "pgrep" not in line]
+    lines = [line for line in found.splitlines() if "pgrep" not in line]
+    if on is None:
+        return lines
+    ours = on.processes()
+    return [line for line in lines if int(line.split(maxsplit=1)[0]) in ours]
 
 
-def wait_for_no_leftovers(marker: str, within_s: float = 10) -> list[str]:
+def wait_for_no_leftovers(marker: str, within_s: float = 10, on=None) -> list[str]:
     deadline = time.monotonic() + within_s
-    while (found := leftovers(marker)) and time.monotonic() < deadline:
+    while (found := leftovers(marker, on)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return found
 

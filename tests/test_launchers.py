@@ -94,4 +94,4 @@ def test_a_hung_rank_is_bounded_and_leaves_no_rank_or_daemon(ns_cluster, tmp_pat
         transport.close()
     assert result.timed_out and result.status == "timeout"
     assert wait_for_no_leftovers(sleep) == []
-    assert wait_for_no_leftovers("orted") == []
+    assert wait_for_no_leftovers("orted", on=ns_cluster) == []

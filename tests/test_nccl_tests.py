@@ -269,7 +269,7 @@ def test_across_two_namespace_nodes_a_missing_all_reduce_perf_fails_and_leaves_n
     assert "NCCL_DEBUG=VERSION" in result.stderr and "all_reduce_perf" in result.stdout + result.stderr
     with pytest.raises(SanityFailure):  # the suite's first step on the launch's Result
         parsed(nccl_tests.parse_nccl_tests, result)
-    assert wait_for_no_leftovers("orted") == []
+    assert wait_for_no_leftovers("orted", on=ns_cluster) == []
 
 
 def test_without_nccl_tests_on_every_node_the_cluster_check_does_not_choose_mpirun(ns_cluster, tmp_path):

@@ -55,11 +55,11 @@ def hold(cluster, names: list[str]) -> NodeLocks:
 def two_nodes(ns_cluster_factory, tmp_path):
     nodes = ns_cluster_factory(2)
     inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
-    return inventory, ns_inventory(nodes, tmp_path / "copy.yaml")
+    return inventory, ns_inventory(nodes, tmp_path / "copy.yaml"), nodes
 
 
 def test_a_second_run_is_refused_by_node_and_sigkill_of_the_first_frees_its_locks(two_nodes, sign_key, tmp_path):
-    inventory, cluster = two_nodes
+    inventory, cluster, nodes = two_nodes
     first = subprocess.Popen(acceptance_argv(inventory, tmp_path / "first", sign_key), cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -95,11 +95,11 @@ def test_a_second_run_is_refused_by_node_and_sigkill_of_the_first_frees_its_lock
     third = acceptance(inventory, tmp_path / "third", sign_key)
     assert third.returncode == 0, third.stdout + third.stderr
     assert "verdict: CERTIFIED" in third.stdout
-    assert wait_for_no_leftovers(HOLDER_MARK, within_s=15) == []
+    assert wait_for_no_leftovers(HOLDER_MARK, within_s=15, on=nodes) == []
 
 
 def test_ignore_goes_on_and_the_ledger_says_who_else_was_there(two_nodes, sign_key, tmp_path):
-    inventory, cluster = two_nodes
+    inventory, cluster, _ = two_nodes
     locks = hold(cluster, ["node1"])
     try:
         done = acceptance(inventory, tmp_path / "out", sign_key, "--busy-nodes", "ignore")
@@ -115,7 +115,7 @@ def test_ignore_goes_on_and_the_ledger_says_who_else_was_there(two_nodes, sign_k
 
 
 def test_wait_takes_the_node_once_the_other_run_has_ended(two_nodes, sign_key, tmp_path):
-    inventory, cluster = two_nodes
+    inventory, cluster, _ = two_nodes
     locks = hold(cluster, ["node1", "node2"])
     releaser = threading.Timer(3, locks.release)
     releaser.start()

@@ -66,12 +66,13 @@ def processes(marker: str) -> list[str]:
     return [line for line in found.splitlines() if line[:1].isdigit()]
 
 
-def payload_workers(marker: str) -> int:
-    """Ranks of the payload running (workers start only once every node joined the rendezvous)."""
+def payload_workers(marker: str, on) -> int:
+    """Ranks of the payload running on the nodes of `on` (workers start only once every node joined
+    the rendezvous; another test may run its own payload on this machine at the same time)."""
     count = 0
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for pid in on.processes():
         try:
-            argv = cmdline.read_bytes().split(b"\0")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         payload = len(argv) > 2 and argv[1] == b"-c" and b"--sizes" in argv and b"--rdzv-id" not in argv
@@ -138,7 +139,7 @@ def test_a_link_cut_mid_run_times_out_and_leaves_no_process(ns_cluster_factory, 
     def cut_when_running():
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if payload_workers(torchrun.MARKER_PREFIX) >= 2:
+            if payload_workers(torchrun.MARKER_PREFIX, nodes) >= 2:
                 marker_seen.set()
                 nodes.link_down("node2")
                 return
