@@ -1,15 +1,15 @@
 """The HTML report: what it shows, that untrusted strings stay inert, and that it stands alone."""
 from __future__ import annotations
 
+import json
 import re
-import time
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Optional
 
 import pytest
 
-from reports.html import format_margin, format_number, render_html, write_html
+from reports.html import NODE_SEARCH_SCRIPT, format_margin, format_number, render_html, write_html
 from reports.results import outliers
 from reports.verdict import cluster_status
 from runners.pairs import sample_pairs
@@ -283,11 +283,14 @@ def test_untrusted_strings_are_escaped_everywhere():
                        tools=[{"node": evil, "tool": evil, "version": evil}])
     document["signer"] = {"fingerprint": evil, "public_key": f"ssh-ed25519 AAAA {evil}"}
     output = render_html(document)
-    assert "<script" not in output.lower()
-    assert "<img" not in output.lower()
+    assert output.lower().count("<script") == 2  # the node search's data block and its code: ours
+    assert SCRIPT not in output and "<img" not in output.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img" in output
     root = parse(output)
-    assert not root.find_all("script") and not root.find_all("img")
+    data, code = root.find_all("script")
+    assert data.attrs == {"type": "application/json", "id": "node-data"} and code.text() == NODE_SEARCH_SCRIPT
+    assert json.loads(data.text())["nodes"][0][0] == evil  # in the data, as JSON escapes
+    assert not root.find_all("img")
     assert all(not name.startswith("on") for e in root.iter() for name in e.attrs)
     assert [label for label, _ in matrix_rows(root)] == [evil, "cluster"]
 
@@ -295,7 +298,8 @@ def test_untrusted_strings_are_escaped_everywhere():
 def test_report_loads_nothing_from_outside():
     output = render_html(cluster_of(4, ["memory", "cpu"])).lower()
     for pattern in (r"src\s*=\s*[\"']?\s*(https?:)?//", r"href\s*=\s*[\"']?\s*(https?:)?//",
-                    r"@import", r"url\(", r"<link", r"<script", r"<iframe", r"<object"):
+                    r"@import", r"url\(", r"<link", r"<script[^>]*src", r"<iframe", r"<object",
+                    r"fetch\(", r"xmlhttprequest", r"\.src\s*=", r"import\("):
         assert not re.search(pattern, output), pattern
 
 
@@ -330,13 +334,10 @@ def test_metric_chart_draws_band_and_marks_nodes_below_it():
     assert not root.find("section", "metric").find_all("div", "outliers")  # 3 nodes: too few to compare
 
 
-def test_large_cluster_renders_quickly_and_stays_small():
+def test_sixty_four_nodes_keep_a_row_each_and_stay_small():
+    """Speed is bench/report.py's to measure (README); here, what the page holds."""
     document = cluster_of(64, [f"check{k:02d}" for k in range(12)])
-    render_html(document)
-    started = time.perf_counter()
     output = render_html(document)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 2.0, f"{elapsed:.2f} s"
     assert len(output.encode()) < 3_000_000
     rows = matrix_rows(parse(output))
     assert len(rows) == 64 and all(cells == ["✓"] * 12 for _, cells in rows)
@@ -516,21 +517,18 @@ def test_pair_heatmap_escapes_node_names_and_messages():
                                              ("n2", "n3"): (5.0, "ok")},
                          outcomes={evil: "failed"}, messages={evil: evil})
     output = render_html(results([evil, "n2", "n3"], checks, status="NOT CERTIFIED"))
-    assert "<script" not in output.lower() and "<img" not in output.lower()
+    assert SCRIPT not in output and "<img" not in output.lower()
     root = parse(output)
     cells = heat_cells(root.find("section", "heatmap"))
     assert (evil, "n2") in cells and evil in cells[("n3", evil)].attrs["title"]
 
 
-def test_sixty_four_node_heatmap_renders_fast_and_compact():
+def test_sixty_four_node_heatmap_is_compact():
     nodes = [f"gpu{i:03d}" for i in range(1, 65)]
     links = {(a, b): (2.0, "low") if "gpu017" in (a, b) else (9.0, "ok")
              for i, a in enumerate(nodes) for b in nodes[i + 1:]}
     document = results(nodes, link_checks(nodes, links, median=9.0))
-    started = time.perf_counter()
     output = render_html(document)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 3.0, f"{elapsed:.2f} s"
     root = parse(output)
     table = root.find("section", "heatmap").find("table", "heat")
     assert "compact" in table.classes() and len(table.find("tbody").find_all("tr")) == 64
