@@ -84,7 +84,7 @@ def cmd_report(args) -> int:
             print(f"handover: {warning}", file=sys.stderr)
         key = (signing.load_signing_key(args.sign_key) if args.sign_key
                else signing.ensure_default_key()[0])
-        rendered = render_run(args.run_dir, key)
+        rendered = render_run(args.run_dir, key, record)
     except (LedgerError, signing.SigningError, WriteError) as error:
         return fail(str(error))
     print(f"verdict: {rendered.verdict.headline}")

@@ -578,7 +578,7 @@ class Layout:
 
     nodes: list[str]  # node rows in run order; the cluster row, if any, is at len(nodes)
     row_of: dict[str, int]
-    frame: pd.DataFrame  # one line per check entry: index, row, check, area, outcome, rank
+    entries: list[dict]  # one per check entry: index, row, check, area, outcome, rank
     columns: list[Column]
     position: dict[str, int]  # check name -> column number
 
@@ -613,23 +613,22 @@ def _layout(run: dict, node_entries: list[dict], checks: list[dict]) -> Layout:
                         "check": text(check.get("check")) or "unnamed",
                         "area": text(check.get("area")) or "other",
                         "outcome": outcome, "rank": OUTCOME_RANK[outcome]})
-    frame = pd.DataFrame.from_records(
-        records, columns=["index", "row", "check", "area", "outcome", "rank"])
-    columns = _column_order(frame)
-    return Layout(nodes=nodes, row_of=row_of, frame=frame, columns=columns,
+    columns = _column_order(records)
+    return Layout(nodes=nodes, row_of=row_of, entries=records, columns=columns,
                   position={column.check: number for number, column in enumerate(columns)})
 
 
-def _column_order(frame: pd.DataFrame) -> list[Column]:
+def _column_order(entries: list[dict]) -> list[Column]:
     """Checks grouped by area (known areas in pipeline order), each group in first-seen order."""
-    if frame.empty:
-        return []
-    firsts = frame.groupby("check", sort=False).agg(area=("area", "first"), index=("index", "min"))
+    firsts: dict[str, tuple[str, int]] = {}  # check -> (area of its first entry, its first index)
+    area_first: dict[str, int] = {}
+    for entry in entries:
+        firsts.setdefault(entry["check"], (entry["area"], entry["index"]))
+        area_first.setdefault(entry["area"], entry["index"])
     known = {area: position for position, area in enumerate(AREA_ORDER)}
-    area_first = firsts.groupby("area", sort=False)["index"].min()
-    ordered = sorted(firsts.itertuples(),
-                     key=lambda c: (known.get(str(c.area), len(known)), area_first[str(c.area)], c.index))
-    return [Column(check=str(c.Index), area=str(c.area)) for c in ordered]
+    ordered = sorted(firsts.items(), key=lambda item: (known.get(item[1][0], len(known)),
+                                                       area_first[item[1][0]], item[1][1]))
+    return [Column(check=check, area=area) for check, (area, _) in ordered]
 
 
 def _where(check: dict) -> str:
@@ -677,25 +676,25 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str],
     Beyond FLEET_NODES nodes, the nodes that passed without a warning and whose squares are all
     alike are one row, named by their hostlist, after the nodes that need a look: a thousand
     rows of green squares hide the few that matter, and cost seconds to load."""
-    frame, columns = layout.frame, layout.columns
-    has_cluster_row = bool((frame["row"] == layout.cluster_row).any())
+    columns = layout.columns
     # Worst outcome per (row, check); ties go to the earliest entry so the anchor is stable.
-    ranked = (frame.sort_values(["rank", "index"], ascending=[False, True])
-              .groupby(["row", "check"], sort=False).first())
-    # Plain dicts for the cell loop: a pandas lookup per cell cost seconds at a thousand nodes.
-    worst = {(int(row), str(check)): (str(outcome), int(index)) for (row, check), outcome, index
-             in zip(ranked.index, ranked["outcome"], ranked["index"], strict=True)}
+    # Plain dicts in one pass: pandas lookups per cell cost seconds at a thousand nodes.
+    worst: dict[tuple[int, str], tuple[str, int]] = {}
     members: dict[tuple[int, str], list[int]] = {}
-    for row, check, index in zip(frame["row"], frame["check"], frame["index"], strict=True):
-        members.setdefault((int(row), str(check)), []).append(int(index))
+    for entry in layout.entries:
+        key = (entry["row"], entry["check"])
+        members.setdefault(key, []).append(entry["index"])
+        if key not in worst or entry["rank"] > OUTCOME_RANK[worst[key][0]]:
+            worst[key] = (entry["outcome"], entry["index"])
+    has_cluster_row = any(row == layout.cluster_row for row, _ in worst)
     marked: dict[tuple[int, str], list[str]] = {}
     for outlier in standing_out or []:
         row = layout.row_of.get(text(outlier.get("node")))
         if row is not None:
             marked.setdefault((row, text(outlier.get("check"))), []).append(
                 f"outlier: {_outlier_text(outlier)}")
-    per_node_checks = set(frame.loc[frame["row"] < layout.cluster_row, "check"])
-    cluster_checks = set(frame.loc[frame["row"] == layout.cluster_row, "check"])
+    per_node_checks = {check for row, check in worst if row < layout.cluster_row}
+    cluster_checks = {check for row, check in worst if row == layout.cluster_row}
     warnings_of = node_warnings or {}
 
     def state(row: int, column: Column, is_cluster: bool) -> str:

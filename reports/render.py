@@ -17,7 +17,7 @@ from reports import bundle, retest, signing
 from reports.bundle import ALLOWED_SIGNERS_FILE
 from reports.html import write_html
 from reports.junit import write_junit
-from reports.ledger import read_ledger
+from reports.ledger import RunRecord, read_ledger
 from reports.results import RESULTS_FILE, build_results, write_metrics_csv, write_results
 from reports.verdict import Verdict
 
@@ -35,11 +35,13 @@ class RenderedRun:
     signer: Optional[signing.SigningKey]
 
 
-def render_run(run_dir: Path, key: Optional[signing.SigningKey]) -> RenderedRun:
+def render_run(run_dir: Path, key: Optional[signing.SigningKey],
+               record: Optional[RunRecord] = None) -> RenderedRun:
     """Write results.json, metrics.csv, junit.xml and report.html; sign the first and last; then
-    write and sign the manifest of the whole run directory."""
+    write and sign the manifest of the whole run directory. record: the run directory's ledger
+    when the caller has read it already (a thousand nodes' ledger takes a second to read)."""
     run_dir = Path(run_dir)
-    record = read_ledger(run_dir)
+    record = record if record is not None else read_ledger(run_dir)
     signer = {"fingerprint": key.fingerprint, "public_key": key.public_line} if key else None
     build = retest.build_addendum if retest.is_retest(record) else build_results
     results, verdict = build(record, signer)
