@@ -49,8 +49,11 @@ TOOLTIP_CHARS = 400
 # Above this many nodes the report summarises: alike nodes share a matrix row, metrics are
 # histograms with their worst nodes listed; every node's detail is still a search away.
 FLEET_NODES = 64
+OUTLIERS_NAMED = 6  # a metric's outliers named above its chart; the rest are in the outliers table
 FLEET_WORST = 10  # a fleet's metric table: the failures and outliers, and this many worst margins
-BANNER_REASONS = 12
+BANNER_REASONS = 8
+BANNER_WARNINGS = 5
+BANNER_CHARS = 240  # a reason naming forty checks is cut in the banner, whole in the list below
 SIGNATURE_NAMESPACE = "handover"
 
 _SHELL_SAFE = re.compile(r"[A-Za-z0-9@._+/=:-]+")
@@ -153,8 +156,11 @@ def _compress(names: Iterable[str]) -> str:
 
 
 def _tooltip(lines: list[str]) -> str:
-    joined = "\n".join(lines)
-    return joined if len(joined) <= TOOLTIP_CHARS else joined[: TOOLTIP_CHARS - 1] + "…"
+    return _cut("\n".join(lines), TOOLTIP_CHARS)
+
+
+def _cut(line: str, chars: int) -> str:
+    return line if len(line) <= chars else line[: chars - 1] + "…"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +262,7 @@ class MetricView:
     outliers: list[str]  # "node5: 0.19 Gb/s (-94% vs the median, robust z -13.6)"
     chart: Optional[Union[Chart, "Histogram"]]
     outlier_rule: str = ""  # the rule that named them, as results.json says it
+    outliers_more: int = 0  # outliers beyond the OUTLIERS_NAMED worst, in the outliers table
     hidden: int = 0  # nodes left out of a fleet's table: within the band, not outliers, not the worst
 
 
@@ -422,10 +429,12 @@ class View:
     waivers: list[dict] = field(default_factory=list)  # as the inventory declared them
     sign_off: list[dict] = field(default_factory=list)  # [{role, name}], name "" for a blank line
     warnings: list[str] = field(default_factory=list)  # results.json's verdict.warnings
-    banner_warnings: list[str] = field(default_factory=list)  # the first BANNER_REASONS of them
+    banner_warnings: list[str] = field(default_factory=list)  # the first BANNER_WARNINGS of them
     outliers: list[OutlierRow] = field(default_factory=list)
     addendum: Optional[dict] = None  # a re-test: the report it completes, original -> re-test per check
     expect_overrides: list[dict] = field(default_factory=list)  # the inventory's changes to profile.expect
+    fleet_nodes: int = FLEET_NODES
+    fleet_worst: int = FLEET_WORST
     search_example: str = ""  # a node name and a hostlist of this run, for the search box
     node_data: str = "{}"  # every node's results, compact JSON for the node search (see _node_data)
 
@@ -463,7 +472,7 @@ def build_view(results: dict) -> View:
         run_id=text(run.get("run_id")),
         verdict=status,
         verdict_class=VERDICT_CLASSES.get(status, "unknown"),
-        banner_reasons=reasons[:BANNER_REASONS],
+        banner_reasons=[_cut(reason, BANNER_CHARS) for reason in reasons[:BANNER_REASONS]],
         reasons=reasons,
         interrupted=bool(run.get("interrupted")),
         node_counts=_node_counts(node_entries),
@@ -492,7 +501,7 @@ def build_view(results: dict) -> View:
         sign_off=[{"role": label, "name": text((run.get("sign_off") or {}).get(role))}
                   for role, label in SIGN_OFF_ROLES],
         warnings=[text(w) for w in verdict.get("warnings") or []],
-        banner_warnings=[text(w) for w in verdict.get("warnings") or []][:BANNER_REASONS],
+        banner_warnings=[text(w) for w in verdict.get("warnings") or []][:BANNER_WARNINGS],
         outliers=_outlier_rows(standing_out, metrics),
         addendum=addendum_view(results, text),
         expect_overrides=_expect_overrides(run.get("expect_overrides") or []),
@@ -1001,9 +1010,10 @@ def _metric_view(key: str, check_name: str, metric_name: str, group: list[dict],
     standing_out = {text(o.get("node")) + (f" rail {text(o.get('rail'))}" if o.get("rail") is not None else ""): o
                     for o in outliers}
     records = sorted(group, key=_worst_first)
-    if len(records) > FLEET_NODES:  # a fleet: the failures, the outliers and the worst others
-        records = [entry for position, entry in enumerate(records)
-                   if position < FLEET_WORST or _ok(entry["ok"]) is False or entry["where"] in standing_out]
+    if len(records) > FLEET_NODES:  # a fleet: the failures, the outliers, then the worst others
+        named = [entry for entry in records if _ok(entry["ok"]) is False or entry["where"] in standing_out]
+        others = [entry for entry in records if _ok(entry["ok"]) is not False and entry["where"] not in standing_out]
+        records = sorted(named, key=lambda entry: _ok(entry["ok"]) is not False) + others[:FLEET_WORST]
     table = []
     for entry in records:
         check = checks[entry["index"]]
@@ -1028,7 +1038,8 @@ def _metric_view(key: str, check_name: str, metric_name: str, group: list[dict],
         high=_with_unit(max(values) if values else None, unit),
         criterion=criterion,
         sources=list(dict.fromkeys(r.source for r in table if r.source != "—")),
-        outliers=[_called_out(where, outlier) for where, outlier in standing_out.items()],
+        outliers=[_called_out(where, outlier) for where, outlier in standing_out.items()][:OUTLIERS_NAMED],
+        outliers_more=max(len(standing_out) - OUTLIERS_NAMED, 0),
         outlier_rule=text(outliers[0].get("rule")) if outliers else "",
         chart=(None if not values else
                _histogram(group, f"{check_name} · {metric_name}", unit, standing_out) if len(values) > FLEET_NODES

@@ -5,11 +5,13 @@ only a browser can: the policy blocks nothing the page needs and the page asks f
 outside, the script runs without an error, and the node search fills its detail panel. A
 screenshot of each page is kept under the test's tmp dir (its path is printed).
 
-Run as a script to screenshot any report: python tests/test_report_browser.py REPORT.html OUT.png [QUERY]
+Run as a script to screenshot any report: python tests/test_report_browser.py REPORT.html OUT.png
+[#SECTION | NODES]
 """
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import select
@@ -36,11 +38,15 @@ class Browser:
     JSON messages ended by NUL), with one page whose console, exceptions and requests are kept."""
 
     def __init__(self, profile: Path) -> None:
-        to_browser, self._send = os.pipe()
-        self._receive, from_browser = os.pipe()
-        # sh moves the pipe's ends to the fds Chromium expects, wherever they are here.
+        reading, self._send = os.pipe()
+        self._receive, writing = os.pipe()
+        # above 9, so that the moves to fds 3 and 4 cannot overwrite one with the other
+        to_browser, from_browser = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (reading, writing))
+        os.close(reading)
+        os.close(writing)
+        # bash (dash takes no fd above 9) moves the pipe's ends to the fds Chromium reads and writes.
         self._process = subprocess.Popen(
-            ["sh", "-c", f'exec "$0" "$@" 3<&{to_browser} 4>&{from_browser} {to_browser}<&- {from_browser}>&-',
+            ["bash", "-c", f'exec "$0" "$@" 3<&{to_browser} 4>&{from_browser} {to_browser}<&- {from_browser}>&-',
              str(BROWSER), "--headless", "--no-sandbox", "--disable-gpu", "--disable-extensions",
              "--no-first-run", "--no-default-browser-check", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", "--hide-scrollbars",
@@ -188,7 +194,8 @@ def test_six_node_report_loads_clean_and_its_node_search_shows_a_node(browser, s
     browser.open(page)
     assert browser.errors() == []
     assert browser.requests() == [page.resolve().as_uri()]
-    visible_rows = "[...document.querySelectorAll('table.matrix tbody tr:not([hidden]) th')].map(th => th.textContent.trim())"
+    visible_rows = ("[...document.querySelectorAll('table.matrix tbody tr:not([hidden]) th')]"
+                    ".map(th => th.textContent.trim())")
     assert browser.evaluate(visible_rows) == [f"node{number}" for number in range(1, 7)]
     assert browser.evaluate("document.getElementById('node-detail').hidden") is True
 
@@ -228,12 +235,15 @@ def test_one_node_report_loads_clean(browser, signing_key, tmp_path):
 
 
 def screenshot(report: Path, out: Path, query: Optional[str] = None) -> list[str]:
-    """A screenshot of a report (after typing `query` in its node search); the page's errors."""
+    """A screenshot of a report, at a section (`query` "#matrix") or after typing `query` in its
+    node search; the page's errors."""
     with tempfile.TemporaryDirectory(prefix="handover-chromium-") as profile:
         opened = Browser(Path(profile))
         try:
             opened.open(report)
-            if query:
+            if query and query.startswith("#"):  # a section: scrolled to the top of the view
+                opened.evaluate(f"document.getElementById({json.dumps(query[1:])}).scrollIntoView()")
+            elif query:
                 opened.search(query)
             opened.screenshot(out)
             return opened.errors()
