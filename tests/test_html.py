@@ -571,3 +571,38 @@ def test_heatmap_amber_is_the_suites_low_state_and_the_legend_names_the_runs_fra
     else:
         percent = f"{fraction * 100:g}%"
         assert f"low vs median (over {percent} off)" in document and f"more than {percent} from the median" in document
+
+
+def test_a_fleet_shares_rows_among_alike_nodes_and_summarises_each_metric():
+    """100 nodes, one failed and one slow: each has its row, first; the 98 others, passed and
+    alike, are one row named by their hostlist; a governor skipped everywhere is one skipped row;
+    each metric is a histogram, its table the failure, the outlier and the worst others; every
+    node's figures are in the node search's data."""
+    nodes = [f"gpu{i:03d}" for i in range(1, 101)]
+    values = {node: 20.0 + (i % 5) * 0.1 for i, node in enumerate(nodes)}
+    values["gpu040"], values["gpu070"] = 3.0, 14.0  # below the floor; within it, far from the median
+    checks = [check(node, "memory", "failed" if values[node] < 4 else "passed",
+                    metrics=(metric("memory_total", values[node], floor=4.0),)) for node in nodes]
+    checks += [check(node, "governor", "skipped", kind="not-applicable",
+                     message=f"{node}: profile asks for no governor") for node in nodes]
+    document = results(nodes, checks, status="NOT CERTIFIED")
+    output = render_html(document)
+    root = parse(output)
+    rows = root.find("table", "matrix").find("tbody").find_all("tr")
+    labels = [tr.find("th").text().strip() for tr in rows]
+    assert labels[:2] == ["gpu040", "gpu070"] and len(rows) == 3
+    assert labels[2].startswith("98 nodes alike") and "gpu[001-039,041-069,071-100]" in labels[2]
+    assert [td.text().strip() for td in rows[2].find_all("td") if "status" not in td.classes()] == ["✓", "–"]
+
+    skip_table = next(t for t in root.find_all("table", "data") if "Why" in t.find("thead").text())
+    skipped = skip_table.find("tbody").find_all("tr")
+    assert len(skipped) == 1 and "gpu[001-100]" in skipped[0].text() and "(100)" in skipped[0].text()
+    section = root.find("section", "metric")
+    assert section.find("svg", "chart").find("title").text().startswith("memory · memory_total: nodes per value")
+    table = metric_table(root, "memory_total")
+    assert [row[0] for row in table[:2]] == ["gpu040", "gpu070"] and len(table) == 2 + 10
+    assert "88 more node(s)" in section.text()
+
+    data = json.loads(root.by_id("node-data").text())
+    figures = {node[0]: node[5][0][5][0][1] for node in data["nodes"]}
+    assert figures == values
