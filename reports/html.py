@@ -28,10 +28,15 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
+from reports.bundle import CHECKSUMS_FILE, MANIFEST_FILES
 from reports.curves import CurveChart, build_curves, nice_ticks
 from reports.files import write_atomically
+from reports.results import RESULTS_FILE
 from reports.retest import addendum_view
 
+REPORT_FILE = "report.html"
+SIGNED_FILES = (RESULTS_FILE, REPORT_FILE)  # signed as they are rendered
+BUNDLE_SIGNED = SIGNED_FILES + MANIFEST_FILES  # every signature of a run directory
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
 
@@ -1428,7 +1433,15 @@ def _signer(signer: Optional[dict]) -> Optional[dict]:
         "fingerprint": text(signer.get("fingerprint")) or "not recorded",
         "public_key": public_key or "not recorded",
         "identity": identity,
-        "allowed_signers": f"{identity} {fields[0]} {fields[1]}" if key_ok else "",
-        "verify": (f"ssh-keygen -Y verify -f allowed_signers -I {identity} "
-                   f"-n {SIGNATURE_NAMESPACE} -s report.html.sig < report.html"),
+        # the run directory's own allowed_signers line, so that writing it there changes no digest
+        "allowed_signers": f'{identity} namespaces="{SIGNATURE_NAMESPACE}" {fields[0]} {fields[1]}' if key_ok else "",
+        "verify": _verify_command(identity, REPORT_FILE),
+        # the README's order: the list of digests, the files against it, then each signed file
+        "bundle": [_verify_command(identity, CHECKSUMS_FILE), f"sha256sum -c --strict --quiet {CHECKSUMS_FILE}",
+                   *(_verify_command(identity, name) for name in BUNDLE_SIGNED if name != CHECKSUMS_FILE)],
     }
+
+
+def _verify_command(identity: str, name: str) -> str:
+    """The stock command that checks one signed file of the run directory against its signature."""
+    return f"ssh-keygen -Y verify -f allowed_signers -I {identity} -n {SIGNATURE_NAMESPACE} -s {name}.sig < {name}"

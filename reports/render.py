@@ -15,15 +15,13 @@ from typing import Optional
 
 from reports import bundle, retest, signing
 from reports.bundle import ALLOWED_SIGNERS_FILE
-from reports.html import write_html
+from reports.html import BUNDLE_SIGNED, REPORT_FILE, SIGNED_FILES, write_html
 from reports.junit import write_junit
 from reports.ledger import RunRecord, read_ledger
 from reports.results import RESULTS_FILE, build_results, write_metrics_csv, write_results
 from reports.verdict import Verdict
 
-REPORT_FILE = "report.html"
-SIGNED_FILES = ("results.json", REPORT_FILE)  # signed as they are rendered
-BUNDLE_SIGNED = SIGNED_FILES + bundle.MANIFEST_FILES  # every signature of a run directory
+__all__ = ["BUNDLE_SIGNED", "REPORT_FILE", "SIGNED_FILES", "RenderedRun", "render_run", "verify_run"]
 
 
 @dataclass

@@ -377,7 +377,15 @@ def test_signer_and_verification_command_are_shown():
     assert "SHA256:abcdefghijklmnop" in provenance
     assert ("ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover "
             "-s report.html.sig < report.html") in provenance
-    assert "handover@vm ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample" in provenance
+    assert 'handover@vm namespaces="handover" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample' in provenance
+    bundle = root.by_id("verify-bundle").parent.find_all("pre", "cmd")[-1].text().splitlines()
+    assert bundle == [  # the README's order: the digests' list, the files against it, each signed file
+        "ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover -s manifest.sha256.sig < manifest.sha256",
+        "sha256sum -c --strict --quiet manifest.sha256",
+        "ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover -s results.json.sig < results.json",
+        "ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover -s report.html.sig < report.html",
+        "ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover -s manifest.json.sig < manifest.json",
+    ]
 
 
 def test_provenance_lists_inventory_harness_and_tools():

@@ -221,6 +221,15 @@ def test_six_node_report_loads_clean_and_its_node_search_shows_a_node(browser, s
     assert browser.errors() == []
 
 
+    # The provenance's commands, as a customer copies them from the page, check the real bundle.
+    commands = browser.evaluate("[...document.querySelectorAll('#provenance ~ .provenance pre.cmd')]"
+                                ".map(pre => pre.textContent)")
+    assert len(commands) == 3 and commands[0].startswith("echo ")
+    for line in [commands[0], *commands[2].splitlines()]:
+        done = subprocess.run(["bash", "-c", line], cwd=page.parent, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"{line}: {done.stdout}{done.stderr}"
+
+
 @needs_chromium
 def test_one_node_report_loads_clean(browser, signing_key, tmp_path):
     """node1 of the four-node quick run, every suite's quick checks: the page one machine gets."""
