@@ -510,7 +510,8 @@ def build_view(results: dict) -> View:
         outliers=_outlier_rows(standing_out, metrics),
         addendum=addendum_view(results, text),
         expect_overrides=_expect_overrides(run.get("expect_overrides") or []),
-        search_example=(f"e.g. {layout.nodes[-1]} or {_compress(layout.nodes[:3])}" if layout.nodes else ""),
+        search_example=("" if not layout.nodes else f"e.g. {layout.nodes[0]}" if len(layout.nodes) == 1
+                        else f"e.g. {layout.nodes[-1]} or {_compress(layout.nodes[:2])}"),
         node_data=_node_data(checks, layout, node_entries, node_warnings, skip_anchors),
     )
 
