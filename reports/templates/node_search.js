@@ -7,12 +7,18 @@
   var box = document.getElementById("node-filter");
   var panel = document.getElementById("node-detail");
   if (!source || !box || !panel) { return; }
-  var data = JSON.parse(source.textContent);
-  var byName = new Map();
-  data.nodes.forEach(function (node) { byName.set(node[0], node); });
-  var matrixRows = Array.prototype.slice.call(document.querySelectorAll("table.matrix tbody tr[data-rows]"));
-  var rowSets = matrixRows.map(function (tr) { return new Set(tr.getAttribute("data-rows").split(" ")); });
+  // Read on the first search, not at load: a thousand nodes' data is megabytes to parse.
+  var data = null, byName = null, matrixRows = null, rowSets = null;
   var SHOWN = 20;
+
+  function load() {
+    if (data) { return; }
+    data = JSON.parse(source.textContent);
+    byName = new Map();
+    data.nodes.forEach(function (node) { byName.set(node[0], node); });
+    matrixRows = Array.prototype.slice.call(document.querySelectorAll("table.matrix tbody tr[data-rows]"));
+    rowSets = matrixRows.map(function (tr) { return new Set(tr.getAttribute("data-rows").split(" ")); });
+  }
 
   function element(tag, className, text) {
     var made = document.createElement(tag);
@@ -103,6 +109,7 @@
   }
 
   function show() {
+    load();
     var query = box.value.trim();
     while (panel.firstChild) { panel.removeChild(panel.firstChild); }
     if (!query) {
