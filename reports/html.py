@@ -391,6 +391,7 @@ class OutlierRow:
     severity: str  # warning | failure
     rule: str
     anchor: str  # the metric's section
+    name: str = ""  # the node alone (node may name a rail too), for the node search
 
 
 @dataclass
@@ -583,7 +584,8 @@ def _outlier_rows(standing_out: list[dict], metrics: list["MetricView"]) -> list
             robust_z="∞ (all others at the median)" if z is None else format_number(z),
             severity="failure" if outlier.get("severity") == "failure" else "warning",
             rule=text(outlier.get("rule")),
-            anchor=sections.get((text(outlier.get("check")), text(outlier.get("metric"))), "")))
+            anchor=sections.get((text(outlier.get("check")), text(outlier.get("metric"))), ""),
+            name=text(outlier.get("node"))))
     return rows
 
 

@@ -96,7 +96,8 @@ class Browser:
             self.events.append(self._message())
 
     def evaluate(self, expression: str):
-        result = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)
+        result = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True,
+                           awaitPromise=True)
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression[:60]}: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -217,6 +218,13 @@ def test_six_node_report_loads_clean_and_its_node_search_shows_a_node(browser, s
         == ["node1", "node2", "node5"]
     browser.search("")
     assert browser.evaluate(visible_rows) == [f"node{number}" for number in range(1, 7)]
+    followed = browser.evaluate("""new Promise(resolve => {
+        window.addEventListener('hashchange', () => resolve(
+            [...document.querySelectorAll('#node-detail .node-card')].map(card => card.dataset.node)));
+        document.querySelector('.attention-table a[href="#node=node4"]').click();
+    })""")
+    assert followed == ["node4"]  # a node named in a table links to its detail
+    browser.search("")
     print(f"screenshot: {browser.screenshot(tmp_path / 'report-6-nodes.png')}")
     assert browser.errors() == []
 
