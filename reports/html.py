@@ -12,6 +12,7 @@ reason and owner, and never counted or drawn as passed, nor as a failure to act 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import math
@@ -316,6 +317,7 @@ class AreaFailure:
     action: str
     anchor: str  # the first one's details
     waived: bool = False
+    checks: int = 1  # checks named in `check`, when alike failures of several are one line
 
 
 @dataclass
@@ -894,6 +896,7 @@ def _areas(checks: list[dict], layout: Layout) -> list[AreaSummary]:
                                 message=_first_line(found[0][1].get("message")),
                                 anchor=_anchor(found[0][0], found[0][2]))
                     for (waived, check_name, kind, action), found in alike.items()]
+        failures = _merged_across_checks(failures)
         failures.sort(key=lambda failure: (failure.waived, -failure.count))
         ordered = {outcome: tally[outcome] for outcome in OUTCOME_RANK if outcome in tally}
         failed = sum(tally.get(outcome, 0) for outcome in FAILED_OUTCOMES)
@@ -903,6 +906,19 @@ def _areas(checks: list[dict], layout: Layout) -> list[AreaSummary]:
     known = {area: position for position, area in enumerate(AREA_ORDER)}
     rank = {"failed": 0, "waived": 1}
     return sorted(summaries, key=lambda s: (rank.get(s.status, 2), known.get(s.area, len(known))))
+
+
+def _merged_across_checks(failures: list[AreaFailure]) -> list[AreaFailure]:
+    """Failures alike but for their check (the same nodes, kind, action and message: an
+    unreachable node fails every check so) in one line that names the checks, not one per check."""
+    alike: dict[tuple, list[AreaFailure]] = {}
+    for failure in failures:
+        alike.setdefault((failure.waived, failure.kind, failure.action, failure.where, failure.message),
+                         []).append(failure)
+    return [found[0] if len(found) == 1 else
+            dataclasses.replace(found[0], check=", ".join(f.check for f in found), checks=len(found),
+                                count=sum(f.count for f in found))
+            for found in alike.values()]
 
 
 def _skips(checks: list[dict], layout: Layout) -> tuple[list[Skip], dict[int, str]]:
