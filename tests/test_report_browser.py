@@ -262,6 +262,7 @@ def screenshot(report: Path, out: Path, query: Optional[str] = None) -> list[str
                 opened.evaluate(f"document.getElementById({json.dumps(query[1:])}).scrollIntoView()")
             elif query:
                 opened.search(query)
+                opened.evaluate("document.getElementById('node-search').scrollIntoView()")
             opened.screenshot(out)
             return opened.errors()
         finally:
