@@ -522,13 +522,14 @@ def build_view(results: dict) -> View:
 def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
                node_warnings: dict[str, list[str]], skip_anchors: dict[int, str]) -> str:
     """Each node's results for the page's node search, as JSON fit for a <script> data block:
-    {columns: [check], outcomes: [outcome], metrics: [[name, unit]], nodes: [[name, status,
-    reasons, warnings, matrix row, [[column, outcome, rail, message, anchor, [[metric, value,
-    ok]]]]]]}, names by their index in the lists, so a thousand nodes' detail stays a few MB
-    that the browser parses only when it is asked for.
+    {columns: [check], outcomes: [outcome], metrics: [[name, unit]], messages: [first line],
+    nodes: [[name, status, reasons, warnings, matrix row, [[column, outcome, rail, message,
+    anchor, [[metric, value, ok]]]]]]}, names and messages by their index in the lists, so a
+    thousand nodes' detail stays about 2 MB that the browser parses only when asked.
     Its "<", ">" and "&" are JSON escapes, so no string in it can close the block."""
     outcomes = list(OUTCOME_RANK)
     metric_index: dict[tuple[str, str], int] = {}
+    message_index: dict[str, int] = {}  # a skip's reason is the same on a thousand nodes: once
     status_of = {text(n.get("name")): n for n in node_entries}
     per_node: dict[str, list] = {}
     for index, check in enumerate(checks):
@@ -545,14 +546,15 @@ def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
         rail = check.get("rail")
         per_node.setdefault(text(node), []).append(
             [layout.position.get(text(check.get("check")) or "unnamed", 0), outcomes.index(outcome),
-             None if rail is None else text(rail), _first_line(check.get("message"))[:NODE_MESSAGE_CHARS],
+             None if rail is None else text(rail),
+             message_index.setdefault(_first_line(check.get("message"))[:NODE_MESSAGE_CHARS], len(message_index)),
              anchor, figures])
     nodes = [[name, text((status_of.get(name) or {}).get("status")) or "untested",
               [text(r) for r in (status_of.get(name) or {}).get("reasons") or []],
               node_warnings.get(name, []), row, sorted(per_node.get(name, []), key=lambda e: e[0])]
              for row, name in enumerate(layout.nodes)]
     document = {"columns": [column.check for column in layout.columns], "outcomes": outcomes,
-                "metrics": [list(key) for key in metric_index], "nodes": nodes}
+                "metrics": [list(key) for key in metric_index], "messages": list(message_index), "nodes": nodes}
     encoded = json.dumps(document, separators=(",", ":"), ensure_ascii=False)
     for character, escape in _SCRIPT_ESCAPES:
         encoded = encoded.replace(character, escape)

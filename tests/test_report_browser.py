@@ -209,7 +209,8 @@ def test_six_node_report_loads_clean_and_its_node_search_shows_a_node(browser, s
     })()""")
     assert detail["nodes"] == ["node3"]
     assert {"stress_ng", "iperf3"} <= set(detail["checks"])
-    assert "iperf3_bandwidth" in detail["text"] and "Gb/s" in detail["text"]
+    assert "iperf3_bandwidth" in detail["text"] and "Gb/s" in detail["text"]  # its figures
+    assert "pair(s) (quick)" in detail["text"]  # and its messages
     assert browser.evaluate(visible_rows) == ["node3"]
     print(f"screenshot: {browser.screenshot(tmp_path / 'report-6-nodes-node3.png')}")
 

@@ -94,7 +94,7 @@
         link.setAttribute("href", "#" + entry[4]);
       } else { cell.textContent = name; }
       row.appendChild(element("td")).appendChild(element("span", "badge badge-" + outcome, outcome));
-      row.appendChild(element("td", "wrap", entry[3]));
+      row.appendChild(element("td", "wrap", data.messages[entry[3]]));
       var figures = row.appendChild(element("td", "wrap"));
       entry[5].forEach(function (figure, index) {
         var metric = data.metrics[figure[0]];
