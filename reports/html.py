@@ -21,6 +21,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
@@ -154,9 +155,15 @@ def _parse_time(value) -> Optional[datetime]:
 
 def _compress(names: Iterable[str]) -> str:
     """node1,node2,node3 -> node[1-3]; falls back to a plain list for names hostlist rejects."""
-    names = list(names)
+    return _hostlist(tuple(names))
+
+
+@lru_cache(maxsize=256)
+def _hostlist(names: tuple[str, ...]) -> str:
+    """Cached: at a thousand nodes many sections name the same nodes (all but the unreachable
+    ones), and hostlist takes milliseconds for each."""
     try:
-        return hostlist.collect_hostlist(names)
+        return hostlist.collect_hostlist(list(names))
     except Exception:  # hostlist raises its own BadHostlist and ValueError on odd names
         return ", ".join(names)
 
@@ -531,12 +538,12 @@ def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
     metric_index: dict[tuple[str, str], int] = {}
     message_index: dict[str, int] = {}  # a skip's reason is the same on a thousand nodes: once
     status_of = {text(n.get("name")): n for n in node_entries}
-    per_node: dict[str, list] = {}
-    for index, check in enumerate(checks):
-        node = check.get("node")
-        if node is None:
+    per_node: dict[int, list] = {}  # matrix row -> its entries
+    outcome_index = {outcome: number for number, outcome in enumerate(outcomes)}
+    for entry in layout.entries:
+        if entry["row"] == layout.cluster_row:
             continue
-        outcome = _outcome(check)
+        index, outcome, check = entry["index"], entry["outcome"], checks[entry["index"]]
         figures = []
         for metric in check.get("metrics") or []:
             key = (text(metric.get("name")), text(metric.get("unit")))
@@ -544,14 +551,14 @@ def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
                             _ok(metric.get("ok"))])
         anchor = skip_anchors.get(index, "") if outcome == "skipped" else _anchor(index, outcome)
         rail = check.get("rail")
-        per_node.setdefault(text(node), []).append(
-            [layout.position.get(text(check.get("check")) or "unnamed", 0), outcomes.index(outcome),
+        per_node.setdefault(entry["row"], []).append(
+            [layout.position[entry["check"]], outcome_index[outcome],
              None if rail is None else text(rail),
              message_index.setdefault(_first_line(check.get("message"))[:NODE_MESSAGE_CHARS], len(message_index)),
              anchor, figures])
     nodes = [[name, text((status_of.get(name) or {}).get("status")) or "untested",
               [text(r) for r in (status_of.get(name) or {}).get("reasons") or []],
-              node_warnings.get(name, []), row, sorted(per_node.get(name, []), key=lambda e: e[0])]
+              node_warnings.get(name, []), row, sorted(per_node.get(row, []), key=lambda e: e[0])]
              for row, name in enumerate(layout.nodes)]
     document = {"columns": [column.check for column in layout.columns], "outcomes": outcomes,
                 "metrics": [list(key) for key in metric_index], "messages": list(message_index), "nodes": nodes}
@@ -928,11 +935,14 @@ def _skips(checks: list[dict], layout: Layout) -> tuple[list[Skip], dict[int, st
     name (a profile that asks for no governor skips it on every node: one row, not 1,024),
     in matrix order; and each skipped entry's row anchor, for the matrix's links."""
     alike: dict[tuple[str, str, str, str], list[tuple[int, dict]]] = {}
-    skipped = [(i, c) for i, c in enumerate(checks) if _outcome(c) == "skipped"]
-    for index, check in sorted(skipped, key=lambda pair: layout.order(*pair)):
+    skipped = sorted((entry for entry in layout.entries if entry["outcome"] == "skipped"),
+                     key=lambda entry: (entry["row"], layout.position[entry["check"]], entry["index"]))
+    for entry in skipped:
+        index, check = entry["index"], checks[entry["index"]]
         message = text(check.get("message")).strip()
         node = text(check.get("node"))
-        key = (text(check.get("check")), text(check.get("kind")), _where(check).replace(node, "", 1),
+        rail = check.get("rail")
+        key = (entry["check"], text(check.get("kind")), "" if rail is None else text(rail),
                message.replace(node, "\0") if node else message)
         alike.setdefault(key, []).append((index, check))
     skips: list[Skip] = []
