@@ -494,11 +494,7 @@ def build_view(results: dict) -> View:
         check_counts=_check_counts(checks),
         matrix=_matrix(checks, layout, status_of, standing_out, node_warnings, skip_anchors),
         symbols=SYMBOLS,
-        attention_nodes=[{"name": text(n.get("name")), "status": text(n.get("status")),
-                          "reasons": [text(r) for r in n.get("reasons") or []],
-                          "warnings": node_warnings.get(text(n.get("name")), [])}
-                         for n in node_entries
-                         if n.get("status") != "passed" or text(n.get("name")) in node_warnings],
+        attention_nodes=_attention(node_entries, node_warnings),
         metrics=metrics,
         failures=_failures(checks, layout),
         skips=skips,
@@ -524,6 +520,23 @@ def build_view(results: dict) -> View:
                         else f"e.g. {layout.nodes[-1]} or {_compress(layout.nodes[:2])}"),
         node_data=_node_data(checks, layout, node_entries, node_warnings, skip_anchors),
     )
+
+
+def _attention(node_entries: list[dict], node_warnings: dict[str, list[str]]) -> list[dict]:
+    """The nodes that did not pass or have outliers, with why; nodes with the same status and
+    reasons and no outlier share a row named by their hostlist (six nodes missing the same six
+    mandatory checks are one row of six reasons, not six)."""
+    alike: dict[tuple, list[str]] = {}
+    for entry in node_entries:
+        name = text(entry.get("name"))
+        if entry.get("status") == "passed" and name not in node_warnings:
+            continue
+        reasons = tuple(text(r) for r in entry.get("reasons") or [])
+        key = (text(entry.get("status")), reasons, name if name in node_warnings else "")
+        alike.setdefault(key, []).append(name)
+    return [{"name": names[0] if len(names) == 1 else _compress(names), "count": len(names), "status": status,
+             "reasons": list(reasons), "warnings": node_warnings.get(names[0], []) if outlier else []}
+            for (status, reasons, outlier), names in alike.items()]
 
 
 def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
