@@ -60,6 +60,7 @@ OUTLIERS_NAMED = 6  # a metric's outliers named above its chart; the rest are in
 FLEET_WORST = 10  # a fleet's metric table: the failures and outliers, and this many worst margins
 BANNER_REASONS = 8
 BANNER_WARNINGS = 5
+NODE_REASONS = 8  # a node's reasons in the attention table (an unreachable node has one per check)
 BANNER_CHARS = 240  # a reason naming forty checks is cut in the banner, whole in the list below
 SIGNATURE_NAMESPACE = "handover"
 
@@ -448,6 +449,7 @@ class View:
     outliers: list[OutlierRow] = field(default_factory=list)
     addendum: Optional[dict] = None  # a re-test: the report it completes, original -> re-test per check
     expect_overrides: list[dict] = field(default_factory=list)  # the inventory's changes to profile.expect
+    node_reasons: int = NODE_REASONS
     fleet_nodes: int = FLEET_NODES
     fleet_worst: int = FLEET_WORST
     search_example: str = ""  # a node name and a hostlist of this run, for the search box
