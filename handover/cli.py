@@ -75,16 +75,17 @@ def cmd_report(args) -> int:
     from reports import signing
     from reports.files import WriteError
     from reports.ledger import LedgerError, read_ledger, torn_warning
-    from reports.render import render_run
+    from reports.render import cycles_collected_after, render_run
 
     try:
-        record = read_ledger(args.run_dir)  # not a run directory: say so before a key is created
-        warning = torn_warning(record)
-        if warning:
-            print(f"handover: {warning}", file=sys.stderr)
-        key = (signing.load_signing_key(args.sign_key) if args.sign_key
-               else signing.ensure_default_key()[0])
-        rendered = render_run(args.run_dir, key)
+        with cycles_collected_after():
+            record = read_ledger(args.run_dir)  # not a run directory: say so before a key is created
+            warning = torn_warning(record)
+            if warning:
+                print(f"handover: {warning}", file=sys.stderr)
+            key = (signing.load_signing_key(args.sign_key) if args.sign_key
+                   else signing.ensure_default_key()[0])
+            rendered = render_run(args.run_dir, key, record)
     except (LedgerError, signing.SigningError, WriteError) as error:
         return fail(str(error))
     print(f"verdict: {rendered.verdict.headline}")

@@ -11,22 +11,34 @@ reason and owner, and never counted or drawn as passed, nor as a failure to act 
 """
 from __future__ import annotations
 
+import base64
+import dataclasses
+import hashlib
+import json
 import math
 import os
 import re
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
 import hostlist
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
 
+from reports.bundle import CHECKSUMS_FILE, MANIFEST_FILES
 from reports.curves import CurveChart, build_curves, nice_ticks
 from reports.files import write_atomically
+from reports.results import RESULTS_FILE
 from reports.retest import addendum_view
 
+REPORT_FILE = "report.html"
+SIGNED_FILES = (RESULTS_FILE, REPORT_FILE)  # signed as they are rendered
+BUNDLE_SIGNED = SIGNED_FILES + MANIFEST_FILES  # every signature of a run directory
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
 
@@ -41,11 +53,24 @@ VERDICT_CLASSES = {"CERTIFIED": "certified", "NOT CERTIFIED": "not-certified",
                    "INCOMPLETE": "incomplete"}
 CLUSTER_ROW = "cluster"
 TOOLTIP_CHARS = 400
-BANNER_REASONS = 12
+# Above this many nodes the report summarises: alike nodes share a matrix row, metrics are
+# histograms with their worst nodes listed; every node's detail is still a search away.
+FLEET_NODES = 64
+OUTLIERS_NAMED = 6  # a metric's outliers named above its chart; the rest are in the outliers table
+FLEET_WORST = 10  # a fleet's metric table: the failures and outliers, and this many worst margins
+BANNER_REASONS = 8
+BANNER_WARNINGS = 5
+NODE_REASONS = 8  # a node's reasons in the attention table (an unreachable node has one per check)
+BANNER_CHARS = 240  # a reason naming forty checks is cut in the banner, whole in the list below
 SIGNATURE_NAMESPACE = "handover"
 
 _SHELL_SAFE = re.compile(r"[A-Za-z0-9@._+/=:-]+")
 _CONTROL_CHARS = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+# The page's one script, the node search; the policy allows it, and the data block it reads, by hash.
+NODE_SEARCH_SCRIPT = (TEMPLATE_DIR / "node_search.js").read_text(encoding="utf-8")
+NODE_MESSAGE_CHARS = 200
+_SCRIPT_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"))
 
 _environment = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True,
                            undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
@@ -54,7 +79,15 @@ _environment = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescap
 
 def render_html(results: dict) -> str:
     """One complete HTML document for a results dict; pure, so the same input gives the same bytes."""
-    return _environment.get_template(TEMPLATE).render(report=build_view(results))
+    view = build_view(results)
+    page = {"script": Markup(NODE_SEARCH_SCRIPT), "node_data": Markup(view.node_data),
+            "script_sources": " ".join(_csp_hash(inline) for inline in (NODE_SEARCH_SCRIPT, view.node_data))}
+    return _environment.get_template(TEMPLATE).render(report=view, page=page)
+
+
+def _csp_hash(inline: str) -> str:
+    """A Content-Security-Policy source that allows exactly this inline script."""
+    return f"'sha256-{base64.b64encode(hashlib.sha256(inline.encode()).digest()).decode()}'"
 
 
 def write_html(results: dict, path: Union[str, Path]) -> Path:
@@ -72,7 +105,8 @@ def text(value) -> str:
     """A printable string: ANSI colour codes and control characters from tool output removed."""
     if value is None:
         return ""
-    return _CONTROL_CHARS.sub("", str(value))
+    value = str(value)
+    return value if value.isprintable() else _CONTROL_CHARS.sub("", value)
 
 
 def format_number(value) -> str:
@@ -122,16 +156,25 @@ def _parse_time(value) -> Optional[datetime]:
 
 def _compress(names: Iterable[str]) -> str:
     """node1,node2,node3 -> node[1-3]; falls back to a plain list for names hostlist rejects."""
-    names = list(names)
+    return _hostlist(tuple(names))
+
+
+@lru_cache(maxsize=256)
+def _hostlist(names: tuple[str, ...]) -> str:
+    """Cached: at a thousand nodes many sections name the same nodes (all but the unreachable
+    ones), and hostlist takes milliseconds for each."""
     try:
-        return hostlist.collect_hostlist(names)
+        return hostlist.collect_hostlist(list(names))
     except Exception:  # hostlist raises its own BadHostlist and ValueError on odd names
         return ", ".join(names)
 
 
 def _tooltip(lines: list[str]) -> str:
-    joined = "\n".join(lines)
-    return joined if len(joined) <= TOOLTIP_CHARS else joined[: TOOLTIP_CHARS - 1] + "…"
+    return _cut("\n".join(lines), TOOLTIP_CHARS)
+
+
+def _cut(line: str, chars: int) -> str:
+    return line if len(line) <= chars else line[: chars - 1] + "…"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,6 +197,11 @@ class MatrixRow:
     status: str
     cells: list[Cell]
     warnings: list[str] = field(default_factory=list)  # the node's outliers, one line each
+    rows: list[int] = field(default_factory=list)  # the layout rows it stands for: several when collapsed
+
+    @property
+    def count(self) -> int:
+        return len(self.rows)
 
 
 @dataclass
@@ -195,6 +243,7 @@ class Chart:
     labels: list[tuple[float, str]]  # node names under the bars, every n-th when crowded
     caption: str  # the prefix cut from crowded labels (gpu-h100-01 -> 01), if any
     title: str
+    kind: str = "bars"
 
 
 @dataclass
@@ -225,8 +274,10 @@ class MetricView:
     criterion: str
     sources: list[str]
     outliers: list[str]  # "node5: 0.19 Gb/s (-94% vs the median, robust z -13.6)"
-    chart: Optional[Chart]
+    chart: Optional[Union[Chart, "Histogram"]]
     outlier_rule: str = ""  # the rule that named them, as results.json says it
+    outliers_more: int = 0  # outliers beyond the OUTLIERS_NAMED worst, in the outliers table
+    hidden: int = 0  # nodes left out of a fleet's table: within the band, not outliers, not the worst
 
 
 @dataclass
@@ -274,6 +325,7 @@ class AreaFailure:
     action: str
     anchor: str  # the first one's details
     waived: bool = False
+    checks: int = 1  # checks named in `check`, when alike failures of several are one line
 
 
 @dataclass
@@ -286,11 +338,14 @@ class AreaSummary:
 
 @dataclass
 class Skip:
+    """Checks skipped alike on the nodes listed (the message is the first one's)."""
+
     anchor: str
     where: str
     check: str
     kind: str
     message: str
+    count: int = 1
 
 
 @dataclass
@@ -346,6 +401,7 @@ class OutlierRow:
     severity: str  # warning | failure
     rule: str
     anchor: str  # the metric's section
+    name: str = ""  # the node alone (node may name a rail too), for the node search
 
 
 @dataclass
@@ -389,10 +445,15 @@ class View:
     waivers: list[dict] = field(default_factory=list)  # as the inventory declared them
     sign_off: list[dict] = field(default_factory=list)  # [{role, name}], name "" for a blank line
     warnings: list[str] = field(default_factory=list)  # results.json's verdict.warnings
-    banner_warnings: list[str] = field(default_factory=list)  # the first BANNER_REASONS of them
+    banner_warnings: list[str] = field(default_factory=list)  # the first BANNER_WARNINGS of them
     outliers: list[OutlierRow] = field(default_factory=list)
     addendum: Optional[dict] = None  # a re-test: the report it completes, original -> re-test per check
     expect_overrides: list[dict] = field(default_factory=list)  # the inventory's changes to profile.expect
+    node_reasons: int = NODE_REASONS
+    fleet_nodes: int = FLEET_NODES
+    fleet_worst: int = FLEET_WORST
+    search_example: str = ""  # a node name and a hostlist of this run, for the search box
+    node_data: str = "{}"  # every node's results, compact JSON for the node search (see _node_data)
 
     @property
     def warning_count(self) -> str:
@@ -416,6 +477,7 @@ def build_view(results: dict) -> View:
     cluster = text(run.get("cluster")) or "unnamed cluster"
     standing_out = [o for o in results.get("outliers") or [] if isinstance(o, dict)]
     metrics = _metrics(checks, layout, standing_out)
+    skips, skip_anchors = _skips(checks, layout)
     node_warnings: dict[str, list[str]] = {}
     for outlier in standing_out:
         node_warnings.setdefault(text(outlier.get("node")), []).append(_outlier_text(outlier))
@@ -427,21 +489,17 @@ def build_view(results: dict) -> View:
         run_id=text(run.get("run_id")),
         verdict=status,
         verdict_class=VERDICT_CLASSES.get(status, "unknown"),
-        banner_reasons=reasons[:BANNER_REASONS],
+        banner_reasons=[_cut(reason, BANNER_CHARS) for reason in reasons[:BANNER_REASONS]],
         reasons=reasons,
         interrupted=bool(run.get("interrupted")),
         node_counts=_node_counts(node_entries),
         check_counts=_check_counts(checks),
-        matrix=_matrix(checks, layout, status_of, standing_out, node_warnings),
+        matrix=_matrix(checks, layout, status_of, standing_out, node_warnings, skip_anchors),
         symbols=SYMBOLS,
-        attention_nodes=[{"name": text(n.get("name")), "status": text(n.get("status")),
-                          "reasons": [text(r) for r in n.get("reasons") or []],
-                          "warnings": node_warnings.get(text(n.get("name")), [])}
-                         for n in node_entries
-                         if n.get("status") != "passed" or text(n.get("name")) in node_warnings],
+        attention_nodes=_attention(node_entries, node_warnings),
         metrics=metrics,
         failures=_failures(checks, layout),
-        skips=_skips(checks, layout),
+        skips=skips,
         provenance=_provenance(run),
         tools=_tools(run.get("tools") or []),
         signer=_signer(results.get("signer")),
@@ -456,11 +514,73 @@ def build_view(results: dict) -> View:
         sign_off=[{"role": label, "name": text((run.get("sign_off") or {}).get(role))}
                   for role, label in SIGN_OFF_ROLES],
         warnings=[text(w) for w in verdict.get("warnings") or []],
-        banner_warnings=[text(w) for w in verdict.get("warnings") or []][:BANNER_REASONS],
+        banner_warnings=[text(w) for w in verdict.get("warnings") or []][:BANNER_WARNINGS],
         outliers=_outlier_rows(standing_out, metrics),
         addendum=addendum_view(results, text),
         expect_overrides=_expect_overrides(run.get("expect_overrides") or []),
+        search_example=("" if not layout.nodes else f"e.g. {layout.nodes[0]}" if len(layout.nodes) == 1
+                        else f"e.g. {layout.nodes[-1]} or {_compress(layout.nodes[:2])}"),
+        node_data=_node_data(checks, layout, node_entries, node_warnings, skip_anchors),
     )
+
+
+def _attention(node_entries: list[dict], node_warnings: dict[str, list[str]]) -> list[dict]:
+    """The nodes that did not pass or have outliers, with why; nodes with the same status and
+    reasons and no outlier share a row named by their hostlist (six nodes missing the same six
+    mandatory checks are one row of six reasons, not six)."""
+    alike: dict[tuple, list[str]] = {}
+    for entry in node_entries:
+        name = text(entry.get("name"))
+        if entry.get("status") == "passed" and name not in node_warnings:
+            continue
+        reasons = tuple(text(r) for r in entry.get("reasons") or [])
+        key = (text(entry.get("status")), reasons, name if name in node_warnings else "")
+        alike.setdefault(key, []).append(name)
+    return [{"name": names[0] if len(names) == 1 else _compress(names), "count": len(names), "status": status,
+             "reasons": list(reasons), "warnings": node_warnings.get(names[0], []) if outlier else []}
+            for (status, reasons, outlier), names in alike.items()]
+
+
+def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
+               node_warnings: dict[str, list[str]], skip_anchors: dict[int, str]) -> str:
+    """Each node's results for the page's node search, as JSON fit for a <script> data block:
+    {columns: [check], outcomes: [outcome], metrics: [[name, unit]], messages: [first line],
+    nodes: [[name, status, reasons, warnings, matrix row, [[column, outcome, rail, message,
+    anchor, [[metric, value, ok]]]]]]}, names and messages by their index in the lists, so a
+    thousand nodes' detail stays about 2 MB that the browser parses only when asked.
+    Its "<", ">" and "&" are JSON escapes, so no string in it can close the block."""
+    outcomes = list(OUTCOME_RANK)
+    metric_index: dict[tuple[str, str], int] = {}
+    message_index: dict[str, int] = {}  # a skip's reason is the same on a thousand nodes: once
+    status_of = {text(n.get("name")): n for n in node_entries}
+    per_node: dict[int, list] = {}  # matrix row -> its entries
+    outcome_index = {outcome: number for number, outcome in enumerate(outcomes)}
+    for entry in layout.entries:
+        if entry["row"] == layout.cluster_row:
+            continue
+        index, outcome, check = entry["index"], entry["outcome"], checks[entry["index"]]
+        figures = []
+        for metric in check.get("metrics") or []:
+            key = (text(metric.get("name")), text(metric.get("unit")))
+            figures.append([metric_index.setdefault(key, len(metric_index)), _number(metric.get("value")),
+                            _ok(metric.get("ok"))])
+        anchor = skip_anchors.get(index, "") if outcome == "skipped" else _anchor(index, outcome)
+        rail = check.get("rail")
+        per_node.setdefault(entry["row"], []).append(
+            [layout.position[entry["check"]], outcome_index[outcome],
+             None if rail is None else text(rail),
+             message_index.setdefault(_first_line(check.get("message"))[:NODE_MESSAGE_CHARS], len(message_index)),
+             anchor, figures])
+    nodes = [[name, text((status_of.get(name) or {}).get("status")) or "untested",
+              [text(r) for r in (status_of.get(name) or {}).get("reasons") or []],
+              node_warnings.get(name, []), row, sorted(per_node.get(row, []), key=lambda e: e[0])]
+             for row, name in enumerate(layout.nodes)]
+    document = {"columns": [column.check for column in layout.columns], "outcomes": outcomes,
+                "metrics": [list(key) for key in metric_index], "messages": list(message_index), "nodes": nodes}
+    encoded = json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+    for character, escape in _SCRIPT_ESCAPES:
+        encoded = encoded.replace(character, escape)
+    return encoded
 
 
 def _outlier_text(outlier: dict) -> str:
@@ -490,7 +610,8 @@ def _outlier_rows(standing_out: list[dict], metrics: list["MetricView"]) -> list
             robust_z="∞ (all others at the median)" if z is None else format_number(z),
             severity="failure" if outlier.get("severity") == "failure" else "warning",
             rule=text(outlier.get("rule")),
-            anchor=sections.get((text(outlier.get("check")), text(outlier.get("metric"))), "")))
+            anchor=sections.get((text(outlier.get("check")), text(outlier.get("metric"))), ""),
+            name=text(outlier.get("node"))))
     return rows
 
 
@@ -500,7 +621,7 @@ class Layout:
 
     nodes: list[str]  # node rows in run order; the cluster row, if any, is at len(nodes)
     row_of: dict[str, int]
-    frame: pd.DataFrame  # one line per check entry: index, row, check, area, outcome, rank
+    entries: list[dict]  # one per check entry: index, row, check, area, outcome, rank
     columns: list[Column]
     position: dict[str, int]  # check name -> column number
 
@@ -535,23 +656,22 @@ def _layout(run: dict, node_entries: list[dict], checks: list[dict]) -> Layout:
                         "check": text(check.get("check")) or "unnamed",
                         "area": text(check.get("area")) or "other",
                         "outcome": outcome, "rank": OUTCOME_RANK[outcome]})
-    frame = pd.DataFrame.from_records(
-        records, columns=["index", "row", "check", "area", "outcome", "rank"])
-    columns = _column_order(frame)
-    return Layout(nodes=nodes, row_of=row_of, frame=frame, columns=columns,
+    columns = _column_order(records)
+    return Layout(nodes=nodes, row_of=row_of, entries=records, columns=columns,
                   position={column.check: number for number, column in enumerate(columns)})
 
 
-def _column_order(frame: pd.DataFrame) -> list[Column]:
+def _column_order(entries: list[dict]) -> list[Column]:
     """Checks grouped by area (known areas in pipeline order), each group in first-seen order."""
-    if frame.empty:
-        return []
-    firsts = frame.groupby("check", sort=False).agg(area=("area", "first"), index=("index", "min"))
+    firsts: dict[str, tuple[str, int]] = {}  # check -> (area of its first entry, its first index)
+    area_first: dict[str, int] = {}
+    for entry in entries:
+        firsts.setdefault(entry["check"], (entry["area"], entry["index"]))
+        area_first.setdefault(entry["area"], entry["index"])
     known = {area: position for position, area in enumerate(AREA_ORDER)}
-    area_first = firsts.groupby("area", sort=False)["index"].min()
-    ordered = sorted(firsts.itertuples(),
-                     key=lambda c: (known.get(str(c.area), len(known)), area_first[str(c.area)], c.index))
-    return [Column(check=str(c.Index), area=str(c.area)) for c in ordered]
+    ordered = sorted(firsts.items(), key=lambda item: (known.get(item[1][0], len(known)),
+                                                       area_first[item[1][0]], item[1][1]))
+    return [Column(check=check, area=area) for check, (area, _) in ordered]
 
 
 def _where(check: dict) -> str:
@@ -565,7 +685,7 @@ def _where(check: dict) -> str:
 def _outcome(check: dict) -> str:
     """The check's outcome, or "waived" for a failure results.json marks waived; anything
     unrecognised counts as an error, so it cannot pass unseen."""
-    outcome = text(check.get("outcome"))
+    outcome = check.get("outcome")  # compared as it is: called per check by every section
     if outcome not in RESULT_OUTCOMES:
         return "error"
     if outcome in FAILED_OUTCOMES and isinstance(check.get("waived"), dict):
@@ -590,54 +710,88 @@ def _first_line(value) -> str:
 
 def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str],
             standing_out: Optional[list[dict]] = None,
-            node_warnings: Optional[dict[str, list[str]]] = None) -> Matrix:
+            node_warnings: Optional[dict[str, list[str]]] = None,
+            skip_anchors: Optional[dict[int, str]] = None) -> Matrix:
     """standing_out: results.json's outliers, marked on their (node, check) cells;
-    node_warnings: each node's outliers as lines, beside its status."""
-    frame, columns = layout.frame, layout.columns
-    has_cluster_row = bool((frame["row"] == layout.cluster_row).any())
-    row_count = len(layout.nodes) + (1 if has_cluster_row else 0)
+    node_warnings: each node's outliers as lines, beside its status; skip_anchors: a skipped
+    entry -> the skipped-checks row it is listed in.
+
+    Beyond FLEET_NODES nodes, the nodes that passed without a warning and whose squares are all
+    alike are one row, named by their hostlist, after the nodes that need a look: a thousand
+    rows of green squares hide the few that matter, and cost seconds to load."""
+    columns = layout.columns
     # Worst outcome per (row, check); ties go to the earliest entry so the anchor is stable.
-    ranked = (frame.sort_values(["rank", "index"], ascending=[False, True])
-              .groupby(["row", "check"], sort=False).first())
-    # Plain dicts for the cell loop: a pandas lookup per cell cost seconds at a thousand nodes.
-    worst = {(int(row), str(check)): (str(outcome), int(index)) for (row, check), outcome, index
-             in zip(ranked.index, ranked["outcome"], ranked["index"], strict=True)}
+    # Plain dicts in one pass: pandas lookups per cell cost seconds at a thousand nodes.
+    worst: dict[tuple[int, str], tuple[str, int]] = {}
     members: dict[tuple[int, str], list[int]] = {}
-    for row, check, index in zip(frame["row"], frame["check"], frame["index"], strict=True):
-        members.setdefault((int(row), str(check)), []).append(int(index))
+    for entry in layout.entries:
+        key = (entry["row"], entry["check"])
+        members.setdefault(key, []).append(entry["index"])
+        if key not in worst or entry["rank"] > OUTCOME_RANK[worst[key][0]]:
+            worst[key] = (entry["outcome"], entry["index"])
+    has_cluster_row = any(row == layout.cluster_row for row, _ in worst)
     marked: dict[tuple[int, str], list[str]] = {}
     for outlier in standing_out or []:
         row = layout.row_of.get(text(outlier.get("node")))
         if row is not None:
             marked.setdefault((row, text(outlier.get("check"))), []).append(
                 f"outlier: {_outlier_text(outlier)}")
-    per_node_checks = set(frame.loc[frame["row"] < layout.cluster_row, "check"])
-    cluster_checks = set(frame.loc[frame["row"] == layout.cluster_row, "check"])
+    per_node_checks = {check for row, check in worst if row < layout.cluster_row}
+    cluster_checks = {check for row, check in worst if row == layout.cluster_row}
+    warnings_of = node_warnings or {}
 
-    for column in columns:
-        column.failed = 0
-    matrix_rows = []
-    for row in range(row_count):
-        label = layout.label(row)
-        is_cluster = row == layout.cluster_row
+    def state(row: int, column: Column, is_cluster: bool) -> str:
+        key = (row, column.check)
+        if key in worst:
+            return worst[key][0]
+        return "missing" if column.check in (cluster_checks if is_cluster else per_node_checks) else "blank"
+
+    def cells_of(row: int, label: str, is_cluster: bool) -> list[Cell]:
         cells = []
         for column in columns:
             key = (row, column.check)
             if key in worst:
                 outcome, first = worst[key]
                 tooltip = _tooltip([*marked.get(key, []), *(_cell_line(checks[i], label) for i in members[key])])
-                cells.append(Cell(outcome, SYMBOLS[outcome], tooltip, _anchor(first, outcome),
-                                  outlier=key in marked))
-                if outcome in FAILED_OUTCOMES:
-                    column.failed += 1
+                anchor = (skip_anchors or {}).get(first, "") if outcome == "skipped" else _anchor(first, outcome)
+                cells.append(Cell(outcome, SYMBOLS[outcome], tooltip, anchor, outlier=key in marked))
             elif column.check in (cluster_checks if is_cluster else per_node_checks):
-                cells.append(Cell("missing", SYMBOLS["missing"],
-                                  f"{label} · {column.check}: no result"))
+                cells.append(Cell("missing", SYMBOLS["missing"], f"{label} · {column.check}: no result"))
             else:
                 cells.append(Cell("blank"))
-        status = status_of.get(CLUSTER_ROW if is_cluster else label, "")
-        warnings = [] if is_cluster else (node_warnings or {}).get(label, [])
-        matrix_rows.append(MatrixRow(label, is_cluster, status, cells, warnings))
+        return cells
+
+    node_rows = range(len(layout.nodes))
+    alike: dict[tuple[str, ...], list[int]] = {}
+    if len(layout.nodes) > FLEET_NODES:
+        for row in node_rows:
+            label = layout.label(row)
+            if status_of.get(label) == "passed" and not warnings_of.get(label) \
+                    and not any((row, column.check) in marked for column in columns):
+                alike.setdefault(tuple(state(row, column, False) for column in columns), []).append(row)
+    collapsed = {row for rows in alike.values() for row in rows if len(rows) > 1}
+    matrix_rows = [MatrixRow(layout.label(row), False, status_of.get(layout.label(row), ""),
+                             cells_of(row, layout.label(row), False), warnings_of.get(layout.label(row), []),
+                             rows=[row])
+                   for row in node_rows if row not in collapsed]
+    for states, rows in sorted(alike.items(), key=lambda item: -len(item[1])):
+        if len(rows) < 2:
+            continue
+        where = _compress(layout.label(row) for row in rows)
+        cells = [Cell(outcome, SYMBOLS.get(outcome, ""),
+                      "" if outcome == "blank" else f"{where} · {column.check}: {outcome} on all {len(rows)} nodes")
+                 for outcome, column in zip(states, columns, strict=True)]
+        matrix_rows.append(MatrixRow(where, False, "passed", cells, rows=rows))
+    if has_cluster_row:
+        row = layout.cluster_row
+        matrix_rows.append(MatrixRow(CLUSTER_ROW, True, status_of.get(CLUSTER_ROW, ""),
+                                     cells_of(row, CLUSTER_ROW, True), rows=[row]))
+    failed_per_check: dict[str, int] = {}
+    for (_, check), (outcome, _) in worst.items():
+        if outcome in FAILED_OUTCOMES:
+            failed_per_check[check] = failed_per_check.get(check, 0) + 1
+    for column in columns:
+        column.failed = failed_per_check.get(column.check, 0)
 
     areas: list[tuple[str, int]] = []
     for column in columns:
@@ -766,6 +920,7 @@ def _areas(checks: list[dict], layout: Layout) -> list[AreaSummary]:
                                 message=_first_line(found[0][1].get("message")),
                                 anchor=_anchor(found[0][0], found[0][2]))
                     for (waived, check_name, kind, action), found in alike.items()]
+        failures = _merged_across_checks(failures)
         failures.sort(key=lambda failure: (failure.waived, -failure.count))
         ordered = {outcome: tally[outcome] for outcome in OUTCOME_RANK if outcome in tally}
         failed = sum(tally.get(outcome, 0) for outcome in FAILED_OUTCOMES)
@@ -777,11 +932,45 @@ def _areas(checks: list[dict], layout: Layout) -> list[AreaSummary]:
     return sorted(summaries, key=lambda s: (rank.get(s.status, 2), known.get(s.area, len(known))))
 
 
-def _skips(checks: list[dict], layout: Layout) -> list[Skip]:
-    skipped = [(i, c) for i, c in enumerate(checks) if _outcome(c) == "skipped"]
-    return [Skip(anchor=f"skip-{index}", where=_where(check), check=text(check.get("check")),
-                 kind=text(check.get("kind")), message=text(check.get("message")).strip())
-            for index, check in sorted(skipped, key=lambda pair: layout.order(*pair))]
+def _merged_across_checks(failures: list[AreaFailure]) -> list[AreaFailure]:
+    """Failures alike but for their check (the same nodes, kind, action and message: an
+    unreachable node fails every check so) in one line that names the checks, not one per check."""
+    alike: dict[tuple, list[AreaFailure]] = {}
+    for failure in failures:
+        alike.setdefault((failure.waived, failure.kind, failure.action, failure.where, failure.message),
+                         []).append(failure)
+    return [found[0] if len(found) == 1 else
+            dataclasses.replace(found[0], check=", ".join(f.check for f in found), checks=len(found),
+                                count=sum(f.count for f in found))
+            for found in alike.values()]
+
+
+def _skips(checks: list[dict], layout: Layout) -> tuple[list[Skip], dict[int, str]]:
+    """The skipped checks, one row per check, reason and message alike but for the node's
+    name (a profile that asks for no governor skips it on every node: one row, not 1,024),
+    in matrix order; and each skipped entry's row anchor, for the matrix's links."""
+    alike: dict[tuple[str, str, str, str], list[tuple[int, dict]]] = {}
+    skipped = sorted((entry for entry in layout.entries if entry["outcome"] == "skipped"),
+                     key=lambda entry: (entry["row"], layout.position[entry["check"]], entry["index"]))
+    for entry in skipped:
+        index, check = entry["index"], checks[entry["index"]]
+        message = text(check.get("message")).strip()
+        node = text(check.get("node"))
+        rail = check.get("rail")
+        key = (entry["check"], text(check.get("kind")), "" if rail is None else text(rail),
+               message.replace(node, "\0") if node else message)
+        alike.setdefault(key, []).append((index, check))
+    skips: list[Skip] = []
+    anchors: dict[int, str] = {}
+    for (name, kind, _, _), found in alike.items():
+        anchor = f"skip-{found[0][0]}"
+        anchors.update((index, anchor) for index, _ in found)
+        where = (_where(found[0][1]) if len(found) == 1 else
+                 _compress(dict.fromkeys(text(check.get("node")) or CLUSTER_ROW for _, check in found))
+                 + (f" rail {text(found[0][1].get('rail'))}" if found[0][1].get("rail") is not None else ""))
+        skips.append(Skip(anchor=anchor, where=where, check=name, kind=kind,
+                          message=text(found[0][1].get("message")).strip(), count=len(found)))
+    return skips, anchors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -825,15 +1014,16 @@ def _metric_row(check: dict, metric: dict, anchor: str) -> MetricRow:
     )
 
 
-def _metrics_frame(checks: list[dict], layout: Layout) -> pd.DataFrame:
-    """One line per measured metric, with the band's absolute bounds for charts and outliers."""
-    records = []
+def _metric_records(checks: list[dict], layout: Layout) -> dict[tuple[str, str], list[dict]]:
+    """(check, metric) -> one record per measurement, with the band's absolute bounds for charts
+    and outliers; in first-seen order. Plain dicts: a DataFrame per metric cost seconds at 1,024 nodes."""
+    groups: dict[tuple[str, str], list[dict]] = {}
     for index, check in enumerate(checks):
         for position, metric in enumerate(check.get("metrics") or []):
             reference = metric.get("reference") or {}
             low, high = band_of(metric)
-            records.append({
-                "check": text(check.get("check")) or "unnamed", "name": text(metric.get("name")),
+            name = (text(check.get("check")) or "unnamed", text(metric.get("name")))
+            groups.setdefault(name, []).append({
                 "unit": text(metric.get("unit")), "reference_unit": text(reference.get("unit")),
                 "row": layout.row(check), "where": _where(check), "index": index,
                 "position": position,
@@ -841,25 +1031,19 @@ def _metrics_frame(checks: list[dict], layout: Layout) -> pd.DataFrame:
                 "ok": _ok(metric.get("ok")), "low": low, "high": high,
                 "reference": _number(reference.get("value")),
             })
-    columns = ["check", "name", "unit", "reference_unit", "row", "where", "index", "position", "value",
-               "margin", "ok", "low", "high", "reference"]
-    return pd.DataFrame.from_records(records, columns=columns)
+    return groups
 
 
 def _metrics(checks: list[dict], layout: Layout, outliers: list[dict]) -> list[MetricView]:
     """One view per (check, metric), in matrix column order."""
-    frame = _metrics_frame(checks, layout)
-    if frame.empty:
-        return []
-    groups = sorted(((str(check_name), str(metric_name), group) for (check_name, metric_name), group
-                     in frame.groupby(["check", "name"], sort=False)),
-                    key=lambda item: (layout.position.get(item[0], 0), item[2]["index"].min()))
+    groups = sorted(_metric_records(checks, layout).items(),
+                    key=lambda item: (layout.position.get(item[0][0], 0), item[1][0]["index"]))
     called_out: dict[tuple[str, str], list[dict]] = {}
     for outlier in outliers:
         called_out.setdefault((text(outlier.get("check")), text(outlier.get("metric"))), []).append(outlier)
     return [_metric_view(f"metric-{number}", check_name, metric_name, group, checks, layout,
                          called_out.get((check_name, metric_name), []))
-            for number, (check_name, metric_name, group) in enumerate(groups)]
+            for number, ((check_name, metric_name), group) in enumerate(groups)]
 
 
 def _worst_first(entry: dict) -> tuple:
@@ -870,21 +1054,26 @@ def _worst_first(entry: dict) -> tuple:
             entry["index"])
 
 
-def _metric_view(key: str, check_name: str, metric_name: str, group: pd.DataFrame,
+def _metric_view(key: str, check_name: str, metric_name: str, group: list[dict],
                  checks: list[dict], layout: Layout, outliers: list[dict]) -> MetricView:
     """The table worst margin first, min/median/max, outliers (results.json's, marked on the
     chart's bars) and a bar chart for one metric."""
     standing_out = {text(o.get("node")) + (f" rail {text(o.get('rail'))}" if o.get("rail") is not None else ""): o
                     for o in outliers}
+    records = sorted(group, key=_worst_first)
+    if len(records) > FLEET_NODES:  # a fleet: the failures, the outliers, then the worst others
+        named = [entry for entry in records if _ok(entry["ok"]) is False or entry["where"] in standing_out]
+        others = [entry for entry in records if _ok(entry["ok"]) is not False and entry["where"] not in standing_out]
+        records = sorted(named, key=lambda entry: _ok(entry["ok"]) is not False) + others[:FLEET_WORST]
     table = []
-    for entry in sorted(group.to_dict("records"), key=_worst_first):
+    for entry in records:
         check = checks[entry["index"]]
         metric = check["metrics"][entry["position"]]
         anchor = _anchor(entry["index"], _outcome(check)) if _outcome(check) != "skipped" else ""
         table.append(_metric_row(check, metric, anchor))
 
-    values = group["value"].dropna()
-    unit = next((u for u in group["unit"] if u), "")
+    values = [entry["value"] for entry in group if entry["value"] is not None]
+    unit = next((entry["unit"] for entry in group if entry["unit"]), "")
     criterion = next((r.criterion for r in table if r.criterion not in ("—", "no reference")), "")
     return MetricView(
         key=key,
@@ -893,16 +1082,19 @@ def _metric_view(key: str, check_name: str, metric_name: str, group: pd.DataFram
         unit=unit,
         rows=table,
         count=len(group),
-        failed=sum(1 for row in table if row.ok is False),
-        low=_with_unit(values.min() if len(values) else None, unit),
-        median=_with_unit(values.median() if len(values) else None, unit),
-        high=_with_unit(values.max() if len(values) else None, unit),
+        failed=sum(1 for entry in group if entry["ok"] is False),
+        hidden=len(group) - len(table),
+        low=_with_unit(min(values) if values else None, unit),
+        median=_with_unit(statistics.median(values) if values else None, unit),
+        high=_with_unit(max(values) if values else None, unit),
         criterion=criterion,
         sources=list(dict.fromkeys(r.source for r in table if r.source != "—")),
-        outliers=[_called_out(where, outlier) for where, outlier in standing_out.items()],
+        outliers=[_called_out(where, outlier) for where, outlier in standing_out.items()][:OUTLIERS_NAMED],
+        outliers_more=max(len(standing_out) - OUTLIERS_NAMED, 0),
         outlier_rule=text(outliers[0].get("rule")) if outliers else "",
-        chart=(_chart(group, layout, f"{check_name} · {metric_name}", unit, standing_out)
-               if len(values) else None),
+        chart=(None if not values else
+               _histogram(group, f"{check_name} · {metric_name}", unit, standing_out) if len(values) > FLEET_NODES
+               else _chart(group, layout, f"{check_name} · {metric_name}", unit, standing_out)),
     )
 
 
@@ -926,7 +1118,7 @@ LABEL_CHAR_PX = 6.0
 LABEL_CHARS = 14
 
 
-def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str,
+def _chart(group: list[dict], layout: Layout, title: str, unit: str,
            standing_out: Optional[dict[str, dict]] = None) -> Chart:
     """Bars per node in node order on a zero-based axis, with the accepted band shaded.
 
@@ -934,14 +1126,10 @@ def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str,
     they are in the metric's own unit. standing_out (where -> outlier) marks the outliers'
     bars, unless the band already failed them.
     """
-    measured = group.dropna(subset=["value"]).sort_values(["row", "index"]).to_dict("records")
+    measured = sorted((entry for entry in group if entry["value"] is not None),
+                      key=lambda entry: (entry["row"], entry["index"]))
     values = [entry["value"] for entry in measured]
-    same_unit = all(not e["reference_unit"] or e["reference_unit"] == unit for e in measured)
-    lows = [e["low"] for e in measured if _present(e["low"])] if same_unit else []
-    highs = [e["high"] for e in measured if _present(e["high"])] if same_unit else []
-    low, high = (min(lows) if lows else None), (max(highs) if highs else None)
-    references = {e["reference"] for e in measured if _present(e["reference"])} if same_unit else set()
-    reference = references.pop() if len(references) == 1 else None
+    low, high, reference = _band_marks(measured, unit)
     marks = [m for m in (low, high, reference) if m is not None]
 
     axis_low, axis_high = min([0.0, *values, *marks]), max([0.0, *values, *marks])
@@ -990,6 +1178,96 @@ def _chart(group: pd.DataFrame, layout: Layout, title: str, unit: str,
                  ticks=[(y_of(t), format_number(t)) for t in ticks], labels=labels,
                  caption=f"{prefix}…" if prefix else "",
                  title=f"{title} ({unit})" if unit else title)
+
+
+def _band_marks(measured: list[dict], unit: str) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    """(lowest floor, highest ceiling, the one reference value) of a metric's entries, each None
+    when absent, or when a reference is in another unit than the metric's own."""
+    if not all(not e["reference_unit"] or e["reference_unit"] == unit for e in measured):
+        return None, None, None
+    lows = [e["low"] for e in measured if _present(e["low"])]
+    highs = [e["high"] for e in measured if _present(e["high"])]
+    references = {e["reference"] for e in measured if _present(e["reference"])}
+    return (min(lows) if lows else None, max(highs) if highs else None,
+            references.pop() if len(references) == 1 else None)
+
+
+HISTOGRAM_BINS = 40
+
+
+@dataclass
+class Histogram:
+    """How many nodes measured each range of a metric's values: a fleet's distribution at a glance,
+    the band shaded, the bins holding failures red and those holding outliers amber."""
+
+    width: int
+    height: int
+    plot_left: int
+    plot_right: int
+    plot_top: int
+    plot_bottom: int
+    bars: list[Bar]
+    band: Optional[tuple[float, float]]  # (x left, x right) of the accepted band, clipped to the axis
+    reference_x: Optional[float]
+    y_ticks: list[tuple[float, str]]
+    x_ticks: list[tuple[float, str]]
+    title: str
+    kind: str = "histogram"
+
+
+def _histogram(group: list[dict], title: str, unit: str, standing_out: dict[str, dict]) -> Histogram:
+    """The values' range in HISTOGRAM_BINS bins; the axis spans the values (the band's bounds
+    beyond them are in the criterion), so a tight fleet's spread stays visible."""
+    measured = [entry for entry in group if entry["value"] is not None]
+    values = [entry["value"] for entry in measured]
+    low, high, reference = _band_marks(measured, unit)
+    first, last = min(values), max(values)
+    pad = (last - first) * 0.04 or abs(first) * 0.01 or 1.0
+    axis_low, axis_high = first - pad, last + pad
+    width = (last - first) / HISTOGRAM_BINS or 1.0
+    bins: list[list[dict]] = [[] for _ in range(HISTOGRAM_BINS)]
+    for entry in measured:
+        bins[min(int((entry["value"] - first) / width), HISTOGRAM_BINS - 1)].append(entry)
+
+    def x_of(value: float) -> float:
+        fraction = (value - axis_low) / (axis_high - axis_low)
+        return round(PLOT_LEFT + fraction * (PLOT_RIGHT - PLOT_LEFT), 2)
+
+    tallest = max(len(members) for members in bins)
+    y_ticks = [t for t in nice_ticks(0.0, float(tallest)) if t == int(t)]
+    y_high = max(y_ticks[-1], tallest)
+
+    def y_of(count: float) -> float:
+        return round(PLOT_BOTTOM - count / y_high * (PLOT_BOTTOM - PLOT_TOP), 2)
+
+    bars = []
+    for number, members in enumerate(bins):
+        if not members:
+            continue
+        start = first + number * width
+        judged = [_ok(entry["ok"]) for entry in members]
+        state = ("fail" if False in judged else "outlier" if any(e["where"] in standing_out for e in members)
+                 else "none" if all(ok is None for ok in judged) else "ok")
+        named = sorted(members, key=lambda e: e["value"])
+        names = ", ".join(e["where"] for e in named[:8]) + (f" and {len(named) - 8} more" if len(named) > 8 else "")
+        left, right = x_of(start), x_of(start + width) if (last - first) else x_of(start) + 8
+        bars.append(Bar(x=left, y=y_of(len(members)), width=round(max(right - left - 1, 1.0), 2),
+                        height=round(PLOT_BOTTOM - y_of(len(members)), 2), state=state,
+                        tooltip=f"{_with_unit(start, unit)} to {_with_unit(start + width, unit)}: "
+                                f"{len(members)} node(s): {names}"))
+    band = None
+    if low is not None or high is not None:
+        left = PLOT_LEFT if low is None else min(max(x_of(low), PLOT_LEFT), PLOT_RIGHT)
+        right = PLOT_RIGHT if high is None else min(max(x_of(high), PLOT_LEFT), PLOT_RIGHT)
+        band = (left, right) if right > left else None
+    return Histogram(width=CHART_WIDTH, height=CHART_HEIGHT, plot_left=PLOT_LEFT, plot_right=PLOT_RIGHT,
+                     plot_top=PLOT_TOP, plot_bottom=PLOT_BOTTOM, bars=bars, band=band,
+                     reference_x=x_of(reference) if reference is not None and axis_low <= reference <= axis_high
+                     else None,
+                     y_ticks=[(y_of(t), format_number(t)) for t in y_ticks],
+                     x_ticks=[(x_of(t), format_number(t)) for t in nice_ticks(axis_low, axis_high)
+                              if axis_low <= t <= axis_high],
+                     title=f"{title}: nodes per value ({unit})" if unit else f"{title}: nodes per value")
 
 
 def _present(value) -> bool:
@@ -1201,7 +1479,15 @@ def _signer(signer: Optional[dict]) -> Optional[dict]:
         "fingerprint": text(signer.get("fingerprint")) or "not recorded",
         "public_key": public_key or "not recorded",
         "identity": identity,
-        "allowed_signers": f"{identity} {fields[0]} {fields[1]}" if key_ok else "",
-        "verify": (f"ssh-keygen -Y verify -f allowed_signers -I {identity} "
-                   f"-n {SIGNATURE_NAMESPACE} -s report.html.sig < report.html"),
+        # the run directory's own allowed_signers line, so that writing it there changes no digest
+        "allowed_signers": f'{identity} namespaces="{SIGNATURE_NAMESPACE}" {fields[0]} {fields[1]}' if key_ok else "",
+        "verify": _verify_command(identity, REPORT_FILE),
+        # the README's order: the list of digests, the files against it, then each signed file
+        "bundle": [_verify_command(identity, CHECKSUMS_FILE), f"sha256sum -c --strict --quiet {CHECKSUMS_FILE}",
+                   *(_verify_command(identity, name) for name in BUNDLE_SIGNED if name != CHECKSUMS_FILE)],
     }
+
+
+def _verify_command(identity: str, name: str) -> str:
+    """The stock command that checks one signed file of the run directory against its signature."""
+    return f"ssh-keygen -Y verify -f allowed_signers -I {identity} -n {SIGNATURE_NAMESPACE} -s {name}.sig < {name}"

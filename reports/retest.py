@@ -3,7 +3,8 @@
 `pytest --inventory FILE --retest RUN_DIR` makes a new run directory beside the original's. Its
 ledger header holds `retest_of`: the original's report ID and run ID, the SHA-256 of its signed
 results.json, and its outstanding checks (failed or errored; planned without a result; mandatory
-ones skipped or without a result) with the outcome each had there. Those are run again, on the
+ones skipped or without a result; and, when a node has any of those, the cluster-wide checks that
+passed without that node's facts) with the outcome each had there. Those are run again, on the
 nodes they concern (a cluster-wide check on the nodes the original ran on). The original is never
 touched, so both stay signed and the history stays visible: the addendum's report shows original
 -> re-test per check, and its verdict counts an outstanding check it did not run as the original
@@ -71,14 +72,26 @@ class Original:
         found = {test_id: entry for test_id, entry in current.items()
                  if entry["outcome"] in FAILED_OUTCOMES or entry["outcome"] == NOT_RUN
                  or (entry["outcome"] == "skipped" and entry["check"] in mandatory)}
-        if is_retest(self.record):  # what passed before it is on the record it re-tested
-            return list(found.values())
-        seen = {(entry["check"], entry["node"]) for entry in current.values()}
-        for test_id, (check, node) in known.items():
-            if check in mandatory and (check, node) not in seen and test_id not in found:
-                found[test_id] = {"test_id": test_id, "check": check, "node": node, "outcome": NOT_RUN,
-                                  "kind": None, "message": ""}
-        return list(found.values())
+        if not is_retest(self.record):  # a re-test's passes are on the record it re-tested
+            seen = {(entry["check"], entry["node"]) for entry in current.values()}
+            for test_id, (check, node) in known.items():
+                if check in mandatory and (check, node) not in seen and test_id not in found:
+                    found[test_id] = {"test_id": test_id, "check": check, "node": node, "outcome": NOT_RUN,
+                                      "kind": None, "message": ""}
+        return list(found.values()) + self._cluster_wide_again(found, current, known)
+
+    @staticmethod
+    def _cluster_wide_again(found: dict[str, dict], current: dict[str, dict],
+                            known: dict[str, tuple[str, Optional[str]]]) -> list[dict]:
+        """The cluster-wide checks that passed while a node re-tested now was failing or had no
+        result: they judged the cluster without that node's facts (uniformity without node2's
+        memory), so the repaired node is not yet judged beside its peers. Run again, still
+        collected, when any node has a check to run again."""
+        if not any(entry.get("node") for entry in found.values()):
+            return []
+        return [entry for test_id, entry in current.items()
+                if entry.get("node") is None and entry["outcome"] == "passed" and test_id in known
+                and test_id not in found]
 
 
 def load_original(run_dir: Path) -> Original:

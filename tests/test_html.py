@@ -1,15 +1,15 @@
 """The HTML report: what it shows, that untrusted strings stay inert, and that it stands alone."""
 from __future__ import annotations
 
+import json
 import re
-import time
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Optional
 
 import pytest
 
-from reports.html import format_margin, format_number, render_html, write_html
+from reports.html import NODE_SEARCH_SCRIPT, format_margin, format_number, render_html, write_html
 from reports.results import outliers
 from reports.verdict import cluster_status
 from runners.pairs import sample_pairs
@@ -283,11 +283,14 @@ def test_untrusted_strings_are_escaped_everywhere():
                        tools=[{"node": evil, "tool": evil, "version": evil}])
     document["signer"] = {"fingerprint": evil, "public_key": f"ssh-ed25519 AAAA {evil}"}
     output = render_html(document)
-    assert "<script" not in output.lower()
-    assert "<img" not in output.lower()
+    assert output.lower().count("<script") == 2  # the node search's data block and its code: ours
+    assert SCRIPT not in output and "<img" not in output.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img" in output
     root = parse(output)
-    assert not root.find_all("script") and not root.find_all("img")
+    data, code = root.find_all("script")
+    assert data.attrs == {"type": "application/json", "id": "node-data"} and code.text() == NODE_SEARCH_SCRIPT
+    assert json.loads(data.text())["nodes"][0][0] == evil  # in the data, as JSON escapes
+    assert not root.find_all("img")
     assert all(not name.startswith("on") for e in root.iter() for name in e.attrs)
     assert [label for label, _ in matrix_rows(root)] == [evil, "cluster"]
 
@@ -295,7 +298,8 @@ def test_untrusted_strings_are_escaped_everywhere():
 def test_report_loads_nothing_from_outside():
     output = render_html(cluster_of(4, ["memory", "cpu"])).lower()
     for pattern in (r"src\s*=\s*[\"']?\s*(https?:)?//", r"href\s*=\s*[\"']?\s*(https?:)?//",
-                    r"@import", r"url\(", r"<link", r"<script", r"<iframe", r"<object"):
+                    r"@import", r"url\(", r"<link", r"<script[^>]*src", r"<iframe", r"<object",
+                    r"fetch\(", r"xmlhttprequest", r"\.src\s*=", r"import\("):
         assert not re.search(pattern, output), pattern
 
 
@@ -330,13 +334,10 @@ def test_metric_chart_draws_band_and_marks_nodes_below_it():
     assert not root.find("section", "metric").find_all("div", "outliers")  # 3 nodes: too few to compare
 
 
-def test_large_cluster_renders_quickly_and_stays_small():
+def test_sixty_four_nodes_keep_a_row_each_and_stay_small():
+    """Speed is bench/report.py's to measure (README); here, what the page holds."""
     document = cluster_of(64, [f"check{k:02d}" for k in range(12)])
-    render_html(document)
-    started = time.perf_counter()
     output = render_html(document)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 2.0, f"{elapsed:.2f} s"
     assert len(output.encode()) < 3_000_000
     rows = matrix_rows(parse(output))
     assert len(rows) == 64 and all(cells == ["✓"] * 12 for _, cells in rows)
@@ -376,7 +377,15 @@ def test_signer_and_verification_command_are_shown():
     assert "SHA256:abcdefghijklmnop" in provenance
     assert ("ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover "
             "-s report.html.sig < report.html") in provenance
-    assert "handover@vm ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample" in provenance
+    assert 'handover@vm namespaces="handover" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample' in provenance
+    bundle = root.by_id("verify-bundle").parent.find_all("pre", "cmd")[-1].text().splitlines()
+    assert bundle == [  # the README's order: the digests' list, the files against it, each signed file
+        "ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover -s manifest.sha256.sig < manifest.sha256",
+        "sha256sum -c --strict --quiet manifest.sha256",
+        "ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover -s results.json.sig < results.json",
+        "ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover -s report.html.sig < report.html",
+        "ssh-keygen -Y verify -f allowed_signers -I handover@vm -n handover -s manifest.json.sig < manifest.json",
+    ]
 
 
 def test_provenance_lists_inventory_harness_and_tools():
@@ -516,21 +525,18 @@ def test_pair_heatmap_escapes_node_names_and_messages():
                                              ("n2", "n3"): (5.0, "ok")},
                          outcomes={evil: "failed"}, messages={evil: evil})
     output = render_html(results([evil, "n2", "n3"], checks, status="NOT CERTIFIED"))
-    assert "<script" not in output.lower() and "<img" not in output.lower()
+    assert SCRIPT not in output and "<img" not in output.lower()
     root = parse(output)
     cells = heat_cells(root.find("section", "heatmap"))
     assert (evil, "n2") in cells and evil in cells[("n3", evil)].attrs["title"]
 
 
-def test_sixty_four_node_heatmap_renders_fast_and_compact():
+def test_sixty_four_node_heatmap_is_compact():
     nodes = [f"gpu{i:03d}" for i in range(1, 65)]
     links = {(a, b): (2.0, "low") if "gpu017" in (a, b) else (9.0, "ok")
              for i, a in enumerate(nodes) for b in nodes[i + 1:]}
     document = results(nodes, link_checks(nodes, links, median=9.0))
-    started = time.perf_counter()
     output = render_html(document)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 3.0, f"{elapsed:.2f} s"
     root = parse(output)
     table = root.find("section", "heatmap").find("table", "heat")
     assert "compact" in table.classes() and len(table.find("tbody").find_all("tr")) == 64
@@ -573,3 +579,38 @@ def test_heatmap_amber_is_the_suites_low_state_and_the_legend_names_the_runs_fra
     else:
         percent = f"{fraction * 100:g}%"
         assert f"low vs median (over {percent} off)" in document and f"more than {percent} from the median" in document
+
+
+def test_a_fleet_shares_rows_among_alike_nodes_and_summarises_each_metric():
+    """100 nodes, one failed and one slow: each has its row, first; the 98 others, passed and
+    alike, are one row named by their hostlist; a governor skipped everywhere is one skipped row;
+    each metric is a histogram, its table the failure, the outlier and the worst others; every
+    node's figures are in the node search's data."""
+    nodes = [f"gpu{i:03d}" for i in range(1, 101)]
+    values = {node: 20.0 + (i % 5) * 0.1 for i, node in enumerate(nodes)}
+    values["gpu040"], values["gpu070"] = 3.0, 14.0  # below the floor; within it, far from the median
+    checks = [check(node, "memory", "failed" if values[node] < 4 else "passed",
+                    metrics=(metric("memory_total", values[node], floor=4.0),)) for node in nodes]
+    checks += [check(node, "governor", "skipped", kind="not-applicable",
+                     message=f"{node}: profile asks for no governor") for node in nodes]
+    document = results(nodes, checks, status="NOT CERTIFIED")
+    output = render_html(document)
+    root = parse(output)
+    rows = root.find("table", "matrix").find("tbody").find_all("tr")
+    labels = [tr.find("th").text().strip() for tr in rows]
+    assert labels[:2] == ["gpu040", "gpu070"] and len(rows) == 3
+    assert labels[2].startswith("98 nodes alike") and "gpu[001-039,041-069,071-100]" in labels[2]
+    assert [td.text().strip() for td in rows[2].find_all("td") if "status" not in td.classes()] == ["✓", "–"]
+
+    skip_table = next(t for t in root.find_all("table", "data") if "Why" in t.find("thead").text())
+    skipped = skip_table.find("tbody").find_all("tr")
+    assert len(skipped) == 1 and "gpu[001-100]" in skipped[0].text() and "(100)" in skipped[0].text()
+    section = root.find("section", "metric")
+    assert section.find("svg", "chart").find("title").text().startswith("memory · memory_total: nodes per value")
+    table = metric_table(root, "memory_total")
+    assert [row[0] for row in table[:2]] == ["gpu040", "gpu070"] and len(table) == 2 + 10
+    assert "88 more node(s)" in section.text()
+
+    data = json.loads(root.by_id("node-data").text())
+    figures = {node[0]: node[5][0][5][0][1] for node in data["nodes"]}
+    assert figures == values

@@ -283,7 +283,8 @@ def test_the_outstanding_checks_are_failures_missing_results_and_unrun_mandatory
                                            ("os", "n1"), ("os", "n2"), ("ecc", "n1"), ("uniformity", None)))
     assert [(row["check"], row["node"], row["outcome"]) for row in found] == [
         ("memory", "n2", "failed"), ("kernel", "n1", "error"), ("kernel", "n2", NOT_RUN),
-        ("os", "n1", NOT_RUN), ("os", "n2", NOT_RUN)]
+        ("os", "n1", NOT_RUN), ("os", "n2", NOT_RUN),
+        ("uniformity", None, "passed")]  # it passed without n2's memory: judged again beside n2's
     assert found[0]["message"] == "memory_total = 1 GiB"  # the first line, as the table shows it
     assert original.header(found)["report_id"] == "POD-20261201T100000Z-0000000a"
 
@@ -349,3 +350,28 @@ def test_the_addendum_table_escapes_what_tools_printed(original):
     assert "<script>alert" not in html and "<img onerror" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img onerror=alert(2)&gt;" in html
     assert "Addendum to <span class=\"mono\">POD-20261201T100000Z-0000000a</span>" in html
+
+
+def test_a_cluster_wide_pass_is_judged_again_only_beside_a_retested_node():
+    """uniformity passed while n2's memory failed: re-testing n2 runs it again, and its new
+    outcome is the addendum's; with only a cluster-wide failure outstanding, no other cluster
+    check is re-run, and one no longer collected is not asked for."""
+    checks = [entry("memory", "n1", "passed"), entry("memory", "n2", "failed"), entry("uniformity", None, "passed"),
+              entry("os", "n1", "passed"), entry("os", "n2", "passed")]
+    first = Original(Path("/nowhere"), record(checks, [c["test_id"] for c in checks]), "POD-1", "2" * 64)
+    everything = collected(("memory", "n1"), ("memory", "n2"), ("uniformity", None), ("os", "n1"), ("os", "n2"))
+    outstanding = first.outstanding(everything)
+    assert [(row["check"], row["node"], row["outcome"]) for row in outstanding] == [
+        ("memory", "n2", "failed"), ("uniformity", None, "passed")]
+    assert [row["check"] for row in first.outstanding(everything[:2])] == ["memory"]  # uniformity not collected
+
+    retested = [entry("memory", "n2", "passed"), entry("uniformity", None, "failed", "n2 has 4 GiB, n1 8 GiB")]
+    retest = record(retested, [c["test_id"] for c in retested], "20261202T100000Z-0000000b", first.header(outstanding))
+    results, verdict = build_addendum(retest)
+    assert verdict.status == NOT_CERTIFIED
+    assert {row["check"]: row["retest"]["outcome"] for row in results["retest"]} == {"memory": "passed",
+                                                                                    "uniformity": "failed"}
+
+    cluster_only = [entry("memory", "n1", "passed"), entry("uniformity", None, "failed"), entry("os", None, "passed")]
+    only = Original(Path("/nowhere"), record(cluster_only, [c["test_id"] for c in cluster_only]), "POD-2", "2" * 64)
+    assert [row["check"] for row in only.outstanding(collected(("uniformity", None), ("os", None)))] == ["uniformity"]
