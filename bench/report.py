@@ -71,8 +71,10 @@ def synthetic_ledger(template: list[dict], count: int, seed: int = 1) -> list[di
             if copied["type"] == "check":
                 vary(copied, rng, scale)
                 if index % UNREACHABLE_EVERY == UNREACHABLE_EVERY // 2:
-                    copied.update(outcome="failed", kind="unreachable", metrics=[], pairs=copied.get("pairs", []),
+                    copied.update(outcome="failed", kind="unreachable", metrics=[],
                                   message=f"{copied['node']} unreachable: no answer within the connect timeout (10 s)")
+                    if "pairs" in copied:  # a pair check measured none; other checks gain no pairs key
+                        copied["pairs"] = []
                 elif index % FAILED_EVERY == FAILED_EVERY // 3 and position == 3:
                     copied.update(outcome="failed", kind="expectation",
                                   message=f"{copied['node']}: not what the profile expects")
