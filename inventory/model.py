@@ -273,6 +273,9 @@ class LaunchSettings:
     account: Optional[str] = None
     reservation: Optional[str] = None
     time_limit_min: Optional[int] = None
+    # The Slurm job the run's steps go in: set by the harness once it holds its allocation
+    # (runners.slurm.Allocation), never read from an inventory.
+    allocation: Optional[str] = None
 
 
 @dataclass(frozen=True)

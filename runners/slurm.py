@@ -36,10 +36,10 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from inventory.model import LaunchSettings, Node
-from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, SrunLauncher, allocation_options
+from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, allocation_options
 from runners.parsing import ParseError
 from runners.transport import (
     HARNESS_GRACE_S,
@@ -52,10 +52,8 @@ from runners.transport import (
     node_timed_out,
 )
 
-if TYPE_CHECKING:
-    from runners.torchrun import Launch
-
-SINFO, SCANCEL, SQUEUE = "sinfo", "scancel", "squeue"
+SINFO, SCANCEL, SQUEUE, SALLOC = "sinfo", "scancel", "squeue", "salloc"
+ALLOCATION_PREFIX = JOB_PREFIX + "run-"  # the harness's own allocation: handover-run-<hex>
 CLIENT_TIMEOUT_S = 30  # sinfo, squeue, scancel
 KILL_WAIT_S = 10  # how long srun may take to end after its step was cancelled
 BATCH_QUIET_S = 0.05  # a batch closes once no node's command came for this long ...
@@ -67,6 +65,7 @@ USABLE_STATES = ("idle", "mix", "alloc", "comp", "resv", "plnd")
 # % powering down, $ maintenance reservation, @ pending reboot, ^ reboot issued, - planned
 _STATE_FLAGS = "*~#!%$@^-"
 _LAUNCH_FAILED = re.compile(r"Task launch for StepId=\S+ failed on node (\S+?): (.+)$")
+_GRANTED = re.compile(r"Granted job allocation (\d+)")
 
 # Runs on every node of a batch with the node's interpreter; its text is fixed, the batch is data.
 DISPATCH = r"""
@@ -78,11 +77,14 @@ def frame(kind, data):
     text = base64.b64encode(data).decode()
     for start in range(0, len(text), CHUNK):
         sys.stdout.write("@hov %s %s %s\n" % (me, kind, text[start:start + CHUNK]))
+# The node's command runs as it would over SSH: without the step's SLURM_* variables, which
+# would make an srun it starts (HPL's, nccl-tests') a step of this one-node step.
+env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
 if job is not None:
     started = time.monotonic()
     given = job["stdin"]
     try:
-        proc = subprocess.run(job["argv"], capture_output=True,
+        proc = subprocess.run(job["argv"], capture_output=True, env=env,
                               **({"input": batch["inputs"][given].encode()} if given is not None
                                  else {"stdin": subprocess.DEVNULL}))
         code, out, err = proc.returncode, proc.stdout, proc.stderr
@@ -174,6 +176,12 @@ def read_frame(line: str, frames: dict[str, Frames]) -> Optional[str]:
     return None
 
 
+def parse_granted(line: str) -> Optional[str]:
+    """The job ID from salloc's `Granted job allocation N` line, None for any other line."""
+    match = _GRANTED.search(line)
+    return match.group(1) if match else None
+
+
 # -- argv ---------------------------------------------------------------------------------------
 
 def minutes_for(seconds: float) -> int:
@@ -188,6 +196,18 @@ def batch_argv(nodes: Sequence[str], python: str, settings: LaunchSettings, *, n
             f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--immediate={IMMEDIATE_S}",
             f"--job-name={name}", "--input=all", "--kill-on-bad-exit=0", "--quiet",
             *allocation_options(settings, minutes=minutes_for(timeout)), python, "-c", DISPATCH]
+
+
+def allocation_argv(nodes: Sequence[str], settings: LaunchSettings, *, name: str) -> list[str]:
+    """salloc for the run's nodes, whole (an acceptance run measures them alone), with the
+    inventory's partition, account, reservation and time limit; --immediate: a node Slurm cannot
+    give at once fails the request instead of queueing the run. Its command is `cat` on this
+    machine, reading the harness's pipe: when the harness ends, however it ends, cat reads the
+    end of its input and salloc gives the allocation back, ending every step in it."""
+    return [SALLOC, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", "--exclusive",
+            f"--immediate={IMMEDIATE_S}", f"--job-name={name}",
+            *allocation_options(dataclasses.replace(settings, allocation=None), minutes=None),
+            "--", "cat"]
 
 
 # -- running Slurm's clients ------------------------------------------------------------------
@@ -208,7 +228,7 @@ def node_states(nodes: Sequence[str]) -> dict[str, NodeState]:
     """What Slurm says of each node now; a node it does not know is left out."""
     done = client([SINFO, "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%t|%E"])
     if done.returncode != 0:
-        raise SlurmError(f"sinfo exited {done.returncode}: {_last_line(done.stderr)}")
+        raise SlurmError(f"sinfo exited {done.returncode}: {last_line(done.stderr)}")
     return parse_sinfo_nodes(done.stdout)
 
 
@@ -223,7 +243,8 @@ def cancel(name: str) -> None:
         client([SCANCEL, f"--name={name}"])
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last line of a client's message: the one that says what went wrong."""
     return (text.strip().splitlines() or [""])[-1]
 
 
@@ -261,50 +282,61 @@ def run_here(argv: Sequence[str], *, name: str, timeout: float, node: str = "slu
                   full_command=shlex.join(argv))
 
 
-def torchrun_across(transports: Mapping[str, Transport], torchrun_argv: Sequence[str], *,
-                    settings: LaunchSettings, marker: str, timeout: float,
-                    env: Optional[Mapping[str, str]] = None) -> "Launch":
-    """torchrun on every node as one srun step (one task per node, torchrun starts the ranks),
-    from this machine. Each task runs under the dispatcher, so each node's output comes back
-    whole and apart (srun cuts long lines). The step is named by the run's marker, so a timeout
-    or Ctrl-C cancels it; --kill-on-bad-exit ends the others when one node's torchrun fails;
-    leftovers are looked for on every node afterwards."""
-    from runners.torchrun import Launch, find_leftovers
+class Allocation:
+    """The run's own Slurm allocation, asked for when the harness does not run inside one: every
+    srun of the run is a step of it (--jobid, --overlap), and releasing it ends them all.
 
-    nodes = list(transports)
-    seconds = max(1, int(round(timeout)))
-    command = ["env", *(f"{k}={v}" for k, v in (env or {}).items()),
-               "timeout", "-k", "5", str(seconds), *torchrun_argv]
-    python = transports[nodes[0]].node.python
-    launcher = SrunLauncher(settings=settings, job_name=marker, time_min=minutes_for(timeout),
-                            options=("--input=all",))
-    argv = launcher.argv(nodes, 1, [python, "-c", DISPATCH])
-    batch = json.dumps({"inputs": [], "nodes": {node: {"argv": command, "stdin": None} for node in nodes}})
-    step = run_here(argv, name=marker, timeout=timeout, node=nodes[0], stdin=batch)
-    frames: dict[str, Frames] = {}
-    for line in step.stdout.splitlines():
-        read_frame(line, frames)
-    failed = parse_launch_failures(step.stderr)
-    shown = shlex.join(argv[:argv.index("-c") + 1] + ["<dispatcher>", *command])
-    results = {}
-    for node in nodes:
-        found = frames.get(node, Frames())
-        if found.end is not None:
-            code, duration = found.end
-            result = Result(node, "srun torchrun", code, found.text("out"), found.text("err"), duration,
-                            timed_out=node_timed_out(code, duration, timeout))
-        elif node in failed:
-            result = Result(node, "srun torchrun", None, "", "", step.duration_s, failure="unreachable",
-                            detail=f"Slurm could not start the task on {node}: {failed[node]}")
-        else:
-            result = Result(node, "srun torchrun", None, found.text("out"), found.text("err") or step.stderr,
-                            step.duration_s, timed_out=step.timed_out, failure=step.failure or (
-                                None if step.timed_out else "error"),
-                            detail=step.detail or f"srun exited {step.exit_code} without {node}'s result: "
-                                                  f"{_last_line(step.stderr) or 'no message'}")
-        results[node] = dataclasses.replace(result, full_command=shown)
-    first = next((node for node in nodes if not results[node].ok), None)
-    return Launch(results, first, (), find_leftovers(transports, marker), marker)
+    salloc holds it while its command runs, and that command reads a pipe only the harness
+    writes to: Ctrl-C, SIGTERM, an error or the end of the run release it (release()), and a
+    SIGKILLed harness closes the pipe, which releases it too. Where the harness's whole machine
+    is lost, the allocation's --time (the inventory's time_limit) bounds it.
+    """
+
+    def __init__(self, nodes: Sequence[str], settings: LaunchSettings):
+        self.name = ALLOCATION_PREFIX + secrets.token_hex(6)
+        self.argv = allocation_argv(nodes, settings, name=self.name)
+        self.nodes = list(nodes)
+        self.job: Optional[str] = None
+        self._messages: list[str] = []
+        self._granted = threading.Event()
+        try:
+            self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True, errors="replace",
+                                          start_new_session=True)
+        except FileNotFoundError:
+            raise SlurmError(f"`{SALLOC}` is not installed here: the slurm engine needs Slurm's "
+                             "clients on the harness's machine") from None
+        threading.Thread(target=self._read, daemon=True, name="salloc").start()
+        if not self._granted.wait(IMMEDIATE_S + CLIENT_TIMEOUT_S) or self.job is None:
+            self.release()
+            why = last_line("".join(self._messages)) or "no answer"
+            raise SlurmError(f"salloc for {len(self.nodes)} node(s) gave no allocation: {why}")
+
+    def _read(self) -> None:
+        assert self._proc.stderr is not None
+        for line in self._proc.stderr:
+            self._messages.append(line)
+            if self.job is None:
+                self.job = parse_granted(line)
+                if self.job is not None:
+                    self._granted.set()
+        self._granted.set()  # salloc ended: granted or not, nothing more comes
+
+    def release(self) -> None:
+        """Give the allocation back (its steps end on every node); idempotent."""
+        proc = self._proc
+        try:
+            if proc.stdin is not None and not proc.stdin.closed:
+                proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            if self.job is not None:
+                client([SCANCEL, self.job])
+            _stop(proc)
+            proc.wait()
 
 
 def lease_kill_argv(lease: str, *, root: bool) -> list[str]:
@@ -478,7 +510,7 @@ class SlurmSteps:
                 _finish(entry, failure="unreachable", detail=state.explain())
             else:
                 _finish(entry, failure="error", detail=f"srun exited {proc.returncode} without "
-                        f"{name}'s result: {_last_line(stderr) or 'no message'}", output=partial)
+                        f"{name}'s result: {last_line(stderr) or 'no message'}", output=partial)
 
     def _expire(self, batch: _Batch, proc: subprocess.Popen) -> None:
         """The harness-side deadline: cancel the step, then make sure srun itself is gone."""
