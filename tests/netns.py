@@ -697,6 +697,11 @@ class SlurmCluster:
         done = self.client("squeue", "-h", "-s", "-o", "%i %j %N")
         return [line for line in done.stdout.splitlines() if line.strip()]
 
+    def jobs(self) -> list[str]:
+        """Jobs in squeue, whatever their state, as `JOBID NAME STATE` lines."""
+        done = self.client("squeue", "-h", "-o", "%i %j %T")
+        return [line for line in done.stdout.splitlines() if line.strip()]
+
     def kill_slurmd(self, name: str) -> None:
         """Kill the node's slurmd (again: a no-op); slurmctld notices within a few SlurmdTimeouts."""
         proc = self._slurmds[name]

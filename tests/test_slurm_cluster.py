@@ -22,11 +22,14 @@ from nodes import unique_sleep, wait_for_no_leftovers
 from test_e2e import ROOT, results_of, run_dir_of
 
 from inventory.loader import InventoryError, load_inventory
+from runners import hpl
+from runners.cluster import ClusterRun
 from runners.fanout import fan_out
 from runners.slurm import SlurmSteps, SlurmTransport
 from runners.transport import Transport
 
 STEP_WAIT_S = 60  # how long the Ctrl-C test waits for the harness to start an srun step
+SLOW_TESTS = "HANDOVER_SLOW_TESTS"
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +143,42 @@ def test_ctrl_c_during_an_srun_step_leaves_nothing(slurm_nodes, sign_key, tmp_pa
     assert slurm.steps() == []
     assert tasks_on_nodes() == []
     assert results_of(run_dir_of(tmp_path / "out", "nscluster"))["run"]["interrupted"] is True
+
+
+@pytest.mark.skipif(not os.environ.get(SLOW_TESTS), reason=f"about 40 s of hpcc across two namespace "
+                    f"nodes under srun; {SLOW_TESTS}=1 runs it")
+def test_hpl_across_two_nodes_under_srun(slurm_nodes, tmp_path, monkeypatch):
+    """test_hpl_cluster's path under `launch: {engine: slurm}` at the quick N: the run's own
+    allocation, the MPI launcher the inventory chooses (srun --mpi=pmix, started on node1 through
+    the slurm transport), hpcc's ranks on node1 and node2; the residual PASSED, and once the run
+    is closed no job is left in squeue and no task on a node."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    path = nodes.write_inventory(tmp_path / "cluster.yaml", extra={
+        "transport": "slurm", "launch": {"engine": "slurm", "time_limit": 10},
+        "scratch": [{"path": str(shared), "kind": "shared"}]})
+    cluster = load_inventory(path)
+    names = ["node1", "node2"]
+    run = ClusterRun(cluster, [cluster.node(name) for name in names], lambda step, result: [])
+    try:
+        hpl_input = hpl.plan_input(hpl.QUICK, 4 << 30, 2, hpl.DEFAULT_NB["hpcc"])
+        timeout = hpl.timeout_for(hpl.QUICK, hpl_input)
+        launcher = run.mpi_launcher("node1", timeout=timeout)
+        argv = hpl.command("hpcc", launcher, launcher.hosts(run.nodes), 1)
+        assert argv[:2] == ["srun", "--nodelist=node1,node2"] and "--mpi=pmix" in argv
+        assert f"--jobid={run.launch.allocation}" in argv
+        result = hpl.run_on_scratch(run.transport("node1"), str(shared), cluster.scratch, "hpcc",
+                                    hpl_input, argv, timeout=timeout)
+    finally:
+        run.close()
+    assert result.ok, result.stderr[-2000:]
+    hpcc = hpl.parse_hpl(result.stdout)
+    assert hpcc.ok and all(r.passed and r.p * r.q == 2 for r in hpcc.results)
+    assert list(shared.iterdir()) == []
+    assert slurm.jobs() == [] and tasks_on_nodes() == []
 
 
 def test_training_across_nodes_through_the_slurm_launcher(slurm_nodes, sign_key, tmp_path):
