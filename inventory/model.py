@@ -287,7 +287,7 @@ class Cluster:
     groups: dict[str, tuple[str, ...]]  # group name -> node names
     scratch: tuple[ScratchPath, ...]
     source_path: str  # the inventory file, absolute
-    digest: str  # sha256 of the inventory file's bytes
+    digest: str  # sha256 of the inventory file's bytes and of the slurm.conf/Ansible files its nodes: read
     # The interface multi-node jobs' sockets use (Gloo/NCCL bootstrap, mpirun's TCP); None: each
     # node's route toward its peers decides.
     launch_interface: Optional[str] = None
