@@ -25,7 +25,7 @@ from typing import Callable, Optional
 from inventory.model import Cluster, LaunchSettings, Node
 from runners.fanout import Progress, fan_out
 from runners.launchers import Launcher, mpi_launcher, uses_srun
-from runners.slurm import Allocation, SlurmError, SlurmSteps, SlurmTransport, node_states
+from runners.slurm import Allocation, LeaseStep, SlurmError, SlurmSteps, SlurmTransport, node_states
 from runners.transport import Loss, Result, Transport, clock, make_transport
 
 ALLOCATION_STEP = "slurm_allocation"  # the raw record of the run's salloc
@@ -82,6 +82,17 @@ class ClusterRun:
                                                full_command=shlex.join(allocation.argv)))
         self._launch = dataclasses.replace(self.cluster.launch, allocation=allocation.job)
 
+    def _lease_step(self, launch: LaunchSettings) -> Optional[LeaseStep]:
+        """The slurm transports' watchdog, on the allocation's nodes; none without the allocation."""
+        if self._allocation is None:
+            return None
+        nodes = [self.cluster.node(name) for name in self._allocation.nodes]
+        try:
+            return LeaseStep(self._allocation.nodes, launch, root=any(node.sudo for node in nodes))
+        except SlurmError as exc:
+            log.warning("no lease step for the slurm transport: %s", exc)
+            return None
+
     def mpi_launcher(self, first: str, *, as_root: bool = False, oversubscribe: bool = False,
                      interfaces: tuple[str, ...] = (), export_env: tuple[str, ...] = (),
                      timeout: Optional[float] = None) -> Launcher:
@@ -98,7 +109,7 @@ class ClusterRun:
                 launch = self._launch_settings()
                 if spec.transport == "slurm":
                     if self._slurm_steps is None:
-                        self._slurm_steps = SlurmSteps(launch)
+                        self._slurm_steps = SlurmSteps(launch, self._lease_step(launch))
                     self._transports[node] = SlurmTransport(spec, self._slurm_steps)
                 else:
                     self._transports[node] = make_transport(spec)
@@ -144,6 +155,8 @@ class ClusterRun:
             fan_out(slurm, lambda transport: slurm[transport.node.name].release(), name="release")
         for transport in self._transports.values():
             transport.close()
+        if self._slurm_steps is not None and self._slurm_steps.lease is not None:
+            self._slurm_steps.lease.close()
         if self._allocation is not None:  # last: its end would end the release's srun too
             self._allocation.release()
             self._allocation = None

@@ -48,6 +48,7 @@ from runners.transport import (
     Result,
     Transport,
     kill_argv,
+    lease_argv,
     new_tag,
     node_timed_out,
 )
@@ -346,6 +347,61 @@ def lease_kill_argv(lease: str, *, root: bool) -> list[str]:
     return argv
 
 
+def lease_step_argv(nodes: Sequence[str], settings: LaunchSettings, *, lease: str, name: str,
+                    root: bool) -> list[str]:
+    """One task per node running runners.transport's lease (waiting for the end of its input
+    only), its input the harness's pipe (--input=all). SIGTERM and SIGHUP are ignored from the
+    start (an ignored signal stays ignored through exec), so that when the allocation ends
+    first, the lease still lives the job's KillWait: long enough to kill what it tags."""
+    return [SRUN, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            "--ntasks-per-node=1", f"--immediate={IMMEDIATE_S}", f"--job-name={name}", "--input=all",
+            "--kill-on-bad-exit=0", "--quiet", *allocation_options(settings),
+            "sh", "-c", "trap '' TERM HUP; exec \"$@\"", "handover-lease-step",
+            *lease_argv(lease, patience_s=0, root=root)]
+
+
+class LeaseStep:
+    """The node-side watchdog of a session's slurm transports, as an SSH connection's lease is of
+    its node's: one step of the run's allocation on all its nodes, whose input is a pipe only the
+    harness writes to. When the input ends (close(), or the harness died however it died), each
+    node's lease kills every process carrying the session's lease tag, such as a node lock's
+    holder, which left its own step's process tree (Slurm's proctrack/linuxproc does not follow
+    it; proctrack/cgroup would end it with the step that started it, the lock with it)."""
+
+    def __init__(self, nodes: Sequence[str], settings: LaunchSettings, *, root: bool):
+        self.tag = new_tag()
+        self.name = JOB_PREFIX + "lease-" + secrets.token_hex(6)
+        self.argv = lease_step_argv(nodes, settings, lease=self.tag, name=self.name, root=root)
+        try:
+            self._proc: Optional[subprocess.Popen] = subprocess.Popen(
+                self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+        except FileNotFoundError:
+            raise SlurmError(f"`{SRUN}` is not installed here: the slurm transport needs Slurm's "
+                             "clients on the harness's machine") from None
+
+    @property
+    def standing(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def close(self) -> None:
+        """End the input: every node's lease kills what it tags, and the step ends."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            cancel(self.name)
+            _stop(proc)
+            proc.wait()
+
+
 # -- the transport ------------------------------------------------------------------------------
 
 @dataclass
@@ -376,8 +432,9 @@ class _Batch:
 class SlurmSteps:
     """Batches the per-node commands of a session's slurm transports into sruns (module docstring)."""
 
-    def __init__(self, settings: LaunchSettings):
+    def __init__(self, settings: LaunchSettings, lease: Optional[LeaseStep] = None):
         self.settings = settings
+        self.lease = lease  # the session's node-side watchdog, where the run has its allocation
         self._lock = threading.Lock()
         self._open: dict[str, _Batch] = {}  # interpreter -> the batch still taking commands
         self._running: dict[str, _Batch] = {}  # tag -> the batch its command is in
@@ -564,9 +621,11 @@ class SlurmTransport(Transport):
         self.steps = steps
 
     def _open(self) -> Lease:
+        """The session's lease step's tag where there is one; else a tag of the node's own, and
+        slurmstepd is the watchdog (a step's tasks end with it)."""
         with self._lock:
             if self._lease is None:
-                self._lease = Lease(new_tag())  # slurmstepd is the watchdog: a step's tasks end with it
+                self._lease = Lease(self.steps.lease.tag if self.steps.lease is not None else new_tag())
             return self._lease
 
     def _execute(self, lease, command, *, display, stdin, timeout):

@@ -86,7 +86,8 @@ def test_system_suite_through_the_slurm_transport(slurm_nodes, sign_key, tmp_pat
     runs every step in it and gives it back: no job is left in squeue."""
     nodes, slurm = slurm_nodes
     path = inventory(slurm_nodes, tmp_path / "cluster.yaml")
-    path.write_text(path.read_text().split("nodes:")[0] + f"nodes:\n- slurm: {{conf: {slurm.conf}, partition: debug}}\n")
+    listed = f"nodes:\n- slurm: {{conf: {slurm.conf}, partition: debug}}\n"
+    path.write_text(path.read_text().split("nodes:")[0] + listed)
     done = run_pytest(slurm, path, tmp_path / "out", sign_key, "-m", "system and quick")
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = run_dir_of(tmp_path / "out", "nscluster")
