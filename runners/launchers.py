@@ -139,11 +139,16 @@ class MpirunLauncher(Launcher):
 
 def allocation_options(settings: LaunchSettings, *, minutes: Optional[int] = None) -> list[str]:
     """Where srun runs: a step of the run's allocation (the harness's, or the one it runs in), or
-    a job of its own from the inventory's partition, account, reservation and time limit (the
-    shorter of it and `minutes`)."""
+    a job of its own (job_options)."""
     job = settings.allocation or os.environ.get("SLURM_JOB_ID")
     if job:
         return [f"--jobid={job}", "--overlap"] + ([f"--time={minutes}"] if minutes else [])
+    return job_options(settings, minutes=minutes)
+
+
+def job_options(settings: LaunchSettings, *, minutes: Optional[int] = None) -> list[str]:
+    """A new job's: the inventory's partition, account, reservation and time limit (the shorter
+    of it and `minutes`)."""
     options = [f"--partition={settings.partition}"] if settings.partition else []
     options += [f"--account={settings.account}"] if settings.account else []
     options += [f"--reservation={settings.reservation}"] if settings.reservation else []

@@ -24,7 +24,6 @@ limit (`launch: {engine: slurm, ...}`).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import math
 import os
@@ -39,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from inventory.model import LaunchSettings, Node
-from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, allocation_options
+from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, allocation_options, job_options
 from runners.parsing import ParseError
 from runners.transport import (
     HARNESS_GRACE_S,
@@ -183,6 +182,12 @@ def parse_granted(line: str) -> Optional[str]:
     return match.group(1) if match else None
 
 
+def salloc_problem(lines: Sequence[str]) -> str:
+    """Why salloc gave no allocation: its last error line, else its last line."""
+    errors = [line.strip() for line in lines if "error:" in line]
+    return errors[-1] if errors else last_line("".join(lines)) or "no answer"
+
+
 # -- argv ---------------------------------------------------------------------------------------
 
 def minutes_for(seconds: float) -> int:
@@ -207,7 +212,7 @@ def allocation_argv(nodes: Sequence[str], settings: LaunchSettings, *, name: str
     end of its input and salloc gives the allocation back, ending every step in it."""
     return [SALLOC, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", "--exclusive",
             f"--immediate={IMMEDIATE_S}", f"--job-name={name}",
-            *allocation_options(dataclasses.replace(settings, allocation=None), minutes=None),
+            *job_options(settings),
             "--", "cat"]
 
 
@@ -310,7 +315,7 @@ class Allocation:
         threading.Thread(target=self._read, daemon=True, name="salloc").start()
         if not self._granted.wait(IMMEDIATE_S + CLIENT_TIMEOUT_S) or self.job is None:
             self.release()
-            why = last_line("".join(self._messages)) or "no answer"
+            why = salloc_problem(self._messages)
             raise SlurmError(f"salloc for {len(self.nodes)} node(s) gave no allocation: {why}")
 
     def _read(self) -> None:
