@@ -47,7 +47,6 @@ from runners.transport import (
     Result,
     Transport,
     kill_argv,
-    lease_argv,
     new_tag,
     node_timed_out,
 )
@@ -56,6 +55,7 @@ SINFO, SCANCEL, SQUEUE, SALLOC = "sinfo", "scancel", "squeue", "salloc"
 ALLOCATION_PREFIX = JOB_PREFIX + "run-"  # the harness's own allocation: handover-run-<hex>
 CLIENT_TIMEOUT_S = 30  # sinfo, squeue, scancel
 KILL_WAIT_S = 10  # how long srun may take to end after its step was cancelled
+LEASE_GRACE_S = 5  # a lost harness's allocation outlives it this long: its lease step kills first
 BATCH_QUIET_S = 0.05  # a batch closes once no node's command came for this long ...
 BATCH_MAX_WAIT_S = 0.5  # ... or this long after its first
 FRAME_CHUNK = 700  # base64 characters per frame line: well under what Slurm's I/O keeps whole
@@ -207,13 +207,13 @@ def batch_argv(nodes: Sequence[str], python: str, settings: LaunchSettings, *, n
 def allocation_argv(nodes: Sequence[str], settings: LaunchSettings, *, name: str) -> list[str]:
     """salloc for the run's nodes, whole (an acceptance run measures them alone), with the
     inventory's partition, account, reservation and time limit; --immediate: a node Slurm cannot
-    give at once fails the request instead of queueing the run. Its command is `cat` on this
-    machine, reading the harness's pipe: when the harness ends, however it ends, cat reads the
-    end of its input and salloc gives the allocation back, ending every step in it."""
+    give at once fails the request instead of queueing the run. Its command runs on this
+    machine and reads the harness's pipe: when the harness ends, however it ends, it reads the
+    end of its input and, after LEASE_GRACE_S (the lease step's time to kill what it tags, as
+    its input ended at the same moment), salloc gives the allocation back, ending every step."""
     return [SALLOC, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", "--exclusive",
-            f"--immediate={IMMEDIATE_S}", f"--job-name={name}",
-            *job_options(settings),
-            "--", "cat"]
+            f"--immediate={IMMEDIATE_S}", f"--job-name={name}", *job_options(settings),
+            "--", "sh", "-c", f"cat; sleep {LEASE_GRACE_S}"]
 
 
 # -- running Slurm's clients ------------------------------------------------------------------
@@ -329,18 +329,18 @@ class Allocation:
         self._granted.set()  # salloc ended: granted or not, nothing more comes
 
     def release(self) -> None:
-        """Give the allocation back (its steps end on every node); idempotent."""
+        """Give the allocation back (its steps end on every node) at once; idempotent."""
         proc = self._proc
         try:
             if proc.stdin is not None and not proc.stdin.closed:
                 proc.stdin.close()
-        except OSError:
+            if self.job is not None and proc.poll() is None:
+                client([SCANCEL, self.job])  # rather than wait out the grace of a harness lost
+        except (OSError, SlurmError):
             pass
         try:
             proc.wait(KILL_WAIT_S)
         except subprocess.TimeoutExpired:
-            if self.job is not None:
-                client([SCANCEL, self.job])
             _stop(proc)
             proc.wait()
 
@@ -354,24 +354,27 @@ def lease_kill_argv(lease: str, *, root: bool) -> list[str]:
 
 def lease_step_argv(nodes: Sequence[str], settings: LaunchSettings, *, lease: str, name: str,
                     root: bool) -> list[str]:
-    """One task per node running runners.transport's lease (waiting for the end of its input
-    only), its input the harness's pipe (--input=all). SIGTERM and SIGHUP are ignored from the
-    start (an ignored signal stays ignored through exec), so that when the allocation ends
-    first, the lease still lives the job's KillWait: long enough to kill what it tags."""
+    """One task per node, its input the harness's pipe (--input=all), that kills every process
+    carrying the lease tag once the input ends: once when the harness wrote `end` first (a run
+    that ends as it should), else again every second for LEASE_GRACE_S, since a lost harness's
+    last commands may still start what they start (a lock's holder) in the meantime. SIGTERM and
+    SIGHUP are ignored, so that the allocation's end (which sends them) does not cut that short."""
+    kill = shlex.join(lease_kill_argv(lease, root=root))
+    script = (f"trap '' TERM HUP; read -r said; {kill}; [ \"$said\" = end ] && exit 0; "
+              f"for second in $(seq {LEASE_GRACE_S}); do sleep 1; {kill}; done")
     return [SRUN, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
             "--ntasks-per-node=1", f"--immediate={IMMEDIATE_S}", f"--job-name={name}", "--input=all",
             "--kill-on-bad-exit=0", "--quiet", *allocation_options(settings),
-            "sh", "-c", "trap '' TERM HUP; exec \"$@\"", "handover-lease-step",
-            *lease_argv(lease, patience_s=0, root=root)]
+            "sh", "-c", script, "handover-lease-step"]
 
 
 class LeaseStep:
     """The node-side watchdog of a session's slurm transports, as an SSH connection's lease is of
     its node's: one step of the run's allocation on all its nodes, whose input is a pipe only the
     harness writes to. When the input ends (close(), or the harness died however it died), each
-    node's lease kills every process carrying the session's lease tag, such as a node lock's
-    holder, which left its own step's process tree (Slurm's proctrack/linuxproc does not follow
-    it; proctrack/cgroup would end it with the step that started it, the lock with it)."""
+    node's task kills every process carrying the session's lease tag (lease_step_argv), such as
+    a node lock's holder, which left its own step's process tree (Slurm's proctrack/linuxproc
+    does not follow it; proctrack/cgroup would end it with the step that started it)."""
 
     def __init__(self, nodes: Sequence[str], settings: LaunchSettings, *, root: bool):
         self.tag = new_tag()
@@ -390,12 +393,13 @@ class LeaseStep:
         return self._proc is not None and self._proc.poll() is None
 
     def close(self) -> None:
-        """End the input: every node's lease kills what it tags, and the step ends."""
+        """Say `end` and end the input: every node's lease kills what it tags, and the step ends."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
         if proc.stdin is not None:
             try:
+                proc.stdin.write(b"end\n")
                 proc.stdin.close()
             except OSError:
                 pass

@@ -95,7 +95,7 @@ def test_system_suite_through_the_slurm_transport(slurm_nodes, sign_key, tmp_pat
     assert results["verdict"]["status"] == "CERTIFIED"
     assert {n["name"]: n["status"] for n in results["nodes"]} == {f"node{i}": "passed" for i in range(1, 5)}
     assert {n["source"] for n in results["nodes"]} == {f"slurm.conf {slurm.conf} partition debug"}
-    salloc = next((run_dir / "raw").glob("slurm_allocation/*")).read_text()
+    salloc = (run_dir / "raw" / "slurm_allocation" / "slurm.command").read_text()
     assert "salloc --nodelist=node1,node2,node3,node4 --nodes=4 --exclusive" in salloc
     assert slurm.jobs() == []
     kernel = [c for c in results["checks"] if c["check"] == "kernel"]
@@ -238,9 +238,13 @@ def test_training_across_nodes_through_the_slurm_launcher(slurm_nodes, sign_key,
     assert across and all(c["outcome"] == "passed" for c in across), across
     raw = "".join(p.read_text() for p in (run_dir / "raw").rglob("*.stdout"))
     commands = "".join(p.read_text() for p in (run_dir / "raw").rglob("*") if p.is_file())
-    assert "srun --nodelist=node1,node2" in commands and "--partition=debug" in commands
+    salloc = (run_dir / "raw" / "slurm_allocation" / "slurm.command").read_text()
+    assert "--nodelist=node1,node2" in salloc and "--partition=debug --time=10" in salloc
+    job = (run_dir / "raw" / "slurm_allocation" / "slurm.stdout").read_text().split()[1]
+    assert "srun --nodelist=node1,node2 --nodes=2 --ntasks=2 --ntasks-per-node=1" in commands
+    assert f"--jobid={job} --overlap" in commands  # the training's step is one of the run's allocation
     assert raw
-    assert slurm.steps() == [] and tasks_on_nodes(slurm.nodes) == []
+    assert slurm.jobs() == [] and tasks_on_nodes(slurm.nodes) == []
 
 
 def test_a_node_whose_slurmd_is_stopped_is_unreachable_with_slurms_reason(slurm_nodes, sign_key, tmp_path):
