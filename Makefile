@@ -7,7 +7,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 # Debian packages the suites use now or soon.
-DEBS    := openssh-server openssh-client iproute2 procps sudo stress-ng fio iperf3 hpcc openmpi-bin perftest ibverbs-utils rdma-core infiniband-diags munge slurmctld slurmd slurm-client
+DEBS    := openssh-server openssh-client iproute2 procps sudo stress-ng fio iperf3 hpcc openmpi-bin perftest ibverbs-utils rdma-core infiniband-diags munge slurmctld slurmd slurm-client libpmix-dev
 INVENTORY ?= inventory/local.yaml
 PYTEST_ARGS ?=
 # make accept runs the quick depth; a real delivery runs the full one too (-m full).
