@@ -313,7 +313,12 @@ class Allocation:
             raise SlurmError(f"`{SALLOC}` is not installed here: the slurm engine needs Slurm's "
                              "clients on the harness's machine") from None
         threading.Thread(target=self._read, daemon=True, name="salloc").start()
-        if not self._granted.wait(IMMEDIATE_S + CLIENT_TIMEOUT_S) or self.job is None:
+        try:
+            granted = self._granted.wait(IMMEDIATE_S + CLIENT_TIMEOUT_S)
+        except BaseException:  # Ctrl-C while Slurm decides: no allocation may stay behind
+            self.release()
+            raise
+        if not granted or self.job is None:
             self.release()
             why = salloc_problem(self._messages)
             raise SlurmError(f"salloc for {len(self.nodes)} node(s) gave no allocation: {why}")
