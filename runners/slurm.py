@@ -17,9 +17,11 @@ A task that cannot start (`Task launch ... failed on node X`) makes its node unr
 Every srun has --immediate (a busy or down node never leaves it queued), a --time limit, the
 node-side `timeout` of runners.transport, and a harness-side deadline; on a timeout, Ctrl-C or
 SIGTERM the step is cancelled with scancel (found by its unique name), which kills its tasks on
-every node. Inside an allocation (SLURM_JOB_ID set) every srun is a step of it (--overlap);
-otherwise each asks for its own, with the inventory's partition, account, reservation and time
-limit (`launch: {engine: slurm, ...}`).
+every node. Inside an allocation (SLURM_JOB_ID set) every srun is a step of it (--overlap); else
+the session asks for one of its own (Allocation, with the inventory's partition, account,
+reservation and time limit: `launch: {engine: slurm, ...}`) and, failing that, each srun asks
+for its own job. In the session's allocation a LeaseStep is the nodes' watchdog, as an SSH
+connection's lease is: a harness that dies, however it dies, leaves nothing running.
 """
 from __future__ import annotations
 
@@ -383,6 +385,7 @@ class LeaseStep:
 
     def __init__(self, nodes: Sequence[str], settings: LaunchSettings, *, root: bool):
         self.tag = new_tag()
+        self.nodes = frozenset(nodes)  # the allocation's: no step of it can run elsewhere
         self.name = JOB_PREFIX + "lease-" + secrets.token_hex(6)
         self.argv = lease_step_argv(nodes, settings, lease=self.tag, name=self.name, root=root)
         try:
@@ -512,6 +515,9 @@ class SlurmSteps:
                     _finish(entry, failure="unreachable", detail=f"Slurm knows no node {name}")
                 elif not state.usable:
                     _finish(entry, failure="unreachable", detail=state.explain())
+                elif self.lease is not None and name not in self.lease.nodes:  # one srun: all or none
+                    _finish(entry, failure="unreachable", detail=f"{name} is not in the run's Slurm "
+                            f"allocation: Slurm could not run on it when the run began")
                 else:
                     ready[name] = entry
             if ready:
