@@ -6,6 +6,7 @@ import pytest
 from nodes import ns_inventory, unique_sleep, wait_for_no_leftovers
 
 from inventory.model import LaunchSettings, Node, SshSettings
+from runners import nccl_tests
 from runners.launchers import (
     Launcher,
     LaunchError,
@@ -96,6 +97,16 @@ def test_the_inventory_chooses_the_mpi_launcher(monkeypatch):
     assert "--partition=gpu" not in argv  # a step of the allocation, which has the partition
     with pytest.raises(LaunchError, match="comma"):
         mpi_launcher(LaunchSettings(engine="slurm"), ssh=SSH, interfaces=("ib0", "ib1")).argv(["a"], 1, ["x"])
+
+
+def test_nccl_tests_across_nodes_under_srun_is_one_rank_per_gpu(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    launcher = mpi_launcher(LaunchSettings(engine="slurm", allocation="4711"), ssh=SSH,
+                            export_env=("NCCL_DEBUG", "NCCL_SOCKET_IFNAME=ib0"))
+    argv = nccl_tests.across_argv(launcher, ["gpu001", "gpu002"], 8)
+    assert argv[:5] == ["srun", "--nodelist=gpu001,gpu002", "--nodes=2", "--ntasks=16", "--ntasks-per-node=8"]
+    assert "--mpi=pmix" in argv and "--export=ALL,NCCL_SOCKET_IFNAME=ib0" in argv
+    assert argv[argv.index("all_reduce_perf"):] == nccl_tests.argv("all_reduce", 1)
 
 
 def _two_nodes(ns_cluster, tmp_path):
