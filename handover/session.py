@@ -368,6 +368,7 @@ def run_header(cluster: Cluster, nodes: list[Node]) -> dict:
         "harness": harness_identity(),
         "argv": sys.argv,
         "nodes": [node.name for node in nodes],
+        "node_sources": {node.name: node.source for node in nodes},  # results.json nodes[].source
         # The facts of profile.expect the inventory changed, with the profile's value and why.
         "expect_overrides": [override.as_dict() for override in cluster.expect_overrides],
         **cluster.delivery(),  # cluster_id, waivers, sign_off: the delivery's record

@@ -26,6 +26,7 @@ key, a range that names no host) this refuses it, naming the file, the line and 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import ipaddress
 import os
 import re
@@ -151,6 +152,7 @@ class AnsibleInventory:
     format: str  # "ini" or "yaml"
     hosts: dict[str, AnsibleHost]
     groups: dict[str, AnsibleGroup]  # including all and ungrouped
+    files: tuple[str, ...] = ()  # every file read: the inventory, then its group_vars/host_vars files
 
     def group_hosts(self, name: str) -> list[AnsibleHost]:
         """The group's hosts and its descendants', breadth first in written order, each once."""
@@ -194,8 +196,10 @@ def read_ansible_inventory(path: Union[str, os.PathLike]) -> AnsibleInventory:
         _read_ini(text, file, builder)
     builder.reconcile()
     directory = os.path.dirname(file)
-    return builder.result(fmt, _VarsFiles(os.path.join(directory, "group_vars")),
-                          _VarsFiles(os.path.join(directory, "host_vars")))
+    group_vars, host_vars = (_VarsFiles(os.path.join(directory, "group_vars")),
+                             _VarsFiles(os.path.join(directory, "host_vars")))
+    inventory = builder.result(fmt, group_vars, host_vars)
+    return dataclasses.replace(inventory, files=(file, *group_vars.read, *host_vars.read))
 
 
 # ---------------------------------------------------------------- refusals
@@ -756,6 +760,7 @@ class _VarsFiles:
     def __init__(self, directory: str):
         self.directory = directory
         self.cache: dict[str, dict[str, _Var]] = {}
+        self.read: list[str] = []  # the files read, in order
 
     def of(self, name: str) -> dict[str, _Var]:
         if name not in self.cache:
@@ -763,6 +768,7 @@ class _VarsFiles:
             if not name.startswith(os.sep) and os.path.isdir(self.directory):
                 for file in self._files(name):
                     merged.update(_vars_file(file))
+                    self.read.append(file)
             self.cache[name] = merged
         return self.cache[name]
 

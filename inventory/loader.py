@@ -743,6 +743,7 @@ class _NodeEntry:
     settings: dict[str, _Setting]
     data_address: Optional[str] = None  # the node on the data network (iperf3), if not `address`
     source: str = "yaml"  # where the node was listed (Node.source)
+    files: tuple[str, ...] = ()  # the files that listed it (slurm.conf and includes, Ansible's)
 
 
 def _expand(at: _At, what: str) -> list[str]:
@@ -819,6 +820,7 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
         raise item.error("give either slurm: or ansible: in one entry, not both")
     kind, at = next(iter(fields.items()))
     found: list[tuple[str, Optional[str], dict[str, Any]]] = []  # name, address, settings
+    files: tuple[str, ...] = ()  # what was read, for the inventory's digest
     try:
         if kind == "slurm":
             spec = _fields(at, ("conf", "partition"), required=("partition",))
@@ -833,6 +835,7 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
             else:
                 written = _string(spec["conf"])
                 conf = read_slurm_conf(_path_setting(spec["conf"]))
+                files = conf.files
                 shown = _display_path(Path(conf.path))
                 if name not in conf.partitions:
                     raise spec["partition"].error(_unknown(f"no partition {name!r} in {shown}", name,
@@ -844,6 +847,7 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
             spec = _fields(at, ("inventory", "group"), required=("inventory", "group"))
             written, name = _string(spec["inventory"]), _string(spec["group"])
             inventory = read_ansible_inventory(_path_setting(spec["inventory"]))
+            files = inventory.files
             shown = _display_path(Path(inventory.path))
             if name not in inventory.groups:
                 raise spec["group"].error(_unknown(f"no group {name!r} in {shown}", name, inventory.groups, "groups"))
@@ -867,7 +871,7 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
         if "user" in settings and not _SOURCE_USER.fullmatch(settings["user"]):
             raise item.error(f"node {name!r} from {source}: user {settings['user']!r} is not a login name")
         entries.append(_NodeEntry(name, item, address, {k: _Setting(v, item) for k, v in settings.items()},
-                                  source=source))
+                                  source=source, files=files))
     return entries
 
 
@@ -1122,6 +1126,20 @@ def _scratch(at: _At) -> tuple[ScratchPath, ...]:
     return tuple(paths)
 
 
+def _digest(data: bytes, files: list[str]) -> str:
+    """sha256 of the inventory's bytes and, after them, those of every slurm.conf (and include)
+    and Ansible file its `nodes:` read, each once in reading order: a run pinned to it and its
+    --resume see the same nodes. An inventory that reads none keeps the digest of its own bytes."""
+    digest = hashlib.sha256(data)
+    for file in dict.fromkeys(files):
+        try:
+            digest.update(b"\0" + hashlib.sha256(Path(file).read_bytes()).digest())
+        except OSError as exc:
+            raise InventoryError(f"cannot read it again for the inventory's digest: {exc.strerror}",
+                                 _display_path(Path(file))) from None
+    return digest.hexdigest()
+
+
 def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
     """Read and fully validate an inventory file, with its profile and its reference and expect
     overrides."""
@@ -1191,7 +1209,7 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
         launch_interface=launch.interface,
         launch=launch,
         source_path=os.path.abspath(path),
-        digest=hashlib.sha256(data).hexdigest(),
+        digest=_digest(data, [file for entry in entries for file in entry.files]),
         cluster_id=_name(fields["cluster_id"], "cluster ID") if "cluster_id" in fields else "",
         waivers=_waivers(fields["waivers"], node_names) if "waivers" in fields else (),
         sign_off=_sign_off(fields["sign_off"]) if "sign_off" in fields else SignOff(),

@@ -273,6 +273,9 @@ class LaunchSettings:
     account: Optional[str] = None
     reservation: Optional[str] = None
     time_limit_min: Optional[int] = None
+    # The Slurm job the run's steps go in: set by the harness once it holds its allocation
+    # (runners.slurm.Allocation), never read from an inventory.
+    allocation: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -284,7 +287,7 @@ class Cluster:
     groups: dict[str, tuple[str, ...]]  # group name -> node names
     scratch: tuple[ScratchPath, ...]
     source_path: str  # the inventory file, absolute
-    digest: str  # sha256 of the inventory file's bytes
+    digest: str  # sha256 of the inventory file's bytes and of the slurm.conf/Ansible files its nodes: read
     # The interface multi-node jobs' sockets use (Gloo/NCCL bootstrap, mpirun's TCP); None: each
     # node's route toward its peers decides.
     launch_interface: Optional[str] = None

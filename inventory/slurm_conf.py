@@ -64,6 +64,7 @@ class SlurmConf:
     nodes: dict[str, SlurmNode]  # in NodeName order
     partitions: dict[str, _Record]
     nodesets: dict[str, _Record]
+    files: tuple[str, ...] = ()  # every file read, includes too, in reading order
 
     def partition_nodes(self, name: str) -> list[SlurmNode]:
         """The partition's nodes in NodeName order; an unknown partition names those there are."""
@@ -108,7 +109,7 @@ def read_slurm_conf(path: Union[str, os.PathLike]) -> SlurmConf:
     top = os.path.normpath(os.path.abspath(path))
     reader = _Reader(top)
     reader.read(top, ())
-    return SlurmConf(top, reader.nodes, reader.partitions, reader.nodesets)
+    return SlurmConf(top, reader.nodes, reader.partitions, reader.nodesets, tuple(reader.files))
 
 
 class _Reader:
@@ -120,9 +121,12 @@ class _Reader:
         self.nodesets: dict[str, _Record] = {}
         self.node_default: dict[str, str] = {}
         self.partition_default: dict[str, str] = {}
+        self.files: list[str] = []
 
     def read(self, file: str, including: tuple[str, ...]) -> None:
-        for line_number, line in _logical_lines(_text(file, including)):
+        text = _text(file, including)
+        self.files.append(file)
+        for line_number, line in _logical_lines(text):
             include = _INCLUDE.match(line.lstrip())
             if include:
                 self.read(self._include_path(include.group(1), file, line_number), including + (file,))

@@ -83,7 +83,8 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
                                  for override in header.get("expect_overrides") or []],
         },
         "verdict": {"status": verdict.status, "reasons": verdict.reasons, "waived": verdict.waived},
-        "nodes": verdict.nodes,
+        "nodes": [{**node, "source": (header.get("node_sources") or {}).get(node["name"])}
+                  for node in verdict.nodes],
         "checks": [{k: v for k, v in entry.items() if k != "type"} for entry in record.checks],
         "outliers": found,
     }

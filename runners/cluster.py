@@ -4,17 +4,32 @@ The first check that needs a step (say, system facts) runs it on every selected 
 every per-node test then reads its node's entry. So 32 nodes cost about what one costs.
 A node found unreachable (its transport's `loss`) is not tried again: its later steps are
 unreachable at once, with the time and reason it was lost.
+
+Where Slurm runs the work (`transport: slurm` or `launch: {engine: slurm}`) and the harness is
+not inside an allocation (SLURM_JOB_ID), the session asks for one before its first command, on
+the selected nodes Slurm can give (runners.slurm.Allocation), runs every srun as a step of it,
+and gives it back at close(). If Slurm gives none, every srun asks for its own, as before, and a
+node Slurm cannot run on is reported by name. ClusterRun is also where the launcher of MPI jobs
+across nodes is chosen (`mpi_launcher`), with the allocation in its settings.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
+import shlex
 import threading
 import time
 from typing import Callable, Optional
 
-from inventory.model import Cluster, Node
+from inventory.model import Cluster, LaunchSettings, Node
 from runners.fanout import Progress, fan_out
-from runners.slurm import SlurmSteps, SlurmTransport
+from runners.launchers import Launcher, mpi_launcher, uses_srun
+from runners.slurm import Allocation, LeaseStep, SlurmError, SlurmSteps, SlurmTransport, node_states
 from runners.transport import Loss, Result, Transport, clock, make_transport
+
+ALLOCATION_STEP = "slurm_allocation"  # the raw record of the run's salloc
+log = logging.getLogger("handover.cluster")
 
 
 class ClusterRun:
@@ -31,19 +46,75 @@ class ClusterRun:
         self._taken: dict[str, float] = {}  # step -> when its results came in (time.time())
         self._lock = threading.Lock()
         self._slurm_steps: Optional[SlurmSteps] = None  # transport slurm: one batcher per session
+        self._allocation: Optional[Allocation] = None
+        self._launch: Optional[LaunchSettings] = None  # cluster.launch, with the allocation once asked
+
+    @property
+    def launch(self) -> LaunchSettings:
+        """The inventory's launch settings, with the run's allocation once there is one."""
+        with self._lock:
+            return self._launch_settings()
+
+    def _launch_settings(self) -> LaunchSettings:
+        if self._launch is None:
+            self._launch = self.cluster.launch
+            slurm = self.cluster.transport == "slurm" or uses_srun(self.cluster.launch)
+            if slurm and not os.environ.get("SLURM_JOB_ID"):
+                self._allocate()
+        return self._launch
+
+    def _allocate(self) -> None:
+        """The run's allocation on the selected nodes Slurm can run on; none: each srun its own."""
+        names = [node.name for node in self.nodes]
+        try:
+            usable = [name for name, state in node_states(names).items() if state.usable]
+            if not usable:
+                raise SlurmError(f"Slurm can run on none of {', '.join(names)}")
+            self._allocation = Allocation([name for name in names if name in usable], self.cluster.launch)
+        except SlurmError as exc:
+            log.warning("no Slurm allocation for the run, each srun asks for its own: %s", exc)
+            self._save_raw(ALLOCATION_STEP, Result("slurm", "salloc", None, "", str(exc), 0.0,
+                                                   failure="error", detail=str(exc)))
+            return
+        allocation = self._allocation
+        log.info("Slurm allocation %s (%s) for the run", allocation.job, allocation.name)
+        self._save_raw(ALLOCATION_STEP, Result("slurm", "salloc", 0, f"job {allocation.job}\n", "", 0.0,
+                                               full_command=shlex.join(allocation.argv)))
+        self._launch = dataclasses.replace(self.cluster.launch, allocation=allocation.job)
+
+    def _lease_step(self, launch: LaunchSettings) -> Optional[LeaseStep]:
+        """The slurm transports' watchdog, on the allocation's nodes; none without the allocation."""
+        if self._allocation is None:
+            return None
+        nodes = [self.cluster.node(name) for name in self._allocation.nodes]
+        try:
+            return LeaseStep(self._allocation.nodes, launch, root=any(node.sudo for node in nodes))
+        except SlurmError as exc:
+            log.warning("no lease step for the slurm transport: %s", exc)
+            return None
+
+    def mpi_launcher(self, first: str, *, as_root: bool = False, oversubscribe: bool = False,
+                     interfaces: tuple[str, ...] = (), export_env: tuple[str, ...] = (),
+                     timeout: Optional[float] = None) -> Launcher:
+        """The launcher of an MPI job across nodes started on node `first`: the inventory's
+        (runners.launchers.mpi_launcher), inside the run's allocation where there is one."""
+        return mpi_launcher(self.launch, ssh=self.cluster.node(first).ssh, as_root=as_root,
+                            oversubscribe=oversubscribe, interfaces=interfaces, export_env=export_env,
+                            timeout=timeout)
 
     def transport(self, node: str) -> Transport:
         with self._lock:
             if node not in self._transports:
                 spec = self.cluster.node(node)
+                launch = self._launch_settings()
                 if spec.transport == "slurm":
                     if self._slurm_steps is None:
-                        self._slurm_steps = SlurmSteps(self.cluster.launch)
+                        self._slurm_steps = SlurmSteps(launch, self._lease_step(launch))
                     self._transports[node] = SlurmTransport(spec, self._slurm_steps)
                 else:
                     self._transports[node] = make_transport(spec)
-                if self.cluster.launch.engine == "slurm":
-                    self._transports[node].launch = self.cluster.launch
+                if uses_srun(launch):
+                    self._transports[node].launch = launch
             return self._transports[node]
 
     def gather(self, step: str, run: Callable[[Transport], Result], *,
@@ -84,3 +155,8 @@ class ClusterRun:
             fan_out(slurm, lambda transport: slurm[transport.node.name].release(), name="release")
         for transport in self._transports.values():
             transport.close()
+        if self._slurm_steps is not None and self._slurm_steps.lease is not None:
+            self._slurm_steps.lease.close()
+        if self._allocation is not None:  # last: its end would end the release's srun too
+            self._allocation.release()
+            self._allocation = None

@@ -20,14 +20,13 @@ from typing import Optional, Sequence
 
 from inventory.model import ScratchPath
 from runners import payloads, system
-from runners.launchers import Launcher
+from runners.launchers import MPIRUN, SRUN, Launcher
 from runners.parsing import ParseError
 from runners.scratch import declared
 from runners.transport import Result, Transport, short_command
 
 FLAVOURS = ("hpl-nvidia", "xhpl", "hpcc")  # in the order detection prefers them
 PROGRAMS = {"hpl-nvidia": "hpl.sh", "xhpl": "xhpl", "hpcc": "hpcc"}
-MPIRUN = "mpirun"
 INPUT_FILES = {"hpl-nvidia": "HPL.dat", "xhpl": "HPL.dat", "hpcc": "hpccinf.txt"}
 OUTPUT_FILES = {"hpcc": "hpccoutf.txt"}  # the others print their results on stdout
 DEFAULT_NB = {"hpl-nvidia": 1024, "xhpl": 192, "hpcc": 192}
@@ -195,7 +194,7 @@ def command(flavour: str, launcher: Launcher, hosts: Sequence[str], ranks_per_no
 def detect(transport: Transport) -> Result:
     """Which HPL programs and mpirun the node has, and whether the user is root
     (runners.system.parse_programs reads it)."""
-    return system.probe_programs(transport, [*PROGRAMS.values(), MPIRUN])
+    return system.probe_programs(transport, [*PROGRAMS.values(), MPIRUN, SRUN])
 
 
 def run_on_scratch(transport: Transport, path: str, scratch: Sequence[ScratchPath], flavour: str,

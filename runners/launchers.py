@@ -8,20 +8,30 @@ named by `starts_on`:
   client is: the harness's machine or the first host);
 - "every": the same argv runs on every host and the ranks meet at a rendezvous (torchrun).
 
+Which engine starts an MPI job across nodes is the inventory's (`launch.engine`), and
+`mpi_launcher` is the one place that reads it: the suites ask it for the launcher, never pick.
+A launcher names its hosts by address (mpirun's ssh reaches them) or by node name (Slurm's
+--nodelist): `hosts_by`, and `hosts(nodes)` gives them in that form.
+
 As in ReFrame, launchers are unit-tested by comparing argv.
 """
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from inventory.model import LaunchSettings, SshSettings
+from inventory.model import LaunchSettings, Node, SshSettings
 
 STARTS_ON = ("first", "every")
 SRUN = "srun"
+MPIRUN = "mpirun"
+# srun --mpi for Open MPI and HPC-X ranks: both take their rank and peers from PMIx (Open MPI 4's
+# pmi2 support needs Slurm's libpmi2 at its build, which Debian's and HPC-X's builds lack).
+SRUN_MPI = "pmix"
 JOB_PREFIX = "handover-"  # srun jobs and steps are named JOB_PREFIX + a unique part: scancel finds them
 IMMEDIATE_S = 30  # how long srun may wait for its nodes before it gives up (--immediate)
 
@@ -35,6 +45,11 @@ class Launcher(ABC):
 
     name: str = ""
     starts_on: str = "first"  # one of STARTS_ON
+    hosts_by: str = "address"  # how argv names hosts: "address" or "name" (the node's, Slurm's)
+
+    def hosts(self, nodes: Sequence[Node]) -> list[str]:
+        """The nodes as this launcher's argv names them, in rank order."""
+        return [node.name if self.hosts_by == "name" else node.address for node in nodes]
 
     @abstractmethod
     def argv(self, hosts: Sequence[str], ranks_per_node: int, command: Sequence[str]) -> list[str]:
@@ -92,7 +107,7 @@ class MpirunLauncher(Launcher):
     oversubscribe: bool = False  # more ranks than cores (tests on small machines)
     interfaces: tuple[str, ...] = ()  # btl_tcp_if_include and oob_tcp_if_include
     mca: Mapping[str, str] = field(default_factory=dict)  # further MCA parameters, by name
-    program: str = "mpirun"
+    program: str = MPIRUN
     export_env: tuple[str, ...] = ()  # environment variable names passed to every rank (-x)
 
     name = "mpirun"
@@ -123,11 +138,17 @@ class MpirunLauncher(Launcher):
 
 
 def allocation_options(settings: LaunchSettings, *, minutes: Optional[int] = None) -> list[str]:
-    """Where srun runs: a step of the current allocation, or a job of its own from the inventory's
-    partition, account, reservation and time limit (the shorter of it and `minutes`)."""
-    job = os.environ.get("SLURM_JOB_ID")
+    """Where srun runs: a step of the run's allocation (the harness's, or the one it runs in), or
+    a job of its own (job_options)."""
+    job = settings.allocation or os.environ.get("SLURM_JOB_ID")
     if job:
         return [f"--jobid={job}", "--overlap"] + ([f"--time={minutes}"] if minutes else [])
+    return job_options(settings, minutes=minutes)
+
+
+def job_options(settings: LaunchSettings, *, minutes: Optional[int] = None) -> list[str]:
+    """A new job's: the inventory's partition, account, reservation and time limit (the shorter
+    of it and `minutes`)."""
     options = [f"--partition={settings.partition}"] if settings.partition else []
     options += [f"--account={settings.account}"] if settings.account else []
     options += [f"--reservation={settings.reservation}"] if settings.reservation else []
@@ -145,14 +166,57 @@ class SrunLauncher(Launcher):
     job_name: str = field(default_factory=lambda: JOB_PREFIX + secrets.token_hex(6))
     time_min: Optional[int] = None
     options: tuple[str, ...] = ()  # further srun options, before the command
+    mpi: Optional[str] = None  # srun --mpi: the PMI the ranks speak (SRUN_MPI for MPI jobs)
+    overcommit: bool = False  # more ranks than CPUs (tests on small machines)
+    env: Mapping[str, str] = field(default_factory=dict)  # set for every rank, beyond srun's own
 
     name = "srun"
     starts_on = "first"
+    hosts_by = "name"
 
     def argv(self, hosts, ranks_per_node, command):
         self._check(hosts, ranks_per_node, command)
         argv = [SRUN, f"--nodelist={','.join(hosts)}", f"--nodes={len(hosts)}",
                 f"--ntasks={len(hosts) * ranks_per_node}", f"--ntasks-per-node={ranks_per_node}",
                 f"--immediate={IMMEDIATE_S}", f"--job-name={self.job_name}", "--kill-on-bad-exit=1",
-                *allocation_options(self.settings, minutes=self.time_min), *self.options]
-        return argv + list(command)
+                *allocation_options(self.settings, minutes=self.time_min)]
+        argv += [f"--mpi={self.mpi}"] if self.mpi else []
+        argv += ["--overcommit"] if self.overcommit else []
+        if self.env:
+            argv.append("--export=" + ",".join(["ALL", *(f"{k}={_no_comma(v, k)}" for k, v in self.env.items())]))
+        return argv + list(self.options) + list(command)
+
+
+def _no_comma(value: str, name: str) -> str:
+    """srun --export separates variables with commas: a value with one would be cut."""
+    if "," in value:
+        raise LaunchError(f"{name}={value!r}: srun --export cannot carry a value with a comma")
+    return value
+
+
+def uses_srun(launch: Optional[LaunchSettings]) -> bool:
+    """Whether Slurm's srun starts the multi-node jobs (the inventory's launch.engine)."""
+    return launch is not None and launch.engine == "slurm"
+
+
+def mpi_launcher(launch: LaunchSettings, *, ssh: SshSettings, as_root: bool = False,
+                 oversubscribe: bool = False, interfaces: tuple[str, ...] = (),
+                 export_env: tuple[str, ...] = (), timeout: Optional[float] = None) -> Launcher:
+    """The launcher of an MPI job across nodes (HPL, nccl-tests), as the inventory says: srun with
+    PMIx under `launch: {engine: slurm}`, else mpirun over ssh. The same job either way: the TCP
+    interfaces, more ranks than CPUs, and `export_env` (mpirun -x's NAME or NAME=VALUE) for every
+    rank; srun passes the launching node's whole environment, and Open MPI under srun does not
+    refuse root. `timeout` (s) becomes srun's --time."""
+    if not uses_srun(launch):
+        return MpirunLauncher(ssh=ssh, as_root=as_root, oversubscribe=oversubscribe,
+                              interfaces=interfaces, export_env=export_env)
+    env = dict(entry.split("=", 1) for entry in export_env if "=" in entry)
+    if interfaces:
+        env["OMPI_MCA_btl_tcp_if_include"] = ",".join(_one_word(name, "interface") for name in interfaces)
+    return SrunLauncher(settings=launch, mpi=SRUN_MPI, overcommit=oversubscribe, env=env,
+                        time_min=None if timeout is None else max(1, math.ceil(timeout / 60)))
+
+
+def launch_program(launch: Optional[LaunchSettings]) -> str:
+    """The program an MPI job across nodes is started with: it must be on the first node."""
+    return SRUN if uses_srun(launch) else MPIRUN

@@ -16,7 +16,7 @@ from typing import Optional
 
 from runners import system
 from runners.cluster import ClusterRun
-from runners.launchers import Launcher, LaunchError
+from runners.launchers import MPIRUN, SRUN, Launcher, LaunchError, launch_program
 from runners.parsing import ParseError, json_object
 from runners.transport import Result, Transport
 
@@ -255,19 +255,19 @@ def run(transport: Transport, collective: str, gpus: int, *, timeout: float = 60
                          timeout=timeout, env={"NCCL_DEBUG": "VERSION"})
 
 
-MPIRUN = "mpirun"
 LAUNCH_DETECT_STEP = "nccl_tests_mpirun_detect"
 
 
 def detect_launch(transport: Transport) -> Result:
-    """Whether the node has all_reduce_perf and mpirun on its PATH, and runs as root
+    """Whether the node has all_reduce_perf, mpirun and srun on its PATH, and runs as root
     (runners.system.parse_programs reads it)."""
-    return system.probe_programs(transport, [BINARIES["all_reduce"], MPIRUN])
+    return system.probe_programs(transport, [BINARIES["all_reduce"], MPIRUN, SRUN])
 
 
 def mpirun_everywhere(cluster_run: ClusterRun, nodes: list[str]) -> Optional[dict[str, system.Programs]]:
-    """Each node's programs and user when every node has all_reduce_perf and mpirun; else None
-    (a node that did not answer counts as one without them)."""
+    """Each node's programs and user when every node has all_reduce_perf and the inventory's MPI
+    launcher (mpirun, or srun under engine slurm); else None (a node that did not answer counts
+    as one without them)."""
     found = cluster_run.gather(LAUNCH_DETECT_STEP, detect_launch)
     detected = {}
     for node in nodes:
@@ -277,7 +277,7 @@ def mpirun_everywhere(cluster_run: ClusterRun, nodes: list[str]) -> Optional[dic
             detected[node] = system.parse_programs(found[node].stdout)
         except ParseError:
             return None
-    wanted = (BINARIES["all_reduce"], MPIRUN)
+    wanted = (BINARIES["all_reduce"], launch_program(cluster_run.cluster.launch))
     if all(d.has(program) for d in detected.values() for program in wanted):
         return detected
     return None

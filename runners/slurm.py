@@ -17,14 +17,15 @@ A task that cannot start (`Task launch ... failed on node X`) makes its node unr
 Every srun has --immediate (a busy or down node never leaves it queued), a --time limit, the
 node-side `timeout` of runners.transport, and a harness-side deadline; on a timeout, Ctrl-C or
 SIGTERM the step is cancelled with scancel (found by its unique name), which kills its tasks on
-every node. Inside an allocation (SLURM_JOB_ID set) every srun is a step of it (--overlap);
-otherwise each asks for its own, with the inventory's partition, account, reservation and time
-limit (`launch: {engine: slurm, ...}`).
+every node. Inside an allocation (SLURM_JOB_ID set) every srun is a step of it (--overlap); else
+the session asks for one of its own (Allocation, with the inventory's partition, account,
+reservation and time limit: `launch: {engine: slurm, ...}`) and, failing that, each srun asks
+for its own job. In the session's allocation a LeaseStep is the nodes' watchdog, as an SSH
+connection's lease is: a harness that dies, however it dies, leaves nothing running.
 """
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import math
 import os
@@ -36,10 +37,10 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from inventory.model import LaunchSettings, Node
-from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, SrunLauncher, allocation_options
+from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, allocation_options, job_options
 from runners.parsing import ParseError
 from runners.transport import (
     HARNESS_GRACE_S,
@@ -52,12 +53,11 @@ from runners.transport import (
     node_timed_out,
 )
 
-if TYPE_CHECKING:
-    from runners.torchrun import Launch
-
-SINFO, SCANCEL, SQUEUE = "sinfo", "scancel", "squeue"
+SINFO, SCANCEL, SQUEUE, SALLOC = "sinfo", "scancel", "squeue", "salloc"
+ALLOCATION_PREFIX = JOB_PREFIX + "run-"  # the harness's own allocation: handover-run-<hex>
 CLIENT_TIMEOUT_S = 30  # sinfo, squeue, scancel
 KILL_WAIT_S = 10  # how long srun may take to end after its step was cancelled
+LEASE_GRACE_S = 5  # a lost harness's allocation outlives it this long: its lease step kills first
 BATCH_QUIET_S = 0.05  # a batch closes once no node's command came for this long ...
 BATCH_MAX_WAIT_S = 0.5  # ... or this long after its first
 FRAME_CHUNK = 700  # base64 characters per frame line: well under what Slurm's I/O keeps whole
@@ -67,6 +67,7 @@ USABLE_STATES = ("idle", "mix", "alloc", "comp", "resv", "plnd")
 # % powering down, $ maintenance reservation, @ pending reboot, ^ reboot issued, - planned
 _STATE_FLAGS = "*~#!%$@^-"
 _LAUNCH_FAILED = re.compile(r"Task launch for StepId=\S+ failed on node (\S+?): (.+)$")
+_GRANTED = re.compile(r"Granted job allocation (\d+)")
 
 # Runs on every node of a batch with the node's interpreter; its text is fixed, the batch is data.
 DISPATCH = r"""
@@ -78,11 +79,14 @@ def frame(kind, data):
     text = base64.b64encode(data).decode()
     for start in range(0, len(text), CHUNK):
         sys.stdout.write("@hov %s %s %s\n" % (me, kind, text[start:start + CHUNK]))
+# The node's command runs as it would over SSH: without the step's SLURM_* variables, which
+# would make an srun it starts (HPL's, nccl-tests') a step of this one-node step.
+env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
 if job is not None:
     started = time.monotonic()
     given = job["stdin"]
     try:
-        proc = subprocess.run(job["argv"], capture_output=True,
+        proc = subprocess.run(job["argv"], capture_output=True, env=env,
                               **({"input": batch["inputs"][given].encode()} if given is not None
                                  else {"stdin": subprocess.DEVNULL}))
         code, out, err = proc.returncode, proc.stdout, proc.stderr
@@ -174,6 +178,18 @@ def read_frame(line: str, frames: dict[str, Frames]) -> Optional[str]:
     return None
 
 
+def parse_granted(line: str) -> Optional[str]:
+    """The job ID from salloc's `Granted job allocation N` line, None for any other line."""
+    match = _GRANTED.search(line)
+    return match.group(1) if match else None
+
+
+def salloc_problem(lines: Sequence[str]) -> str:
+    """Why salloc gave no allocation: its last error line, else its last line."""
+    errors = [line.strip() for line in lines if "error:" in line]
+    return errors[-1] if errors else last_line("".join(lines)) or "no answer"
+
+
 # -- argv ---------------------------------------------------------------------------------------
 
 def minutes_for(seconds: float) -> int:
@@ -188,6 +204,18 @@ def batch_argv(nodes: Sequence[str], python: str, settings: LaunchSettings, *, n
             f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--immediate={IMMEDIATE_S}",
             f"--job-name={name}", "--input=all", "--kill-on-bad-exit=0", "--quiet",
             *allocation_options(settings, minutes=minutes_for(timeout)), python, "-c", DISPATCH]
+
+
+def allocation_argv(nodes: Sequence[str], settings: LaunchSettings, *, name: str) -> list[str]:
+    """salloc for the run's nodes, whole (an acceptance run measures them alone), with the
+    inventory's partition, account, reservation and time limit; --immediate: a node Slurm cannot
+    give at once fails the request instead of queueing the run. Its command runs on this
+    machine and reads the harness's pipe: when the harness ends, however it ends, it reads the
+    end of its input and, after LEASE_GRACE_S (the lease step's time to kill what it tags, as
+    its input ended at the same moment), salloc gives the allocation back, ending every step."""
+    return [SALLOC, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", "--exclusive",
+            f"--immediate={IMMEDIATE_S}", f"--job-name={name}", *job_options(settings),
+            "--", "sh", "-c", f"cat; sleep {LEASE_GRACE_S}"]
 
 
 # -- running Slurm's clients ------------------------------------------------------------------
@@ -208,7 +236,7 @@ def node_states(nodes: Sequence[str]) -> dict[str, NodeState]:
     """What Slurm says of each node now; a node it does not know is left out."""
     done = client([SINFO, "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%t|%E"])
     if done.returncode != 0:
-        raise SlurmError(f"sinfo exited {done.returncode}: {_last_line(done.stderr)}")
+        raise SlurmError(f"sinfo exited {done.returncode}: {last_line(done.stderr)}")
     return parse_sinfo_nodes(done.stdout)
 
 
@@ -223,7 +251,8 @@ def cancel(name: str) -> None:
         client([SCANCEL, f"--name={name}"])
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last line of a client's message: the one that says what went wrong."""
     return (text.strip().splitlines() or [""])[-1]
 
 
@@ -261,50 +290,66 @@ def run_here(argv: Sequence[str], *, name: str, timeout: float, node: str = "slu
                   full_command=shlex.join(argv))
 
 
-def torchrun_across(transports: Mapping[str, Transport], torchrun_argv: Sequence[str], *,
-                    settings: LaunchSettings, marker: str, timeout: float,
-                    env: Optional[Mapping[str, str]] = None) -> "Launch":
-    """torchrun on every node as one srun step (one task per node, torchrun starts the ranks),
-    from this machine. Each task runs under the dispatcher, so each node's output comes back
-    whole and apart (srun cuts long lines). The step is named by the run's marker, so a timeout
-    or Ctrl-C cancels it; --kill-on-bad-exit ends the others when one node's torchrun fails;
-    leftovers are looked for on every node afterwards."""
-    from runners.torchrun import Launch, find_leftovers
+class Allocation:
+    """The run's own Slurm allocation, asked for when the harness does not run inside one: every
+    srun of the run is a step of it (--jobid, --overlap), and releasing it ends them all.
 
-    nodes = list(transports)
-    seconds = max(1, int(round(timeout)))
-    command = ["env", *(f"{k}={v}" for k, v in (env or {}).items()),
-               "timeout", "-k", "5", str(seconds), *torchrun_argv]
-    python = transports[nodes[0]].node.python
-    launcher = SrunLauncher(settings=settings, job_name=marker, time_min=minutes_for(timeout),
-                            options=("--input=all",))
-    argv = launcher.argv(nodes, 1, [python, "-c", DISPATCH])
-    batch = json.dumps({"inputs": [], "nodes": {node: {"argv": command, "stdin": None} for node in nodes}})
-    step = run_here(argv, name=marker, timeout=timeout, node=nodes[0], stdin=batch)
-    frames: dict[str, Frames] = {}
-    for line in step.stdout.splitlines():
-        read_frame(line, frames)
-    failed = parse_launch_failures(step.stderr)
-    shown = shlex.join(argv[:argv.index("-c") + 1] + ["<dispatcher>", *command])
-    results = {}
-    for node in nodes:
-        found = frames.get(node, Frames())
-        if found.end is not None:
-            code, duration = found.end
-            result = Result(node, "srun torchrun", code, found.text("out"), found.text("err"), duration,
-                            timed_out=node_timed_out(code, duration, timeout))
-        elif node in failed:
-            result = Result(node, "srun torchrun", None, "", "", step.duration_s, failure="unreachable",
-                            detail=f"Slurm could not start the task on {node}: {failed[node]}")
-        else:
-            result = Result(node, "srun torchrun", None, found.text("out"), found.text("err") or step.stderr,
-                            step.duration_s, timed_out=step.timed_out, failure=step.failure or (
-                                None if step.timed_out else "error"),
-                            detail=step.detail or f"srun exited {step.exit_code} without {node}'s result: "
-                                                  f"{_last_line(step.stderr) or 'no message'}")
-        results[node] = dataclasses.replace(result, full_command=shown)
-    first = next((node for node in nodes if not results[node].ok), None)
-    return Launch(results, first, (), find_leftovers(transports, marker), marker)
+    salloc holds it while its command runs, and that command reads a pipe only the harness
+    writes to: Ctrl-C, SIGTERM, an error or the end of the run release it (release()), and a
+    SIGKILLed harness closes the pipe, which releases it too. Where the harness's whole machine
+    is lost, the allocation's --time (the inventory's time_limit) bounds it.
+    """
+
+    def __init__(self, nodes: Sequence[str], settings: LaunchSettings):
+        self.name = ALLOCATION_PREFIX + secrets.token_hex(6)
+        self.argv = allocation_argv(nodes, settings, name=self.name)
+        self.nodes = list(nodes)
+        self.job: Optional[str] = None
+        self._messages: list[str] = []
+        self._granted = threading.Event()
+        try:
+            self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True, errors="replace",
+                                          start_new_session=True)
+        except FileNotFoundError:
+            raise SlurmError(f"`{SALLOC}` is not installed here: the slurm engine needs Slurm's "
+                             "clients on the harness's machine") from None
+        threading.Thread(target=self._read, daemon=True, name="salloc").start()
+        try:
+            granted = self._granted.wait(IMMEDIATE_S + CLIENT_TIMEOUT_S)
+        except BaseException:  # Ctrl-C while Slurm decides: no allocation may stay behind
+            self.release()
+            raise
+        if not granted or self.job is None:
+            self.release()
+            why = salloc_problem(self._messages)
+            raise SlurmError(f"salloc for {len(self.nodes)} node(s) gave no allocation: {why}")
+
+    def _read(self) -> None:
+        assert self._proc.stderr is not None
+        for line in self._proc.stderr:
+            self._messages.append(line)
+            if self.job is None:
+                self.job = parse_granted(line)
+                if self.job is not None:
+                    self._granted.set()
+        self._granted.set()  # salloc ended: granted or not, nothing more comes
+
+    def release(self) -> None:
+        """Give the allocation back (its steps end on every node) at once; idempotent."""
+        proc = self._proc
+        try:
+            if proc.stdin is not None and not proc.stdin.closed:
+                proc.stdin.close()
+            if self.job is not None and proc.poll() is None:
+                client([SCANCEL, self.job])  # rather than wait out the grace of a harness lost
+        except (OSError, SlurmError):
+            pass
+        try:
+            proc.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            proc.wait()
 
 
 def lease_kill_argv(lease: str, *, root: bool) -> list[str]:
@@ -312,6 +357,66 @@ def lease_kill_argv(lease: str, *, root: bool) -> list[str]:
     argv = kill_argv("", root=root)
     argv[-1] = f"{LEASE_VARIABLE}={lease}"
     return argv
+
+
+def lease_step_argv(nodes: Sequence[str], settings: LaunchSettings, *, lease: str, name: str,
+                    root: bool) -> list[str]:
+    """One task per node, its input the harness's pipe (--input=all), that kills every process
+    carrying the lease tag once the input ends: once when the harness wrote `end` first (a run
+    that ends as it should), else again every second for LEASE_GRACE_S, since a lost harness's
+    last commands may still start what they start (a lock's holder) in the meantime. SIGTERM and
+    SIGHUP are ignored, so that the allocation's end (which sends them) does not cut that short."""
+    kill = shlex.join(lease_kill_argv(lease, root=root))
+    script = (f"trap '' TERM HUP; read -r said; {kill}; [ \"$said\" = end ] && exit 0; "
+              f"for second in $(seq {LEASE_GRACE_S}); do sleep 1; {kill}; done")
+    return [SRUN, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            "--ntasks-per-node=1", f"--immediate={IMMEDIATE_S}", f"--job-name={name}", "--input=all",
+            "--kill-on-bad-exit=0", "--quiet", *allocation_options(settings),
+            "sh", "-c", script, "handover-lease-step"]
+
+
+class LeaseStep:
+    """The node-side watchdog of a session's slurm transports, as an SSH connection's lease is of
+    its node's: one step of the run's allocation on all its nodes, whose input is a pipe only the
+    harness writes to. When the input ends (close(), or the harness died however it died), each
+    node's task kills every process carrying the session's lease tag (lease_step_argv), such as
+    a node lock's holder, which left its own step's process tree (Slurm's proctrack/linuxproc
+    does not follow it; proctrack/cgroup would end it with the step that started it)."""
+
+    def __init__(self, nodes: Sequence[str], settings: LaunchSettings, *, root: bool):
+        self.tag = new_tag()
+        self.nodes = frozenset(nodes)  # the allocation's: no step of it can run elsewhere
+        self.name = JOB_PREFIX + "lease-" + secrets.token_hex(6)
+        self.argv = lease_step_argv(nodes, settings, lease=self.tag, name=self.name, root=root)
+        try:
+            self._proc: Optional[subprocess.Popen] = subprocess.Popen(
+                self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+        except FileNotFoundError:
+            raise SlurmError(f"`{SRUN}` is not installed here: the slurm transport needs Slurm's "
+                             "clients on the harness's machine") from None
+
+    @property
+    def standing(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def close(self) -> None:
+        """Say `end` and end the input: every node's lease kills what it tags, and the step ends."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            try:
+                proc.stdin.write(b"end\n")
+                proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            cancel(self.name)
+            _stop(proc)
+            proc.wait()
 
 
 # -- the transport ------------------------------------------------------------------------------
@@ -344,8 +449,9 @@ class _Batch:
 class SlurmSteps:
     """Batches the per-node commands of a session's slurm transports into sruns (module docstring)."""
 
-    def __init__(self, settings: LaunchSettings):
+    def __init__(self, settings: LaunchSettings, lease: Optional[LeaseStep] = None):
         self.settings = settings
+        self.lease = lease  # the session's node-side watchdog, where the run has its allocation
         self._lock = threading.Lock()
         self._open: dict[str, _Batch] = {}  # interpreter -> the batch still taking commands
         self._running: dict[str, _Batch] = {}  # tag -> the batch its command is in
@@ -409,6 +515,9 @@ class SlurmSteps:
                     _finish(entry, failure="unreachable", detail=f"Slurm knows no node {name}")
                 elif not state.usable:
                     _finish(entry, failure="unreachable", detail=state.explain())
+                elif self.lease is not None and name not in self.lease.nodes:  # one srun: all or none
+                    _finish(entry, failure="unreachable", detail=f"{name} is not in the run's Slurm "
+                            f"allocation: Slurm could not run on it when the run began")
                 else:
                     ready[name] = entry
             if ready:
@@ -478,7 +587,7 @@ class SlurmSteps:
                 _finish(entry, failure="unreachable", detail=state.explain())
             else:
                 _finish(entry, failure="error", detail=f"srun exited {proc.returncode} without "
-                        f"{name}'s result: {_last_line(stderr) or 'no message'}", output=partial)
+                        f"{name}'s result: {last_line(stderr) or 'no message'}", output=partial)
 
     def _expire(self, batch: _Batch, proc: subprocess.Popen) -> None:
         """The harness-side deadline: cancel the step, then make sure srun itself is gone."""
@@ -532,9 +641,11 @@ class SlurmTransport(Transport):
         self.steps = steps
 
     def _open(self) -> Lease:
+        """The session's lease step's tag where there is one; else a tag of the node's own, and
+        slurmstepd is the watchdog (a step's tasks end with it)."""
         with self._lock:
             if self._lease is None:
-                self._lease = Lease(new_tag())  # slurmstepd is the watchdog: a step's tasks end with it
+                self._lease = Lease(self.steps.lease.tag if self.steps.lease is not None else new_tag())
             return self._lease
 
     def _execute(self, lease, command, *, display, stdin, timeout):

@@ -5,21 +5,27 @@ rendezvous on the first one. A rank that cannot reach its peers makes torchrun's
 forever, so every launch is bounded by the transport's node-side timeout, and as soon as one
 node's launch fails, the launches on all the other nodes are killed (transport.kill_running()).
 Afterwards each node is asked for processes still carrying the run's marker; any found are
-reported (and killed again), never silently left.
+reported (and killed again), never silently left. Under `launch: {engine: slurm}` the same
+torchrun argv runs instead as one srun step from the harness's machine (srun_across).
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import json
 import re
 import secrets
+import shlex
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-from runners.launchers import Launcher, LaunchError
-from runners.transport import HARNESS_GRACE_S, Result, Transport
+from inventory.model import LaunchSettings
+from runners.launchers import Launcher, LaunchError, SrunLauncher, uses_srun
+from runners.slurm import DISPATCH, Frames, last_line, minutes_for, parse_launch_failures, read_frame, run_here
+from runners.transport import HARNESS_GRACE_S, Result, Transport, node_timed_out
 
 DEFAULT_PORT = 29431  # torchrun's rendezvous port when the rendezvous node cannot name a free one
 MARKER_PREFIX = "handover-run-"
@@ -268,9 +274,52 @@ def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str]
     env = socket_env(detect_interfaces(transports, addresses) if not socket_ifname
                      else {node: None for node in nodes}, socket_ifname)
     argv = launcher.argv([addresses[node] for node in nodes], ranks_per_node, command_of(marker))
-    if first.launch is not None and first.launch.engine == "slurm":  # one srun step from here
-        from runners.slurm import torchrun_across
-
-        return torchrun_across(transports, argv, settings=first.launch, marker=marker,
-                               timeout=timeout, env=env[nodes[0]])
+    if uses_srun(first.launch):
+        assert first.launch is not None
+        return srun_across(transports, argv, settings=first.launch, marker=marker, timeout=timeout,
+                           env=env[nodes[0]])
     return launch_every(transports, argv, timeout=timeout, marker=marker, env=env)
+
+
+def srun_across(transports: Mapping[str, Transport], torchrun_argv: Sequence[str], *,
+                settings: LaunchSettings, marker: str, timeout: float,
+                env: Optional[Mapping[str, str]] = None) -> Launch:
+    """torchrun on every node as one srun step (one task per node, torchrun starts the ranks),
+    from this machine. Each task runs under the dispatcher, so each node's output comes back
+    whole and apart (srun cuts long lines). The step is named by the run's marker, so a timeout
+    or Ctrl-C cancels it; --kill-on-bad-exit ends the others when one node's torchrun fails;
+    leftovers are looked for on every node afterwards."""
+    nodes = list(transports)
+    seconds = max(1, int(round(timeout)))
+    command = ["env", *(f"{k}={v}" for k, v in (env or {}).items()),
+               "timeout", "-k", "5", str(seconds), *torchrun_argv]
+    python = transports[nodes[0]].node.python
+    launcher = SrunLauncher(settings=settings, job_name=marker, time_min=minutes_for(timeout),
+                            options=("--input=all",))
+    argv = launcher.argv(nodes, 1, [python, "-c", DISPATCH])
+    batch = json.dumps({"inputs": [], "nodes": {node: {"argv": command, "stdin": None} for node in nodes}})
+    step = run_here(argv, name=marker, timeout=timeout, node=nodes[0], stdin=batch)
+    frames: dict[str, Frames] = {}
+    for line in step.stdout.splitlines():
+        read_frame(line, frames)
+    failed = parse_launch_failures(step.stderr)
+    shown = shlex.join(argv[:argv.index("-c") + 1] + ["<dispatcher>", *command])
+    results = {}
+    for node in nodes:
+        found = frames.get(node, Frames())
+        if found.end is not None:
+            code, duration = found.end
+            result = Result(node, "srun torchrun", code, found.text("out"), found.text("err"), duration,
+                            timed_out=node_timed_out(code, duration, timeout))
+        elif node in failed:
+            result = Result(node, "srun torchrun", None, "", "", step.duration_s, failure="unreachable",
+                            detail=f"Slurm could not start the task on {node}: {failed[node]}")
+        else:
+            result = Result(node, "srun torchrun", None, found.text("out"), found.text("err") or step.stderr,
+                            step.duration_s, timed_out=step.timed_out, failure=step.failure or (
+                                None if step.timed_out else "error"),
+                            detail=step.detail or f"srun exited {step.exit_code} without {node}'s result: "
+                                                  f"{last_line(step.stderr) or 'no message'}")
+        results[node] = dataclasses.replace(result, full_command=shown)
+    first = next((node for node in nodes if not results[node].ok), None)
+    return Launch(results, first, (), find_leftovers(transports, marker), marker)

@@ -3,7 +3,8 @@
 
 Within a node: nccl-tests' `all_reduce_perf` over all GPUs where it is installed, else the torch
 payload under torchrun (nccl on GPUs, gloo with two CPU ranks). Across nodes: `all_reduce_perf`
-under mpirun from the first node (one rank per GPU) where every node has nccl-tests and mpirun,
+under the inventory's MPI launcher from the first node (mpirun, or srun under `launch: {engine:
+slurm}`; one rank per GPU) where every node has nccl-tests and that launcher,
 else the torch payload, torchrun on every node with a c10d rendezvous on the first. busbw is
 judged at the largest size (runners.nccl_tests.peak_busbw, the figure `handover parse
 nccl-tests` prints), never nccl-tests' "Avg bus bandwidth"; the NCCL version and NCCL_*
@@ -35,7 +36,6 @@ from handover.failures import (
 )
 from runners import collectives, isolation, nccl_tests
 from runners.collectives import Figure, Plan, plan_for
-from runners.launchers import MpirunLauncher
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 from suites.checks import (
@@ -318,13 +318,13 @@ class Measured:
 def nccl_tests_across(cluster_run, nodes: Sequence[str], across: Across, acceptance, step: str,
                       saved: list[str], timeout: float) -> Figure:
     """all_reduce_perf under mpirun from the first node, one rank per GPU; sanity, then busbw."""
-    first = cluster_run.cluster.node(nodes[0])
     interface = cluster_run.cluster.launch_interface
-    launcher = MpirunLauncher(ssh=first.ssh, as_root=across.root, interfaces=(interface,) if interface else (),
-                              export_env=("NCCL_DEBUG",) + ((f"NCCL_SOCKET_IFNAME={interface}",)
-                                                            if interface else ()))
-    hosts = [cluster_run.cluster.node(node).address for node in nodes]
-    result = nccl_tests.run_across(cluster_run.transport(first.name), launcher, hosts, across.gpus,
+    launcher = cluster_run.mpi_launcher(nodes[0], as_root=across.root, interfaces=(interface,) if interface else (),
+                                        export_env=("NCCL_DEBUG",) + ((f"NCCL_SOCKET_IFNAME={interface}",)
+                                                                      if interface else ()),
+                                        timeout=timeout)
+    hosts = launcher.hosts([cluster_run.cluster.node(node) for node in nodes])
+    result = nccl_tests.run_across(cluster_run.transport(nodes[0]), launcher, hosts, across.gpus,
                                    timeout=timeout)
     saved += acceptance.save_result(step, result)
     return figure_of(Plan("nccl-tests", across.gpus * len(nodes), True), result)

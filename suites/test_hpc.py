@@ -1,5 +1,6 @@
-"""HPC: HPL per node (quick: a small N on two ranks) and across all nodes (full), via mpirun;
-cuBLAS GEMM and cuFFT throughput per GPU (quick).
+"""HPC: HPL per node (quick: a small N on two ranks, via mpirun) and across all nodes (full,
+via the inventory's launcher: mpirun, or srun under `launch: {engine: slurm}`); cuBLAS GEMM and
+cuFFT throughput per GPU (quick).
 
 The flavour is the profile's `hpl_flavour`, else the first one found on the node: HPL-NVIDIA's
 hpl.sh (GPU profiles only), netlib xhpl, Debian's hpcc. Sanity first: a result exists and its
@@ -23,7 +24,7 @@ import pytest
 
 from handover.failures import ExpectationFailure, SanityFailure, excerpt
 from runners import gemm_fft, hpl, system
-from runners.launchers import MpirunLauncher
+from runners.launchers import MPIRUN, MpirunLauncher, launch_program
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 from suites.checks import parsed, require, require_scratch_run
@@ -55,11 +56,12 @@ def scratch_path(cluster, prefer: str) -> Optional[str]:
     return ordered[0].path if ordered else None
 
 
-def choose_flavour(profile, detected: system.Programs, node: str) -> str:
-    """The profile's flavour (its absence a failure), else the first installed; none: skip."""
+def choose_flavour(profile, detected: system.Programs, node: str, launcher: str = MPIRUN) -> str:
+    """The profile's flavour (its absence a failure), else the first installed; none: skip.
+    `launcher` (mpirun or srun) must be there too."""
     wanted = profile.expect.hpl_flavour
     if wanted:
-        for program in (hpl.PROGRAMS[wanted], hpl.MPIRUN):
+        for program in (hpl.PROGRAMS[wanted], launcher):
             if not detected.has(program):
                 raise ExpectationFailure(f"{node}: profile {profile.name} runs HPL as {wanted}, "
                                          f"but {program} is not on the node's PATH")
@@ -69,8 +71,8 @@ def choose_flavour(profile, detected: system.Programs, node: str) -> str:
     if not found:
         pytest.skip("no HPL program on the node (looked for "
                     f"{', '.join(hpl.PROGRAMS[f] for f in candidates)})")
-    if not detected.has(hpl.MPIRUN):
-        pytest.skip(f"{hpl.PROGRAMS[found[0]]} is installed but mpirun is not")
+    if not detected.has(launcher):
+        pytest.skip(f"{hpl.PROGRAMS[found[0]]} is installed but {launcher} is not")
     return found[0]
 
 
@@ -80,17 +82,24 @@ def ranks_per_node(flavour: str, profile, depth: hpl.Depth, logical_cpus: int) -
     return QUICK_RANKS if depth is hpl.QUICK else logical_cpus
 
 
-def make_plan(cluster, profile, depth: hpl.Depth, flavour: str, detected: system.Programs,
+def make_plan(cluster_run, cluster, profile, depth: hpl.Depth, flavour: str, detected: system.Programs,
               hosts: list, ranks: int, memory_bytes: int, logical_cpus: int, scratch: str) -> Plan:
+    """One node: mpirun on its loopback; across nodes: the inventory's launcher (ClusterRun)."""
     nb = profile.expect.hpl_nb or hpl.DEFAULT_NB[flavour]
     hpl_input = hpl.plan_input(depth, memory_bytes, ranks * len(hosts), nb)
-    first = cluster.node(hosts[0]) if len(hosts) > 1 else None
-    launcher = MpirunLauncher(ssh=first.ssh if first else cluster.nodes[0].ssh,
-                              as_root=detected.root, oversubscribe=ranks > logical_cpus,
-                              interfaces=(cluster.launch_interface,) if cluster.launch_interface else ())
-    addresses = [cluster.node(name).address for name in hosts] if first else ["localhost"]
+    timeout = hpl.timeout_for(depth, hpl_input)
+    interfaces = (cluster.launch_interface,) if cluster.launch_interface else ()
+    if len(hosts) > 1:
+        launcher = cluster_run.mpi_launcher(hosts[0], as_root=detected.root,
+                                            oversubscribe=ranks > logical_cpus, interfaces=interfaces,
+                                            timeout=timeout)
+        addresses = launcher.hosts([cluster.node(name) for name in hosts])
+    else:
+        launcher = MpirunLauncher(ssh=cluster.nodes[0].ssh, as_root=detected.root,
+                                  oversubscribe=ranks > logical_cpus, interfaces=interfaces)
+        addresses = ["localhost"]
     return Plan(flavour, hpl_input, hpl.command(flavour, launcher, addresses, ranks),
-                hpl.timeout_for(depth, hpl_input), scratch, hpl.timeout_cap_note(depth, hpl_input))
+                timeout, scratch, hpl.timeout_cap_note(depth, hpl_input))
 
 
 def not_run(node: str, why: str) -> Result:
@@ -111,7 +120,7 @@ def node_plan(cluster_run, cluster, profile, node: str) -> Plan:
     scratch = scratch_path(cluster, "local")
     if scratch is None:
         pytest.skip(NO_SCRATCH)
-    return make_plan(cluster, profile, hpl.QUICK, flavour, detected, [node],
+    return make_plan(cluster_run, cluster, profile, hpl.QUICK, flavour, detected, [node],
                      ranks_per_node(flavour, profile, hpl.QUICK, facts.logical_cpus),
                      facts.memory_total_kib * 1024, facts.logical_cpus, scratch)
 
@@ -177,13 +186,15 @@ def test_hpl(on_node, cluster_run, cluster, profile, node, acceptance, metrics, 
 @pytest.mark.full
 @pytest.mark.cluster
 def test_hpl_cluster(cluster_run, cluster, profile, metrics, record):
-    """One HPL job across every selected node, N from their memory, started on the first node."""
+    """One HPL job across every selected node, N from their memory, started on the first node by
+    the inventory's launcher (mpirun, or srun under `launch: {engine: slurm}`)."""
     answers = cluster_run.gather(SYSTEM_STEP, system.probe)
     detections = cluster_run.gather(DETECT_STEP, hpl.detect)
     names = [node.name for node in cluster_run.nodes]
     facts = {name: parsed(system.parse_system_facts, answers[name]) for name in names}
     detected = {name: parsed(system.parse_programs, detections[name]) for name in names}
-    flavours = {name: choose_flavour(profile, detected[name], name) for name in names}
+    launcher = launch_program(cluster.launch) if len(names) > 1 else MPIRUN
+    flavours = {name: choose_flavour(profile, detected[name], name, launcher) for name in names}
     if len(set(flavours.values())) > 1:
         raise ExpectationFailure("nodes have different HPL programs: " + ", ".join(
             f"{name} {flavour}" for name, flavour in flavours.items()))
@@ -192,7 +203,7 @@ def test_hpl_cluster(cluster_run, cluster, profile, metrics, record):
         pytest.skip(NO_SCRATCH)
     flavour, first = flavours[names[0]], names[0]
     cpus = min(f.logical_cpus for f in facts.values())
-    plan = make_plan(cluster, profile, hpl.FULL, flavour, detected[first], names,
+    plan = make_plan(cluster_run, cluster, profile, hpl.FULL, flavour, detected[first], names,
                      ranks_per_node(flavour, profile, hpl.FULL, cpus),
                      min(f.memory_total_kib for f in facts.values()) * 1024 * len(names),
                      cpus, scratch)

@@ -606,6 +606,8 @@ class SlurmCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
         (self.dir / "munge").mkdir(parents=True)
         (self.dir / "state").mkdir()
+        for node in self.nodes.nodes:
+            (self.dir / f"tmp-{node.name}").mkdir(mode=0o1777)
         os.chmod(SLURM_RUN_DIR, 0o755)
         os.chmod(self.dir, 0o755)
         key = self.dir / "munge" / "munge.key"
@@ -641,6 +643,9 @@ class SlurmCluster:
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={self.socket}",
             "SlurmUser=root", "SlurmdUser=root",
             f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d / 'spool-%n'}",
+            # The nodes share /tmp; PMIx's per-step directories (spmix_appdir_UID_JOB.STEP) go
+            # under TmpFS, which must therefore differ per node.
+            f"TmpFS={d / 'tmp-%n'}",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}", f"SlurmdPidFile={d / 'slurmd-%n.pid'}",
             f"SlurmctldLogFile={d / 'slurmctld.log'}", f"SlurmdLogFile={d / 'slurmd-%n.log'}",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
@@ -694,6 +699,11 @@ class SlurmCluster:
     def steps(self) -> list[str]:
         """Running job steps (`squeue -s`), as `STEPID NAME NODES` lines."""
         done = self.client("squeue", "-h", "-s", "-o", "%i %j %N")
+        return [line for line in done.stdout.splitlines() if line.strip()]
+
+    def jobs(self) -> list[str]:
+        """Jobs in squeue, whatever their state, as `JOBID NAME STATE` lines."""
+        done = self.client("squeue", "-h", "-o", "%i %j %T")
         return [line for line in done.stdout.splitlines() if line.strip()]
 
     def kill_slurmd(self, name: str) -> None:

@@ -7,6 +7,7 @@ themselves are marked "constructed"; ansible-inventory's view of those is real t
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -447,6 +448,22 @@ def test_hook_expands_sources_into_nodes_that_remember_where_they_came_from(sour
     assert (gpu03.address, gpu03.ssh.port) == ("10.9.0.3", 22)  # Ansible says no port: ssh: applies
     assert gpu03.ssh.identity_file == str(sources.parent / "keys" / "gpu_ed25519")
     assert cluster.node("login01").source == "yaml"
+
+
+def test_the_digest_covers_the_files_that_listed_the_nodes(sources, tmp_path):
+    """A run pins the inventory's digest and --resume compares it: a changed include of the
+    slurm.conf, or a changed group_vars file, is a different inventory; an inventory that reads
+    no other file keeps the digest of its own bytes."""
+    before = load_inventory(sources).digest
+    include = tmp_path / "slurm" / "pcluster" / "slurm_parallelcluster_efa_partition.conf"
+    include.write_text(include.read_text() + "# a comment changes the bytes, not the nodes\n")
+    after_include = load_inventory(sources).digest
+    write(tmp_path, "ansible_user: admin\n", "ansible/group_vars/gpu.yml")
+    after_vars = load_inventory(sources)
+    assert len({before, after_include, after_vars.digest}) == 3
+    assert after_vars.node("gpu01").ssh.user == "admin"  # group_vars/ outranks [gpu:vars], as in Ansible
+    plain = write(tmp_path, "cluster: c\nprofile: cpu-only\nnodes: [a]\n", "plain.yaml")
+    assert load_inventory(plain).digest == hashlib.sha256(plain.read_bytes()).hexdigest()
 
 
 def hook_error(tmp_path: Path, entry: str) -> InventoryError:

@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 from nodes import ns_inventory, unique_sleep, wait_for_no_leftovers
 
-from inventory.model import SshSettings
-from runners.launchers import Launcher, LaunchError, MpirunLauncher, ssh_options
+from inventory.model import LaunchSettings, Node, SshSettings
+from runners import nccl_tests
+from runners.launchers import (
+    Launcher,
+    LaunchError,
+    MpirunLauncher,
+    SrunLauncher,
+    launch_program,
+    mpi_launcher,
+    ssh_options,
+)
 from runners.ssh import SshTransport
 
 SSH = SshSettings(user="root", port=2222, identity_file="/keys/id_ed25519",
@@ -64,6 +73,40 @@ def test_both_engines_are_launchers_that_say_where_they_start():
     assert isinstance(mpirun, Launcher) and isinstance(torchrun, Launcher)
     assert (mpirun.name, mpirun.starts_on) == ("mpirun", "first")
     assert (torchrun.name, torchrun.starts_on) == ("torchrun", "every")
+
+
+def test_the_inventory_chooses_the_mpi_launcher(monkeypatch):
+    """launch.engine decides, not the suite: mpirun over ssh by default, srun with PMIx under
+    engine slurm, the same job either way (interfaces, more ranks than CPUs, NAME=VALUE
+    variables), and each names its hosts as its engine reaches them."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    nodes = [Node("gpu001", "10.0.0.1", "ssh"), Node("gpu002", "10.0.0.2", "ssh")]
+    asked = dict(ssh=SSH, as_root=True, oversubscribe=True, interfaces=("ib0",),
+                 export_env=("NCCL_DEBUG", "NCCL_SOCKET_IFNAME=ib0"), timeout=125)
+    mpirun = mpi_launcher(LaunchSettings(), **asked)
+    assert isinstance(mpirun, MpirunLauncher) and mpirun.hosts(nodes) == ["10.0.0.1", "10.0.0.2"]
+    assert launch_program(LaunchSettings()) == "mpirun"
+    srun = mpi_launcher(LaunchSettings(engine="slurm", partition="gpu", allocation="4711"), **asked)
+    assert isinstance(srun, SrunLauncher) and srun.hosts(nodes) == ["gpu001", "gpu002"]
+    assert launch_program(LaunchSettings(engine="slurm")) == "srun"
+    argv = srun.argv(srun.hosts(nodes), 8, ["xhpl"])
+    assert argv[:5] == ["srun", "--nodelist=gpu001,gpu002", "--nodes=2", "--ntasks=16", "--ntasks-per-node=8"]
+    assert argv[argv.index("--jobid=4711"):] == [
+        "--jobid=4711", "--overlap", "--time=3", "--mpi=pmix", "--overcommit",
+        "--export=ALL,NCCL_SOCKET_IFNAME=ib0,OMPI_MCA_btl_tcp_if_include=ib0", "xhpl"]
+    assert "--partition=gpu" not in argv  # a step of the allocation, which has the partition
+    with pytest.raises(LaunchError, match="comma"):
+        mpi_launcher(LaunchSettings(engine="slurm"), ssh=SSH, interfaces=("ib0", "ib1")).argv(["a"], 1, ["x"])
+
+
+def test_nccl_tests_across_nodes_under_srun_is_one_rank_per_gpu(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    launcher = mpi_launcher(LaunchSettings(engine="slurm", allocation="4711"), ssh=SSH,
+                            export_env=("NCCL_DEBUG", "NCCL_SOCKET_IFNAME=ib0"))
+    argv = nccl_tests.across_argv(launcher, ["gpu001", "gpu002"], 8)
+    assert argv[:5] == ["srun", "--nodelist=gpu001,gpu002", "--nodes=2", "--ntasks=16", "--ntasks-per-node=8"]
+    assert "--mpi=pmix" in argv and "--export=ALL,NCCL_SOCKET_IFNAME=ib0" in argv
+    assert argv[argv.index("all_reduce_perf"):] == nccl_tests.argv("all_reduce", 1)
 
 
 def _two_nodes(ns_cluster, tmp_path):

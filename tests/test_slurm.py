@@ -3,6 +3,7 @@ inventory's launch: key. The real cluster is in tests/test_slurm_cluster.py."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -17,13 +18,18 @@ from runners.parsing import ParseError
 from runners.slurm import (
     DISPATCH,
     FRAME_CHUNK,
+    LEASE_GRACE_S,
     Frames,
+    allocation_argv,
     batch_argv,
     lease_kill_argv,
+    lease_step_argv,
     minutes_for,
+    parse_granted,
     parse_launch_failures,
     parse_sinfo_nodes,
     read_frame,
+    salloc_problem,
 )
 
 DATA = Path(__file__).parent / "data" / "slurm-clients"
@@ -129,6 +135,52 @@ def test_srun_launcher_renders_ranks_per_node_on_named_nodes(monkeypatch):
         "--immediate=30", "--job-name=handover-x", "--kill-on-bad-exit=1", "--account=acme", "--time=10",
         "xhpl"]
     assert SrunLauncher().job_name != SrunLauncher().job_name
+
+
+def test_the_runs_allocation_is_salloc_of_whole_nodes_holding_a_pipe(monkeypatch):
+    """salloc's command is cat on this machine: the allocation lasts as long as the harness's
+    pipe; the inventory's partition, account, reservation and time limit are the job's."""
+    monkeypatch.setenv("SLURM_JOB_ID", "99")  # never read here: the harness asks only outside one
+    settings = LaunchSettings(engine="slurm", partition="gpu", account="acme", reservation="handover",
+                              time_limit_min=120, allocation="4711")
+    assert allocation_argv(["gpu001", "gpu002"], settings, name="handover-run-x") == [
+        "salloc", "--nodelist=gpu001,gpu002", "--nodes=2", "--exclusive", "--immediate=30",
+        "--job-name=handover-run-x", "--partition=gpu", "--account=acme", "--reservation=handover",
+        "--time=120", "--", "sh", "-c", "cat; sleep 5"]
+
+
+def test_salloc_says_the_job_or_why_there_is_none():
+    granted = (DATA / "salloc_granted.stderr").read_text().splitlines(keepends=True)
+    assert [parse_granted(line) for line in granted] == ["1", None]
+    refused = (DATA / "salloc_down_immediate.stderr").read_text().splitlines(keepends=True)
+    assert not any(parse_granted(line) for line in refused)
+    assert salloc_problem(refused) == "salloc: error: Unable to allocate resources: Connection timed out"
+    assert salloc_problem([]) == "no answer"
+
+
+def test_the_lease_step_waits_on_the_harnesss_pipe_on_every_node():
+    settings = LaunchSettings(engine="slurm", allocation="4711")
+    argv = lease_step_argv(["gpu001", "gpu002"], settings, lease="abc123", name="handover-lease-x", root=False)
+    assert argv[:11] == [
+        "srun", "--nodelist=gpu001,gpu002", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+        "--immediate=30", "--job-name=handover-lease-x", "--input=all", "--kill-on-bad-exit=0", "--quiet",
+        "--jobid=4711"]
+    assert argv[-4:-2] == ["sh", "-c"] and argv[-1] == "handover-lease-step"
+    script = argv[-2]
+    assert script.startswith("trap '' TERM HUP; read -r said; ")
+    assert script.count(shlex.join(lease_kill_argv("abc123", root=False))) == 2
+    assert "sudo -n" in lease_step_argv(["a"], settings, lease="abc123", name="n", root=True)[-2]
+
+
+def test_the_lease_step_kills_once_when_told_end_and_for_a_while_when_its_input_just_ends():
+    """The task's script itself, here: the kill's program stands in for the lease's kill."""
+    script = lease_step_argv(["a"], LaunchSettings(), lease="abc", name="n", root=False)[-2]
+    kill = shlex.join(lease_kill_argv("abc", root=False))
+    counting = script.replace(kill, "echo killed")
+    told = subprocess.run(["sh", "-c", counting, "x"], input="end\n", capture_output=True, text=True, timeout=30)
+    lost = subprocess.run(["sh", "-c", counting, "x"], input="", capture_output=True, text=True, timeout=30)
+    assert told.stdout.split() == ["killed"]
+    assert lost.stdout.split() == ["killed"] * (1 + LEASE_GRACE_S)
 
 
 def test_lease_kill_finds_the_leases_processes():

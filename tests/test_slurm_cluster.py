@@ -17,16 +17,22 @@ import time
 from pathlib import Path
 
 import pytest
-from netns import NamespaceCluster, SlurmCluster, slurm_available
+from netns import NETNS_DIR, NamespaceCluster, SlurmCluster, slurm_available
 from nodes import unique_sleep, wait_for_no_leftovers
 from test_e2e import ROOT, results_of, run_dir_of
 
 from inventory.loader import InventoryError, load_inventory
+from runners import hpl
+from runners.cluster import ClusterRun
 from runners.fanout import fan_out
 from runners.slurm import SlurmSteps, SlurmTransport
-from runners.transport import Transport
+from runners.transport import LEASE_VARIABLE, Transport
 
 STEP_WAIT_S = 60  # how long the Ctrl-C test waits for the harness to start an srun step
+SLOW_TESTS = "HANDOVER_SLOW_TESTS"
+# After a SIGKILLed harness, how long Slurm may take to end everything of its allocation:
+# slurmctld's KillWait (2 s here) and a few of SlurmdTimeout's rounds.
+KILLED_HARNESS_BOUND_S = 30
 
 
 @pytest.fixture(scope="module")
@@ -54,35 +60,48 @@ def run_pytest(slurm: SlurmCluster, inventory_path: Path, out: Path, key, *extra
                           cwd=ROOT, env=slurm.env, capture_output=True, text=True, timeout=600)
 
 
-def tasks_on_nodes(prefix: str = "handover-") -> list[str]:
-    """Processes that Slurm started for one of our steps (the nodes share this PID namespace)."""
+def tasks_on_nodes(nodes: NamespaceCluster) -> list[str]:
+    """Our processes in the nodes' network namespaces: what Slurm started for one of our jobs or
+    steps, and what our commands started (they carry a lease tag, runners.transport), such as a
+    node lock's holder. slurmd itself is neither."""
+    namespaces = {os.stat(NETNS_DIR / node.namespace).st_ino for node in nodes.nodes}
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
+            if os.stat(f"/proc/{entry}/ns/net").st_ino not in namespaces:
+                continue
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
             command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if any(var.startswith(f"SLURM_JOB_NAME={prefix}".encode()) for var in environ):
+        if any(var.startswith((b"SLURM_JOB_NAME=handover-", LEASE_VARIABLE.encode() + b"=")) for var in environ):
             found.append(f"{entry} {command}")
     return found
 
 
 def test_system_suite_through_the_slurm_transport(slurm_nodes, sign_key, tmp_path):
+    """The nodes come from the cluster's slurm.conf; the run asks for one allocation of them,
+    runs every step in it and gives it back: no job is left in squeue."""
     nodes, slurm = slurm_nodes
     path = inventory(slurm_nodes, tmp_path / "cluster.yaml")
+    listed = f"nodes:\n- slurm: {{conf: {slurm.conf}, partition: debug}}\n"
+    path.write_text(path.read_text().split("nodes:")[0] + listed)
     done = run_pytest(slurm, path, tmp_path / "out", sign_key, "-m", "system and quick")
     assert done.returncode == 0, done.stdout + done.stderr
-    results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    results = results_of(run_dir)
     assert results["verdict"]["status"] == "CERTIFIED"
     assert {n["name"]: n["status"] for n in results["nodes"]} == {f"node{i}": "passed" for i in range(1, 5)}
+    assert {n["source"] for n in results["nodes"]} == {f"slurm.conf {slurm.conf} partition debug"}
+    salloc = (run_dir / "raw" / "slurm_allocation" / "slurm.command").read_text()
+    assert "salloc --nodelist=node1,node2,node3,node4 --nodes=4 --exclusive" in salloc
+    assert nothing_left(slurm, 20) == ([], [])  # a job given back may be COMPLETING a moment
     kernel = [c for c in results["checks"] if c["check"] == "kernel"]
     assert len(kernel) == 4 and all(c["outcome"] == "passed" for c in kernel)
     hostnames = {c["node"]: c for c in results["checks"] if c["check"] == "os"}
     assert set(hostnames) == {"node1", "node2", "node3", "node4"}
-    assert slurm.steps() == [] and tasks_on_nodes() == []
 
 
 def test_live_partition_resolves_through_sinfo(slurm_nodes, tmp_path, monkeypatch):
@@ -112,34 +131,90 @@ def test_a_fan_out_past_its_deadline_cancels_the_step(slurm_nodes, tmp_path, mon
     results = fan_out(transports, lambda t: t.run(sleep.split(), timeout=300), deadline_s=5)
     assert all(r.timed_out for r in results.values()), {n: r.status for n, r in results.items()}
     assert wait_for_no_leftovers(sleep.split()[1]) == []
-    deadline = time.monotonic() + 20
-    while slurm.steps() and time.monotonic() < deadline:
+    assert nothing_left(slurm, 20) == ([], [])
+
+
+def harness_in_an_srun_step(slurm: SlurmCluster, path: Path, out: Path, key) -> subprocess.Popen:
+    """The harness running the per-node training check through the slurm transport, once one of
+    its srun steps has tasks on the nodes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", f"--inventory={path}", f"--out={out}",
+         f"--sign-key={key}", "-p", "no:cacheprovider", "-m", "training and quick",
+         "-k", "test_training and not cluster and not sustained and not scaling"],
+        cwd=ROOT, env=slurm.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + STEP_WAIT_S
+    while not any("handover-" in step and "node" in step for step in slurm.steps()) or not tasks_on_nodes(slurm.nodes):
+        assert proc.poll() is None and time.monotonic() < deadline, "no srun step started"
         time.sleep(0.2)
-    assert slurm.steps() == []
+    return proc
+
+
+def nothing_left(slurm: SlurmCluster, within_s: float) -> tuple[list[str], list[str]]:
+    """squeue's jobs and our tasks on the nodes, once both are gone or `within_s` has passed."""
+    deadline = time.monotonic() + within_s
+    while (slurm.jobs() or tasks_on_nodes(slurm.nodes)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return slurm.jobs(), tasks_on_nodes(slurm.nodes)
 
 
 def test_ctrl_c_during_an_srun_step_leaves_nothing(slurm_nodes, sign_key, tmp_path):
     nodes, slurm = slurm_nodes
     pytest.importorskip("torch")
     path = inventory(slurm_nodes, tmp_path / "cluster.yaml")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", f"--inventory={path}", f"--out={tmp_path / 'out'}",
-         f"--sign-key={sign_key}", "-p", "no:cacheprovider", "-m", "training and quick",
-         "-k", "test_training and not cluster and not sustained and not scaling"],
-        cwd=ROOT, env=slurm.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + STEP_WAIT_S
-    while not any("handover-" in step and "node" in step for step in slurm.steps()) or not tasks_on_nodes():
-        assert proc.poll() is None and time.monotonic() < deadline, "no srun step started"
-        time.sleep(0.2)
+    proc = harness_in_an_srun_step(slurm, path, tmp_path / "out", sign_key)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2, output  # pytest's "interrupted"
-    deadline = time.monotonic() + 20
-    while (slurm.steps() or tasks_on_nodes()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert slurm.steps() == []
-    assert tasks_on_nodes() == []
+    assert nothing_left(slurm, 20) == ([], [])  # the run's allocation was given back too
     assert results_of(run_dir_of(tmp_path / "out", "nscluster"))["run"]["interrupted"] is True
+
+
+def test_a_sigkilled_harness_leaves_nothing_once_its_allocation_ends(slurm_nodes, sign_key, tmp_path):
+    """No cleanup of the harness's runs: the end of salloc's input (the harness's pipe) gives the
+    allocation back, Slurm ends its steps, and the node locks' holders end with them."""
+    nodes, slurm = slurm_nodes
+    pytest.importorskip("torch")
+    path = inventory(slurm_nodes, tmp_path / "cluster.yaml")
+    proc = harness_in_an_srun_step(slurm, path, tmp_path / "out", sign_key)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert nothing_left(slurm, KILLED_HARNESS_BOUND_S) == ([], [])
+
+
+@pytest.mark.skipif(not os.environ.get(SLOW_TESTS), reason=f"about 40 s of hpcc across two namespace "
+                    f"nodes under srun; {SLOW_TESTS}=1 runs it")
+def test_hpl_across_two_nodes_under_srun(slurm_nodes, tmp_path, monkeypatch):
+    """test_hpl_cluster's path under `launch: {engine: slurm}` at the quick N: the run's own
+    allocation, the MPI launcher the inventory chooses (srun --mpi=pmix, started on node1 through
+    the slurm transport), hpcc's ranks on node1 and node2; the residual PASSED, and once the run
+    is closed no job is left in squeue and no task on a node."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    path = nodes.write_inventory(tmp_path / "cluster.yaml", extra={
+        "transport": "slurm", "launch": {"engine": "slurm", "time_limit": 10},
+        "scratch": [{"path": str(shared), "kind": "shared"}]})
+    cluster = load_inventory(path)
+    names = ["node1", "node2"]
+    run = ClusterRun(cluster, [cluster.node(name) for name in names], lambda step, result: [])
+    try:
+        hpl_input = hpl.plan_input(hpl.QUICK, 4 << 30, 2, hpl.DEFAULT_NB["hpcc"])
+        timeout = hpl.timeout_for(hpl.QUICK, hpl_input)
+        launcher = run.mpi_launcher("node1", timeout=timeout)
+        argv = hpl.command("hpcc", launcher, launcher.hosts(run.nodes), 1)
+        assert argv[:2] == ["srun", "--nodelist=node1,node2"] and "--mpi=pmix" in argv
+        assert f"--jobid={run.launch.allocation}" in argv
+        result = hpl.run_on_scratch(run.transport("node1"), str(shared), cluster.scratch, "hpcc",
+                                    hpl_input, argv, timeout=timeout)
+    finally:
+        run.close()
+    assert result.ok, result.stderr[-2000:]
+    hpcc = hpl.parse_hpl(result.stdout)
+    assert hpcc.ok and all(r.passed and r.p * r.q == 2 for r in hpcc.results)
+    assert list(shared.iterdir()) == []
+    assert nothing_left(slurm, 20) == ([], [])
 
 
 def test_training_across_nodes_through_the_slurm_launcher(slurm_nodes, sign_key, tmp_path):
@@ -159,9 +234,13 @@ def test_training_across_nodes_through_the_slurm_launcher(slurm_nodes, sign_key,
     assert across and all(c["outcome"] == "passed" for c in across), across
     raw = "".join(p.read_text() for p in (run_dir / "raw").rglob("*.stdout"))
     commands = "".join(p.read_text() for p in (run_dir / "raw").rglob("*") if p.is_file())
-    assert "srun --nodelist=node1,node2" in commands and "--partition=debug" in commands
+    salloc = (run_dir / "raw" / "slurm_allocation" / "slurm.command").read_text()
+    assert "--nodelist=node1,node2" in salloc and "--partition=debug --time=10" in salloc
+    job = (run_dir / "raw" / "slurm_allocation" / "slurm.stdout").read_text().split()[1]
+    assert "srun --nodelist=node1,node2 --nodes=2 --ntasks=2 --ntasks-per-node=1" in commands
+    assert f"--jobid={job} --overlap" in commands  # the training's step is one of the run's allocation
     assert raw
-    assert slurm.steps() == [] and tasks_on_nodes() == []
+    assert nothing_left(slurm, 20) == ([], [])
 
 
 def test_a_node_whose_slurmd_is_stopped_is_unreachable_with_slurms_reason(slurm_nodes, sign_key, tmp_path):
