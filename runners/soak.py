@@ -253,6 +253,7 @@ class SoakRun:
         self.specs = dict(nodes)
         self.on_progress = on_progress
         self._transports: dict[str, Transport] = {}
+        self.sealed = False  # the run is rendered and signed: samples that come now are not kept
         self.states = {name: NodeState(name, offset=self._complete_bytes(name)) for name in plan.nodes}
         for state in self.states.values():  # re-attached: what raw/ already has
             state.ended = any(r.get("kind") == "end" for r in records(self.raw_text(state.name)))
@@ -321,12 +322,12 @@ class SoakRun:
         state.state, state.last_seen, state.unreachable = seen, now, ""
         text = result.stdout
         whole = text[:text.rfind("\n") + 1]
-        if whole:
+        if whole and not self.sealed:
             self.raw.mkdir(parents=True, exist_ok=True)
             with self.raw_path(state.name).open("a", encoding="utf-8") as out:
                 out.write(whole)
-            state.offset += len(whole.encode())
-            state.ended = state.ended or any(r.get("kind") == "end" for r in records(whole))
+        state.offset += len(whole.encode())
+        state.ended = state.ended or any(r.get("kind") == "end" for r in records(whole))
         more = len(text.encode()) >= COLLECT_LIMIT
         if state.ended and not more:
             tell(self.transport(state.name), self.plan.nodes[state.name].dir, "collected")
@@ -362,6 +363,7 @@ class SoakRun:
     def stop(self) -> dict[str, str]:
         """End the soak on every node now: stop, collect what is left, let each supervisor clean up,
         then kill whatever still carries the soak's tag. {node: what happened}."""
+        self.sealed = (self.run_dir / "results.json").exists()
         live = {name: self.transport(name) for name in self.plan.nodes if name not in self.plan.refused}
         told = fan_out(live, lambda t: tell(t, self.plan.nodes[t.node.name].dir, "stop"), name="soak stop")
         deadline = time.time() + STOP_WAIT_S
@@ -378,15 +380,29 @@ class SoakRun:
         while time.time() < deadline and not all(s.done for s in self.states.values()):
             self.poll_once()
             time.sleep(1)
+        self._wait_cleaned([name for name in live if name not in outcome], deadline)
         killed = fan_out({name: self.transport(name) for name in live if name not in outcome},
                          lambda t: t.run(kill_argv(self.plan.tag, root=False), timeout=COMMAND_TIMEOUT_S),
                          name="soak kill")
         for name in killed:
-            outcome.setdefault(name, "stopped; its samples are in raw/" if self.states[name].done == "ended"
+            kept = ("the run was already signed: samples since are not kept" if self.sealed
+                    else "its samples are in raw/")
+            outcome.setdefault(name, f"stopped; {kept}" if self.states[name].done == "ended"
                                else f"killed ({self.states[name].done or 'did not end in time'})")
         self.plan.stopped = True
         self.plan.save(self.run_dir)
         return outcome
+
+    def _wait_cleaned(self, names: list[str], deadline: float) -> None:
+        """Until each supervisor told `collected` has removed its folder (and so ended), or the deadline."""
+        waiting = list(names)
+        while waiting and time.time() < deadline:
+            looked = fan_out({name: self.transport(name) for name in waiting},
+                             lambda t: t.run(["test", "-d", self.plan.nodes[t.node.name].dir],
+                                             timeout=COMMAND_TIMEOUT_S), name="soak cleaned")
+            waiting = [name for name, result in looked.items() if result.exit_code != 1]
+            if waiting:
+                time.sleep(1)
 
     def close(self) -> None:
         for transport in self._transports.values():
@@ -511,8 +527,8 @@ class Drift:
 
 def drift(parts: Sequence[Part], part: str, until: Optional[float] = None) -> Optional[Drift]:
     """First against last quarter of a load part's rounds (at least one round each); rounds that
-    began after `until` (its peer dropped out then) are left out. None without two figures."""
-    chosen = [p for p in parts if p.part == part and (until is None or p.t0 < until)]
+    ended after `until` (its peer dropped out then) are left out. None without two figures."""
+    chosen = [p for p in parts if p.part == part and (until is None or p.t1 <= until)]
     figures = [p.value for p in chosen if p.value is not None]
     if len(figures) < 2:
         return None

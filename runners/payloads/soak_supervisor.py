@@ -34,6 +34,8 @@ LOCK_DIR = "/dev/shm"
 EXIT_BUSY = 75
 SAMPLES = "samples.jsonl"
 KILL_GRACE_S = 5
+ROUND_GRACE_S = 20  # a round that runs this much past its time hangs (a dead link): it is ended
+BUSY = "the server is busy"  # iperf3: the peer's server still closes the last round; try again
 IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
                "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
                "excessive_buffer_overrun_errors")
@@ -125,11 +127,11 @@ class Supervisor:
         with self.children_lock:
             self.children.add(child)
         try:
-            stdout, stderr = child.communicate(timeout=seconds + 60)
+            stdout, stderr = child.communicate(timeout=seconds + ROUND_GRACE_S)
         except subprocess.TimeoutExpired:
             child.kill()
             stdout, stderr = child.communicate()
-            return None, stdout, stderr
+            return None, stdout, "%s did not finish within %d s" % (argv[0], seconds + ROUND_GRACE_S)
         finally:
             with self.children_lock:
                 self.children.discard(child)
@@ -146,6 +148,9 @@ class Supervisor:
             if code is None and self.stopping.is_set():
                 return  # cut short by the end: not a round
             value, unit, error = figure_of(code, stdout, stderr)
+            if error and BUSY in error:
+                self.stopping.wait(1)
+                continue
             self.write({"kind": "part", "part": part, "t0": round(began, 3), "t1": round(time.time(), 3),
                         "value": value, "unit": unit, "exit": code, "error": error})
             if error:

@@ -1,0 +1,216 @@
+"""The soak: its sample parsers and judgements on real sample files, and one real soak on four
+namespace nodes, through every way a soak is interrupted.
+
+The end-to-end soak (about 75 s of load, mostly sleeping: one stress-ng worker at 5 % duty and
+iperf3 rounds at 2 Mbit/s per node): the harness is killed with SIGKILL in the middle and the same
+command re-attaches; node2's sshd is stopped for about 20 s (its supervisor goes on, the harness
+collects the samples when it is back); node4's link is cut for good (named as dropped out); then
+--soak-stop, with node4's link back, ends what is left and no process of the soak stays in any
+node's namespace. The GPU parts cannot run here: they are judged on the sample format, from
+tests/data/soak/ (PROVENANCE.md says how each file was made).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_e2e import ROOT, results_of, run_dir_of
+
+from runners import soak
+from runners.parsing import ParseError
+
+DATA = Path(__file__).parent / "data" / "soak"
+MIX = "cpu_workers=1,cpu_load=5,vm_workers=0,net_rate=2M,round_s=10,interval_s=2,gpu=0"
+DURATION = "75s"
+WAIT_S = 120  # a safety bound on waiting for the soak's first samples, not a speed measure
+
+
+# -- the parsers and judgements, on samples the supervisor wrote here -------------------------------
+
+
+def test_a_real_cpu_soak_parses_into_its_start_samples_rounds_and_end():
+    log = soak.parse_soak((DATA / "local_cpu_soak_node1.jsonl").read_text())
+    assert log.start is not None and log.start["kind"] == "start" and log.start["gpus"] == 0
+    assert log.end is not None and log.end["reason"] == "end time"
+    assert len(log.samples) >= 10 and all("load1" in s for s in log.samples)
+    cpu = soak.drift(log.parts, "cpu")
+    net = soak.drift(log.parts, "net")
+    assert cpu is not None and cpu.unit == "bogo-ops/s" and cpu.rounds >= 4 and cpu.failed == 0
+    assert net is not None and net.unit == "Gbit/s" and 0 < net.median < 0.01  # iperf3 -b 2M
+    assert soak.heartbeat_gaps(log.times, soak.gap_allowed(2)) == []
+    assert soak.dropped_out(log, log.end["t"], 2) is None
+
+
+def test_a_node_cut_off_mid_soak_is_dropped_out_and_its_torn_last_line_left_out():
+    text = (DATA / "local_cpu_soak_node4_cut.jsonl").read_text()
+    log = soak.parse_soak(text + '{"kind":"sample","t":')  # the harness died while appending
+    assert log.torn == 1 and log.end is None
+    plan_end = log.start["end"]
+    why = soak.dropped_out(log, plan_end, 2)
+    assert why is not None and "no end line" in why
+    assert soak.dropped_out(log, plan_end, 2, stopped=True) is None  # --soak-stop ended it early
+
+
+def test_gpu_samples_name_new_xids_ecc_remaps_and_slowdowns_and_quiet_ones_pass():
+    healthy = soak.parse_soak((DATA / "derived_h200_burn_nvml_as_soak_samples.jsonl").read_text())
+    assert healthy.start["gpus"] == 1 and soak.gpu_problems(healthy) == []
+    assert soak.peak(healthy, "gpus.temp_c") is not None and soak.peak(healthy, "gpus.power_w") > 100
+    assert len(soak.trend(healthy, "gpus.temp_c", healthy.start["t"], points=10)) <= 10
+    failing = soak.parse_soak((DATA / "derived_h200_soak_xid_ecc_remap_thermal.jsonl").read_text())
+    problems = " | ".join(soak.gpu_problems(failing))
+    assert "Xid 79" in problems and "new uncorrected ECC" in problems
+    assert "rows remapped" in problems and "HW thermal slowdown" in problems
+
+
+def test_text_that_is_not_soak_samples_is_a_parse_error():
+    with pytest.raises(ParseError):
+        soak.parse_soak("stress-ng: info: [1] dispatching hogs\n")
+    with pytest.raises(ParseError):
+        soak.parse_soak('{"tool": "fio"}\n')
+
+
+@pytest.mark.parametrize("text", ["24", "1x", "-5m", "0s", "h"])
+def test_a_bad_duration_is_one_line_naming_the_option(text):
+    with pytest.raises(soak.SoakError, match="--soak-duration"):
+        soak.parse_duration(text)
+
+
+def test_durations_and_mixes():
+    assert [soak.parse_duration(t) for t in ("90s", "30m", "24h", "1.5d")] == [90, 1800, 86400, 129600]
+    assert soak.parse_mix("cpu_load=10,net_rate=2M")["cpu_load"] == 10
+    with pytest.raises(soak.SoakError, match="cpu_lod"):
+        soak.parse_mix("cpu_lod=10")
+
+
+def test_bad_soak_options_are_one_line_and_a_usage_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pytest", "--inventory", "inventory/local.yaml", "--out",
+                           str(tmp_path), "-m", "soak", "--soak-duration", "24x"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 4 and "--soak-duration '24x'" in done.stderr and "Traceback" not in done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+# -- one real soak on namespace nodes --------------------------------------------------------------
+
+
+def namespace_processes(cluster, name: str) -> list[str]:
+    """'PID comm' of every process in the node's network namespace but its sshd."""
+    pids = subprocess.run(["ip", "netns", "pids", cluster.node(name).namespace], capture_output=True,
+                          text=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm != "sshd":
+            found.append(f"{pid} {comm}")
+    return found
+
+
+def kill_sshd(cluster, name: str) -> None:
+    """Stop every sshd of the node (the listener and any session), so nothing reaches it."""
+    cluster.stop_sshd(name)
+    for pid in subprocess.run(["ip", "netns", "pids", cluster.node(name).namespace], capture_output=True,
+                              text=True).stdout.split():
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def samples_of(path: Path) -> int:
+    return path.read_text().count('"kind":"sample"') if path.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def soaked(module_ns_cluster_factory, sign_key, tmp_path_factory):
+    cluster = module_ns_cluster_factory(4)
+    tmp = tmp_path_factory.mktemp("soak")
+    scratch = tmp / "scratch"
+    scratch.mkdir()
+    inventory = cluster.write_inventory(tmp / "cluster.yaml",
+                                        extra={"scratch": [{"path": str(scratch), "kind": "local"}]})
+    out = tmp / "out"
+    command = [sys.executable, "-m", "pytest", "--inventory", str(inventory), "--out", str(out), "--sign-key",
+               str(sign_key), "-p", "no:cacheprovider", "-m", "soak", "--soak-duration", DURATION, "--soak-mix", MIX]
+    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    raw = out / "nscluster" / "latest" / "raw" / "soak"
+    deadline = time.monotonic() + WAIT_S
+    while min(samples_of(raw / f"node{i}.jsonl") for i in range(1, 5)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    first.kill()  # SIGKILL: the harness gets no chance to say anything to the nodes
+    killed_output = first.communicate()[0]
+    alive_after_kill = {name: namespace_processes(cluster, name) for name in cluster.node_names()}
+    kill_sshd(cluster, "node2")
+    cluster.link_down("node4")
+    second = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(20)
+    cluster.start_sshd("node2")
+    attached_output = second.communicate(timeout=600)[0]
+    run_dir = run_dir_of(out, "nscluster")
+    cluster.link_up("node4")
+    stopped = subprocess.run([sys.executable, "-m", "pytest", "--inventory", str(inventory), "--soak-stop",
+                              str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return {"cluster": cluster, "run_dir": run_dir, "scratch": scratch, "killed": killed_output,
+            "alive_after_kill": alive_after_kill, "attached": attached_output, "second": second.returncode,
+            "stopped": stopped}
+
+
+def entry(results: dict, check: str, node: str) -> dict:
+    return next(c for c in results["checks"] if c["check"] == check and c["node"] == node)
+
+
+def test_the_supervisors_outlive_the_killed_harness(soaked):
+    for name, processes in soaked["alive_after_kill"].items():
+        assert any("python" in p for p in processes), (name, processes, soaked["killed"])
+
+
+def test_the_same_command_reattaches_and_the_run_has_samples_of_the_whole_period(soaked):
+    assert "attaching to the soak in" in soaked["attached"], soaked["attached"]
+    run_dir = soaked["run_dir"]
+    plan = soak.SoakPlan.load(run_dir)
+    results = results_of(run_dir)
+    for name in ("node1", "node2", "node3"):
+        log = soak.parse_soak((run_dir / "raw" / "soak" / f"{name}.jsonl").read_text())
+        assert log.end is not None and log.end["reason"] == "end time", name
+        assert min(log.times) - plan.started < 10 and plan.end - max(log.times) < 10, name
+        assert soak.heartbeat_gaps(log.times, soak.gap_allowed(plan.interval_s)) == [], name
+        heartbeat = entry(results, "soak_heartbeat", name)
+        assert heartbeat["outcome"] == "passed", heartbeat
+        load = entry(results, "soak_load", name)
+        measured = {m["name"] for m in load["metrics"]}
+        # node3 sent to node4, whose link was cut at the start of the re-attached run
+        assert measured >= ({"soak_cpu_rate"} if name == "node3" else {"soak_cpu_rate", "soak_net_gbps"}), load
+
+
+def test_a_node_whose_sshd_stopped_has_its_samples_collected_when_it_is_back(soaked):
+    """node2 answered nothing for about 20 s; its supervisor went on and nothing is missing."""
+    log = soak.parse_soak((soaked["run_dir"] / "raw" / "soak" / "node2.jsonl").read_text())
+    plan = soak.SoakPlan.load(soaked["run_dir"])
+    assert len(log.samples) >= (plan.duration_s / plan.interval_s) * 0.8
+
+
+def test_a_node_whose_link_is_cut_is_named_as_dropped_out(soaked):
+    results = results_of(soaked["run_dir"])
+    heartbeat = entry(results, "soak_heartbeat", "node4")
+    assert heartbeat["outcome"] == "failed" and heartbeat["kind"] == "unreachable"
+    assert "node4 dropped out of the soak" in heartbeat["message"]
+    assert soaked["second"] == 1  # the gate fails on it
+    assert "peer node4 dropped out" in entry(results, "soak_load", "node3")["message"]
+    trends = next(c for c in results["checks"] if c["check"] == "soak_trends")
+    assert any(s["name"].startswith("soak throughput") for s in trends["series"])
+
+
+def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
+    stopped = soaked["stopped"]
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "on node4: stopped" in stopped.stdout or "on node4: killed" in stopped.stdout, stopped.stdout
+    for name in soaked["cluster"].node_names():
+        assert namespace_processes(soaked["cluster"], name) == [], name
+    assert list(soaked["scratch"].iterdir()) == []
+    assert json.loads((soaked["run_dir"] / soak.SOAK_FILE).read_text())["stopped"] is True
