@@ -289,7 +289,9 @@ class SoakRun:
 
     def start_all(self) -> dict[str, Result]:
         """Start the supervisor on every planned node at once; a node that refuses (another
-        soak runs there) or fails to start is refused in the plan, with why."""
+        soak runs there) or fails to start is refused in the plan, with why. The plan is saved
+        first, so a harness killed while starting still leaves a soak to attach to."""
+        self.plan.save(self.run_dir)
         started = fan_out({name: self.transport(name) for name in self.plan.nodes},
                           lambda t: start(t, self.plan, self.run_dir), name="soak start")
         for name, result in started.items():

@@ -85,6 +85,12 @@ def soak(acceptance, pytestconfig) -> SoakOutcome:
         if not (run_dir / soaking.SOAK_FILE).exists():
             run.start_all()
         run.follow()
+    except KeyboardInterrupt:
+        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"handover: the soak goes on on the nodes until {soaking.clock_utc(plan.end)}; "
+                                f"re-attach with --soak-attach {run_dir}, end it with --soak-stop {run_dir}")
+        raise
     finally:
         run.close()
     logs = {name: soaking.parse_soak(run.raw_text(name)) for name in plan.nodes if name not in plan.refused}

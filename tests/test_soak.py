@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_e2e import ROOT, results_of, run_dir_of
+from test_e2e import ROOT, handover, results_of, run_dir_of
 
 from runners import soak
 from runners.parsing import ParseError
@@ -66,6 +66,14 @@ def test_gpu_samples_name_new_xids_ecc_remaps_and_slowdowns_and_quiet_ones_pass(
     problems = " | ".join(soak.gpu_problems(failing))
     assert "Xid 79" in problems and "new uncorrected ECC" in problems
     assert "rows remapped" in problems and "HW thermal slowdown" in problems
+
+
+def test_handover_parse_soak_prints_the_samples_as_json():
+    done = handover("parse", "soak", DATA / "local_cpu_soak_node1.jsonl")
+    assert done.returncode == 0, done.stderr
+    parsed = json.loads(done.stdout)
+    assert parsed["end"]["reason"] == "end time" and {p["part"] for p in parsed["parts"]} == {"cpu", "net"}
+    assert handover("parse", "soak", DATA / "PROVENANCE.md").returncode == 2
 
 
 def test_text_that_is_not_soak_samples_is_a_parse_error():
@@ -204,6 +212,9 @@ def test_a_node_whose_link_is_cut_is_named_as_dropped_out(soaked):
     assert "peer node4 dropped out" in entry(results, "soak_load", "node3")["message"]
     trends = next(c for c in results["checks"] if c["check"] == "soak_trends")
     assert any(s["name"].startswith("soak throughput") for s in trends["series"])
+    worst = results["soak"]["nodes"][0]
+    assert worst["node"] == "node4" and "soak_heartbeat" in worst["failed"]
+    assert results["soak"]["trends"] == [s["name"] for s in trends["series"]]
 
 
 def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
