@@ -3,10 +3,12 @@
 The judgements are the checks' (suites/test_soak.py, in the ledger); this only gathers them per
 node and orders the nodes, so a reader of a thousand-node soak starts with the nodes that need
 attention. The trends themselves are the series of the `soak_trends` check (the report draws
-them with the other curves).
+them with the other curves). soak_table() formats the section for the report's partial,
+templates/soak.html.j2.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 SOAK_CHECKS = ("soak_heartbeat", "soak_load", "soak_gpu", "soak_links")
@@ -46,3 +48,43 @@ def _worst_first(row: dict) -> tuple:
     kept = [row[key] for key in ("cpu_retained_pct", "net_retained_pct", "gpu_retained_pct")
             if isinstance(row[key], (int, float))]
     return (-len(row["failed"]), min(kept) if kept else float("inf"), row["node"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The report's soak table (templates/soak.html.j2): results.json's section, formatted
+
+
+@dataclass(frozen=True)
+class SoakRow:
+    node: str
+    status: str
+    failed: str  # the failed soak checks, comma-separated
+    reasons: list[str]
+    figures: list[str]  # one cell per COLUMNS entry, "" where not measured
+
+
+COLUMNS = (("cpu_retained_pct", "CPU kept", "%"), ("net_retained_pct", "net kept", "%"),
+           ("gpu_retained_pct", "GPU kept", "%"), ("cpu_temp_max_c", "CPU max", "°C"),
+           ("gpu_temp_max_c", "GPU max", "°C"), ("gpu_power_max_w", "GPU power max", "W"),
+           ("samples", "samples", ""))
+
+
+@dataclass(frozen=True)
+class SoakTable:
+    columns: list[str]
+    rows: list[SoakRow]
+    trends: list[str]
+
+
+def soak_table(results: dict) -> Optional[SoakTable]:
+    """What the report's soak partial shows, in results.json's order (worst first); None without a soak."""
+    section = results.get("soak")
+    if not isinstance(section, dict):
+        return None
+    def cell(value, unit: str) -> str:
+        return "" if not isinstance(value, (int, float)) else f"{value:g}{' ' + unit if unit else ''}"
+    rows = [SoakRow(node=str(row.get("node")), status=str(row.get("status")), failed=", ".join(row.get("failed") or []),
+                    reasons=[str(reason) for reason in row.get("reasons") or []],
+                    figures=[cell(row.get(key), unit) for key, _, unit in COLUMNS])
+            for row in section.get("nodes") or [] if isinstance(row, dict)]
+    return SoakTable([label for _, label, _ in COLUMNS], rows, [str(t) for t in section.get("trends") or []])

@@ -11,8 +11,10 @@ at the end of this module, from the lines alone.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
 import re
 import secrets
 import statistics
@@ -215,6 +217,16 @@ def tell(transport: Transport, folder: str, what: str) -> Result:
                          label=f"soak: {what}")
 
 
+def holder(refusal: str) -> str:
+    """The soak that holds a node, in words, from the supervisor's refusal (exit 75)."""
+    try:
+        held = json.loads(json.loads(refusal)["busy"])
+        return (f"soak {held['soak_id']} of {held.get('run_dir') or 'another harness'}, until "
+                f"{clock_utc(float(held['end']))} (supervisor pid {held['pid']})")
+    except (ValueError, KeyError, TypeError):
+        return refusal.strip() or "its lock holder did not say which"
+
+
 def supervisor_state(result: Result) -> Optional[str]:
     """'alive', 'gone' or 'no-soak' from a collect; None when the node did not answer."""
     if result.failure or result.timed_out:
@@ -253,7 +265,8 @@ class SoakRun:
         self.specs = dict(nodes)
         self.on_progress = on_progress
         self._transports: dict[str, Transport] = {}
-        self.sealed = False  # the run is rendered and signed: samples that come now are not kept
+        self.sealed = False  # the run is signed, or another process collects: samples are not kept here
+        self._collector: Optional[int] = None  # the flock of collecting(), while this process holds it
         self.states = {name: NodeState(name, offset=self._complete_bytes(name)) for name in plan.nodes}
         for state in self.states.values():  # re-attached: what raw/ already has
             state.ended = any(r.get("kind") == "end" for r in records(self.raw_text(state.name)))
@@ -273,7 +286,7 @@ class SoakRun:
             return 0
         data = path.read_bytes()
         keep = data.rfind(b"\n") + 1
-        if keep != len(data):
+        if keep != len(data) and not (self.run_dir / "results.json").exists():  # a signed run stays as it is
             with path.open("r+b") as handle:
                 handle.truncate(keep)
         return keep
@@ -296,9 +309,8 @@ class SoakRun:
                           lambda t: start(t, self.plan, self.run_dir), name="soak start")
         for name, result in started.items():
             if not result.ok:
-                why = result.stdout.strip() if result.exit_code == 75 else result.explain()
-                self.plan.refused[name] = (f"another soak runs there: {why}" if result.exit_code == 75
-                                           else f"the supervisor did not start: {why}")
+                self.plan.refused[name] = (f"another soak runs there: {holder(result.stdout)}" if result.exit_code == 75
+                                           else f"the supervisor did not start: {result.explain()}")
                 self.states[name].done = "not started"
         self.plan.save(self.run_dir)
         return started
@@ -332,7 +344,8 @@ class SoakRun:
         state.ended = state.ended or any(r.get("kind") == "end" for r in records(whole))
         more = len(text.encode()) >= COLLECT_LIMIT
         if state.ended and not more:
-            tell(self.transport(state.name), self.plan.nodes[state.name].dir, "collected")
+            if self._collector is not None:  # else the harness that collects tells it
+                tell(self.transport(state.name), self.plan.nodes[state.name].dir, "collected")
             state.done = "ended"
         elif seen == "no-soak":
             state.done = "no soak"  # its folder is gone: cleaned up, or the node was wiped
@@ -350,22 +363,43 @@ class SoakRun:
         return Progress(step=step, total=len(self.states), done=done,
                         running={s.name for s in self.states.values() if not s.done}, started=self.plan.started)
 
-    def follow(self, sleep: Callable[[float], None] = time.sleep) -> None:
+    def collecting(self) -> bool:
+        """Become the one process that copies this soak's samples into raw/ (flock on the raw/soak
+        folder, held until close or death): two harnesses, or a harness and --soak-stop, would
+        append the same lines twice. False when another process already is."""
+        if self._collector is None:
+            self.raw.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(self.raw, os.O_RDONLY)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(descriptor)
+                return False
+            self._collector = descriptor
+        return True
+
+    def follow(self) -> None:
         """Poll until every node is done; then the plan says collected, so nothing re-attaches."""
+        if not self.collecting():
+            raise SoakError(f"another harness follows the soak of {self.run_dir}; let it finish, "
+                            f"or end the soak with --soak-stop {self.run_dir}")
         while True:
             self.poll_once()
             if self.on_progress:
                 self.on_progress(self.progress())
             if all(state.done for state in self.states.values()):
                 break
-            sleep(POLL_S)
+            time.sleep(POLL_S)
+        self.plan.stopped = self.plan.stopped or SoakPlan.load(self.run_dir).stopped  # by --soak-stop meanwhile
         self.plan.collected = True
         self.plan.save(self.run_dir)
 
     def stop(self) -> dict[str, str]:
         """End the soak on every node now: stop, collect what is left, let each supervisor clean up,
-        then kill whatever still carries the soak's tag. {node: what happened}."""
-        self.sealed = (self.run_dir / "results.json").exists()
+        then kill whatever still carries the soak's tag. {node: what happened}. While a harness
+        follows the soak, it collects and lets the supervisors clean up; this only waits for them."""
+        collector = self.collecting()  # before the test below, which would skip it
+        self.sealed = (self.run_dir / "results.json").exists() or not collector
         live = {name: self.transport(name) for name in self.plan.nodes if name not in self.plan.refused}
         told = fan_out(live, lambda t: tell(t, self.plan.nodes[t.node.name].dir, "stop"), name="soak stop")
         deadline = time.time() + STOP_WAIT_S
@@ -387,8 +421,8 @@ class SoakRun:
                          lambda t: t.run(kill_argv(self.plan.tag, root=False), timeout=COMMAND_TIMEOUT_S),
                          name="soak kill")
         for name in killed:
-            kept = ("the run was already signed: samples since are not kept" if self.sealed
-                    else "its samples are in raw/")
+            kept = ("the run was already signed: samples since are not kept" if self.sealed and self._collector
+                    else "the harness following it has its samples" if self.sealed else "its samples are in raw/")
             outcome.setdefault(name, f"stopped; {kept}" if self.states[name].done == "ended"
                                else f"killed ({self.states[name].done or 'did not end in time'})")
         self.plan.stopped = True
@@ -409,6 +443,9 @@ class SoakRun:
     def close(self) -> None:
         for transport in self._transports.values():
             transport.close()
+        if self._collector is not None:
+            os.close(self._collector)
+            self._collector = None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -120,6 +120,8 @@ def peer_lost_at(node: str, logs: dict[str, soaking.SoakLog], plan: soaking.Soak
     """When the node's iperf3 peer dropped out (its last sample), so rounds after it are not held
     against this node; None while the peer ran to the end."""
     peer = plan.nodes[node].peer if node in plan.nodes else None
+    if peer in plan.refused:
+        return plan.started  # no soak there: no server to send to
     log = logs.get(peer) if peer else None
     if log is None or soaking.dropped_out(log, plan.end, plan.interval_s, plan.stopped) is None:
         return None
@@ -174,9 +176,11 @@ def test_soak_load(soak, node, record, metrics: Metrics):
         figures[metric] = (round(figure.median, 3), unit)
         figures[metric.rsplit("_", 1)[0] + "_retained"] = (round(figure.retained_pct, 1), "%")
         notes.append(f"{what} {figure.first:.3g} -> {figure.last:.3g} {unit} over {figure.rounds} rounds")
-    if lost_peer is not None:
-        notes.append(f"iperf3 rounds after {soaking.clock_utc(lost_peer)} not judged: its peer "
-                     f"{soak.plan.nodes[node].peer} dropped out then")
+    peer = soak.plan.nodes[node].peer
+    if peer in soak.plan.refused:
+        notes.append(f"iperf3 not judged: its peer {peer} runs no soak")
+    elif lost_peer is not None:
+        notes.append(f"iperf3 rounds after {soaking.clock_utc(lost_peer)} not judged: its peer {peer} dropped out then")
     temperature = soaking.peak(log, "cpu_temp_c")
     if temperature is not None:
         figures["soak_cpu_temp_max"] = (temperature, "°C")

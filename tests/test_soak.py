@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,8 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from test_e2e import ROOT, handover, results_of, run_dir_of
 
+from reports.html import TEMPLATE_DIR
+from reports.soak_view import soak_table
 from runners import soak
 from runners.parsing import ParseError
 
@@ -161,12 +165,23 @@ def soaked(module_ns_cluster_factory, sign_key, tmp_path_factory):
     cluster.start_sshd("node2")
     attached_output = second.communicate(timeout=600)[0]
     run_dir = run_dir_of(out, "nscluster")
-    cluster.link_up("node4")
-    stopped = subprocess.run([sys.executable, "-m", "pytest", "--inventory", str(inventory), "--soak-stop",
-                              str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    cluster.link_up("node4")  # node4's supervisor ended at the end time; it waits to be collected
+    # A second soak while the first's supervisor still holds node4, stopped mid-run while its
+    # harness follows it.
+    third = subprocess.Popen(command[:-4] + ["--soak-duration", "10m", "--soak-mix", MIX], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and (run_dir_of(out, "nscluster") == run_dir or min(
+            samples_of(run_dir_of(out, "nscluster") / "raw" / "soak" / f"node{i}.jsonl") for i in (1, 2, 3)) < 2):
+        time.sleep(0.5)
+    second_run = run_dir_of(out, "nscluster")
+    stop = [sys.executable, "-m", "pytest", "--inventory", str(inventory), "--soak-stop"]
+    stopped_mid_run = subprocess.run(stop + [str(second_run)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    third_output = third.communicate(timeout=300)[0]
+    stopped = subprocess.run(stop + [str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     return {"cluster": cluster, "run_dir": run_dir, "scratch": scratch, "killed": killed_output,
             "alive_after_kill": alive_after_kill, "attached": attached_output, "second": second.returncode,
-            "stopped": stopped}
+            "second_run": second_run, "stopped_mid_run": stopped_mid_run, "third": third_output, "stopped": stopped}
 
 
 def entry(results: dict, check: str, node: str) -> dict:
@@ -217,11 +232,34 @@ def test_a_node_whose_link_is_cut_is_named_as_dropped_out(soaked):
     assert results["soak"]["trends"] == [s["name"] for s in trends["series"]]
 
 
+def test_the_soak_partial_draws_the_nodes_worst_first(soaked):
+    environment = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True, undefined=StrictUndefined)
+    html = environment.get_template("soak.html.j2").render(soak=soak_table(results_of(soaked["run_dir"])))
+    rows = re.findall(r"<tr(?: class=\"bad\")?>\s*<td>(node\d)</td>", html)
+    assert rows[0] == "node4" and sorted(rows) == ["node1", "node2", "node3", "node4"], html
+    assert environment.get_template("soak.html.j2").render(soak=None).strip() == ""
+
+
+def test_a_second_soak_is_refused_where_one_runs_and_stopping_it_mid_run_is_judged_as_far_as_it_got(soaked):
+    stopped = soaked["stopped_mid_run"]
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "on node1: stopped; the harness following it has its samples" in stopped.stdout, stopped.stdout
+    results = results_of(soaked["second_run"])
+    refused = entry(results, "soak_heartbeat", "node4")
+    assert refused["outcome"] == "failed" and "another soak runs there" in refused["message"], refused
+    assert soaked["run_dir"].name in refused["message"]  # the holder names the first soak's run
+    for name in ("node1", "node2", "node3"):
+        assert entry(results, "soak_heartbeat", name)["outcome"] == "passed", soaked["third"]
+        log = soak.parse_soak((soaked["second_run"] / "raw" / "soak" / f"{name}.jsonl").read_text())
+        assert log.end["reason"] == "stopped by the harness"
+    assert soak.SoakPlan.load(soaked["second_run"]).stopped
+
+
 def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
     stopped = soaked["stopped"]
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "on node4: stopped" in stopped.stdout or "on node4: killed" in stopped.stdout, stopped.stdout
     for name in soaked["cluster"].node_names():
         assert namespace_processes(soaked["cluster"], name) == [], name
-    assert list(soaked["scratch"].iterdir()) == []
+    assert list(soaked["scratch"].iterdir()) == [], stopped.stdout
     assert json.loads((soaked["run_dir"] / soak.SOAK_FILE).read_text())["stopped"] is True

@@ -36,6 +36,8 @@ SAMPLES = "samples.jsonl"
 KILL_GRACE_S = 5
 ROUND_GRACE_S = 20  # a round that runs this much past its time hangs (a dead link): it is ended
 BUSY = "the server is busy"  # iperf3: the peer's server still closes the last round; try again
+NET_PAUSE_S = 1.0  # between iperf3 rounds: the peer's server resets itself after each test
+ERROR_HOLD_S = 5.0  # a failed round is kept only if the soak does not end this soon after it
 IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
                "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
                "excessive_buffer_overrun_errors")
@@ -137,9 +139,9 @@ class Supervisor:
                 self.children.discard(child)
         return (None if self.stopping.is_set() and child.returncode != 0 else child.returncode), stdout, stderr
 
-    def rounds(self, part, argv_of, figure_of):
+    def rounds(self, part, argv_of, figure_of, pause_s=0.0):
         round_s = float(self.mix.get("round_s", 60))
-        while not self.stopping.is_set():
+        while not self.stopping.wait(pause_s):
             seconds = min(round_s, self.remaining())
             if seconds < max(1.0, round_s / 2):
                 return  # a short last round would not compare with the others
@@ -148,13 +150,14 @@ class Supervisor:
             if code is None and self.stopping.is_set():
                 return  # cut short by the end: not a round
             value, unit, error = figure_of(code, stdout, stderr)
+            ended = time.time()
             if error and BUSY in error:
                 self.stopping.wait(1)
                 continue
-            self.write({"kind": "part", "part": part, "t0": round(began, 3), "t1": round(time.time(), 3),
+            if error and self.stopping.wait(ERROR_HOLD_S):
+                return  # it failed as the soak ended: the peer's side had already stopped
+            self.write({"kind": "part", "part": part, "t0": round(began, 3), "t1": round(ended, 3),
                         "value": value, "unit": unit, "exit": code, "error": error})
-            if error:
-                self.stopping.wait(min(5.0, max(0.0, self.remaining())))  # a failing tool is not a busy loop
 
     def stress_argv(self, seconds):
         argv = ["stress-ng", "--cpu", str(self.mix.get("cpu_workers", 0)),
@@ -323,7 +326,7 @@ class Supervisor:
     def delayed_client(self):
         """The peer's server starts at about the same time: the first round waits a moment."""
         self.stopping.wait(3)
-        self.rounds("net", self.iperf3_argv, self.iperf3_figure)
+        self.rounds("net", self.iperf3_argv, self.iperf3_figure, pause_s=NET_PAUSE_S)
 
     def end_children(self):
         with self.children_lock:
