@@ -28,6 +28,7 @@ from reports.html import TEMPLATE_DIR
 from reports.soak_view import soak_table
 from runners import soak
 from runners.parsing import ParseError
+from runners.payloads.soak_supervisor import Supervisor
 
 DATA = Path(__file__).parent / "data" / "soak"
 MIX = "cpu_workers=1,cpu_load=5,vm_workers=0,net_rate=2M,round_s=10,interval_s=2,gpu=0"
@@ -78,6 +79,28 @@ def test_handover_parse_soak_prints_the_samples_as_json():
     parsed = json.loads(done.stdout)
     assert parsed["end"]["reason"] == "end time" and {p["part"] for p in parsed["parts"]} == {"cpu", "net"}
     assert handover("parse", "soak", DATA / "PROVENANCE.md").returncode == 2
+
+
+def test_the_supervisor_reads_its_rounds_figures_from_real_tool_outputs():
+    """The supervisor's own readers of stress-ng's YAML, iperf3's JSON and the burn payload's."""
+    stress = DATA.parent / "stress-ng"
+    brief = (stress / "local_stressng01506_cpu_vm_metrics_brief.yaml").read_text()
+    rate, unit, error = Supervisor.stress_figure(0, brief, "")
+    assert rate > 0 and unit == "bogo-ops/s" and error is None
+    killed = stress / "local_stressng01506_error_worker_sigkilled"
+    assert Supervisor.stress_figure(2, Path(f"{killed}.stdout.yaml").read_text(),
+                                    Path(f"{killed}.stderr.txt").read_text())[2]
+    iperf3 = DATA.parent / "iperf3"
+    gbps, unit, error = Supervisor.iperf3_figure(0, (iperf3 / "local_iperf312_tcp_client_P2.json").read_text(), "")
+    assert gbps > 0 and unit == "Gbit/s" and error is None
+    refused = Supervisor.iperf3_figure(0, (iperf3 / "local_iperf312_error_connection_refused.json").read_text(), "")
+    assert refused[0] is None and "refused" in refused[2]
+    burn = (DATA / "local_gpu_burn_device_cpu.json").read_text()
+    tflops, unit, error = Supervisor.gpu_figure(0, burn, "")
+    assert tflops > 0 and unit == "TFLOP/s" and error is None
+    broken = json.loads(burn)
+    broken["gpus"][0]["error"] = "CUDA error: an illegal memory access was encountered"  # derived: one GPU failed
+    assert "illegal memory access" in Supervisor.gpu_figure(1, json.dumps(broken), "")[2]
 
 
 def test_text_that_is_not_soak_samples_is_a_parse_error():

@@ -212,10 +212,12 @@ class Supervisor:
             return None, "TFLOP/s", last_line(stderr or stdout) or "gpu burn exited %s" % code
         if document.get("available") is False:
             return None, "TFLOP/s", document.get("reason") or "no GPU"
-        windows = [gpu.get("windows") or [] for gpu in document.get("gpus") or []]
+        gpus = [gpu for gpu in document.get("gpus") or [] if isinstance(gpu, dict)]
+        failed = ["GPU %s: %s" % (gpu.get("index"), gpu["error"]) for gpu in gpus if gpu.get("error")]
+        windows = [gpu.get("gemm_tflops_windows") or [] for gpu in gpus]
         rates = [sorted(w)[len(w) // 2] for w in windows if w]
-        if code != 0 or not rates:
-            return None, "TFLOP/s", last_line(stderr) or "gpu burn gave no windows"
+        if code != 0 or failed or not rates:
+            return None, "TFLOP/s", "; ".join(failed) or last_line(stderr) or "gpu burn gave no windows"
         return min(rates), "TFLOP/s", None  # the slowest GPU's median window
 
     # -- telemetry ------------------------------------------------------------------------------
@@ -320,6 +322,7 @@ class Supervisor:
         self.end_children()
         for thread in threads:
             thread.join(KILL_GRACE_S + 2)
+        self.end_children()  # a round that started as the soak was ending
         self.write({"kind": "end", "t": round(time.time(), 3), "reason": self.reason})
         self.linger()
 
