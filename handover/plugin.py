@@ -105,6 +105,11 @@ def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
         raise pytest.UsageError(str(error)) from None
     if option.resume or not option.inventory or not (option.soak_attach or option.soak_duration):
         return None
+    if option.soak_attach:
+        try:
+            soak.SoakPlan.load(Path(option.soak_attach))
+        except soak.SoakError as error:
+            raise pytest.UsageError(f"--soak-attach: {error}") from None
     attach = Path(option.soak_attach) if option.soak_attach else running_soak(option.inventory, option.out)
     if attach is not None:
         print(f"handover: attaching to the soak in {attach}", flush=True)

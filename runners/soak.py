@@ -254,6 +254,22 @@ class NodeState:
     unreachable: str = ""  # the last transport failure, while it does not answer
 
 
+@dataclass
+class SoakProgress(Progress):
+    """A soak's progress line: the nodes alive, elapsed and remaining time."""
+
+    alive: int = 0
+    end: float = 0.0  # time.time() of the soak's end
+
+    def line(self) -> str:
+        now = time.time()
+        elapsed = min(now, self.end) - self.started
+        unreached = self.total - self.alive - len(self.done)
+        return (f"soak: {self.alive}/{self.total} nodes alive{f', {unreached} not answering' if unreached else ''}, "
+                f"{elapsed:.0f} s of {self.end - self.started:.0f} s, {max(0.0, self.end - now):.0f} s left"
+                f"{f'; {len(self.done)} done' if self.done else ''}")
+
+
 class SoakRun:
     """Polls a soak's nodes until each has ended (or dropped out), copying samples into raw/soak/."""
 
@@ -352,16 +368,12 @@ class SoakRun:
         elif seen == "gone" and not more:
             state.done = "gone"  # the supervisor died (a crash, a reboot) before its end line
 
-    def progress(self) -> Progress:
-        now = time.time()
+    def progress(self) -> "SoakProgress":
         alive = [s.name for s in self.states.values() if s.state == "alive" and not s.unreachable and not s.done]
-        elapsed = min(now, self.plan.end) - self.plan.started
-        left = max(0.0, self.plan.end - now)
-        step = (f"soak {len(alive)}/{len(self.states)} nodes alive, {elapsed:.0f} s of "
-                f"{self.plan.duration_s:.0f} s, {left:.0f} s left")
         done = {s.name: ("ok" if s.done == "ended" else s.done or "") for s in self.states.values() if s.done}
-        return Progress(step=step, total=len(self.states), done=done,
-                        running={s.name for s in self.states.values() if not s.done}, started=self.plan.started)
+        return SoakProgress(step=RAW_STEP, total=len(self.states), done=done,
+                            running={s.name for s in self.states.values() if not s.done}, started=self.plan.started,
+                            alive=len(alive), end=self.plan.end)
 
     def collecting(self) -> bool:
         """Become the one process that copies this soak's samples into raw/ (flock on the raw/soak

@@ -123,11 +123,12 @@ def test_durations_and_mixes():
         soak.parse_mix("cpu_lod=10")
 
 
-def test_bad_soak_options_are_one_line_and_a_usage_error(tmp_path):
+@pytest.mark.parametrize("option, says", [(["--soak-duration", "24x"], "--soak-duration '24x'"),
+                                          (["--soak-attach", "."], "--soak-attach: soak.json: no such file")])
+def test_bad_soak_options_are_one_line_and_a_usage_error(option, says, tmp_path):
     done = subprocess.run([sys.executable, "-m", "pytest", "--inventory", "inventory/local.yaml", "--out",
-                           str(tmp_path), "-m", "soak", "--soak-duration", "24x"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 4 and "--soak-duration '24x'" in done.stderr and "Traceback" not in done.stderr
+                           str(tmp_path), "-m", "soak", *option], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 4 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not list(tmp_path.iterdir())
 
 
@@ -218,6 +219,7 @@ def test_the_supervisors_outlive_the_killed_harness(soaked):
 
 def test_the_same_command_reattaches_and_the_run_has_samples_of_the_whole_period(soaked):
     assert "attaching to the soak in" in soaked["attached"], soaked["attached"]
+    assert "[handover] soak: " in soaked["attached"] and " nodes alive" in soaked["attached"]
     run_dir = soaked["run_dir"]
     plan = soak.SoakPlan.load(run_dir)
     results = results_of(run_dir)
