@@ -259,14 +259,13 @@ class SoakProgress(Progress):
     """A soak's progress line: the nodes alive, elapsed and remaining time."""
 
     alive: int = 0
-    end: float = 0.0  # time.time() of the soak's end
+    duration_s: float = 0.0
 
     def line(self) -> str:
-        now = time.time()
-        elapsed = min(now, self.end) - self.started
+        elapsed = min(time.monotonic() - self.started, self.duration_s)  # started: monotonic, as Progress's
         unreached = self.total - self.alive - len(self.done)
         return (f"soak: {self.alive}/{self.total} nodes alive{f', {unreached} not answering' if unreached else ''}, "
-                f"{elapsed:.0f} s of {self.end - self.started:.0f} s, {max(0.0, self.end - now):.0f} s left"
+                f"{elapsed:.0f} s of {self.duration_s:.0f} s, {self.duration_s - elapsed:.0f} s left"
                 f"{f'; {len(self.done)} done' if self.done else ''}")
 
 
@@ -372,8 +371,9 @@ class SoakRun:
         alive = [s.name for s in self.states.values() if s.state == "alive" and not s.unreachable and not s.done]
         done = {s.name: ("ok" if s.done == "ended" else s.done or "") for s in self.states.values() if s.done}
         return SoakProgress(step=RAW_STEP, total=len(self.states), done=done,
-                            running={s.name for s in self.states.values() if not s.done}, started=self.plan.started,
-                            alive=len(alive), end=self.plan.end)
+                            running={s.name for s in self.states.values() if not s.done},
+                            started=time.monotonic() - (time.time() - self.plan.started), alive=len(alive),
+                            duration_s=self.plan.duration_s)
 
     def collecting(self) -> bool:
         """Become the one process that copies this soak's samples into raw/ (flock on the raw/soak
