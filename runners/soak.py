@@ -438,7 +438,8 @@ class SoakRun:
             outcome.setdefault(name, f"stopped; {kept}" if self.states[name].done == "ended"
                                else f"killed ({self.states[name].done or 'did not end in time'})")
         self.plan.stopped = True
-        self.plan.save(self.run_dir)
+        if not (self.run_dir / "results.json").exists():  # a signed run's plan stays as it was signed
+            self.plan.save(self.run_dir)
         return outcome
 
     def _wait_cleaned(self, names: list[str], deadline: float) -> None:

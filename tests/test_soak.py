@@ -278,6 +278,8 @@ def test_a_second_soak_is_refused_where_one_runs_and_stopping_it_mid_run_is_judg
         log = soak.parse_soak((soaked["second_run"] / "raw" / "soak" / f"{name}.jsonl").read_text())
         assert log.end["reason"] == "stopped by the harness"
     assert soak.SoakPlan.load(soaked["second_run"]).stopped
+    verified = handover("verify", soaked["second_run"])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
@@ -287,4 +289,5 @@ def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
     for name in soaked["cluster"].node_names():
         assert namespace_processes(soaked["cluster"], name) == [], name
     assert list(soaked["scratch"].iterdir()) == [], stopped.stdout
-    assert json.loads((soaked["run_dir"] / soak.SOAK_FILE).read_text())["stopped"] is True
+    verified = handover("verify", soaked["run_dir"])  # the signed run is left as it was signed
+    assert verified.returncode == 0, verified.stdout + verified.stderr
