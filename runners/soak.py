@@ -410,10 +410,14 @@ class SoakRun:
         """End the soak on every node now: stop, collect what is left, let each supervisor clean up,
         then kill whatever still carries the soak's tag. {node: what happened}. While a harness
         follows the soak, it collects and lets the supervisors clean up; this only waits for them."""
-        collector = self.collecting()  # before the test below, which would skip it
-        self.sealed = (self.run_dir / "results.json").exists() or not collector
+        collector = self.collecting()
+        signed = (self.run_dir / "results.json").exists()  # a signed run directory stays as it was signed
+        self.sealed = signed or not collector
         live = {name: self.transport(name) for name in self.plan.nodes if name not in self.plan.refused}
         told = fan_out(live, lambda t: tell(t, self.plan.nodes[t.node.name].dir, "stop"), name="soak stop")
+        self.plan.stopped = True
+        if not signed:  # at once: a harness following the soak keeps it when it saves the plan
+            self.plan.save(self.run_dir)
         deadline = time.time() + STOP_WAIT_S
         for state in self.states.values():
             state.done = None if state.name in live else "not started"
@@ -437,9 +441,6 @@ class SoakRun:
                     else "the harness following it has its samples" if self.sealed else "its samples are in raw/")
             outcome.setdefault(name, f"stopped; {kept}" if self.states[name].done == "ended"
                                else f"killed ({self.states[name].done or 'did not end in time'})")
-        self.plan.stopped = True
-        if not (self.run_dir / "results.json").exists():  # a signed run's plan stays as it was signed
-            self.plan.save(self.run_dir)
         return outcome
 
     def _wait_cleaned(self, names: list[str], deadline: float) -> None:
