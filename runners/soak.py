@@ -250,7 +250,6 @@ class NodeState:
     state: Optional[str] = None  # the supervisor as last seen: alive, gone, no-soak
     ended: bool = False  # its end line is in raw/
     done: Optional[str] = None  # why polling it is over: ended, gone, dropped out, no soak
-    last_seen: Optional[float] = None  # when it last answered
     unreachable: str = ""  # the last transport failure, while it does not answer
 
 
@@ -348,7 +347,7 @@ class SoakRun:
             if now > self.plan.end + DROP_GRACE_S:
                 state.done = "dropped out"
             return
-        state.state, state.last_seen, state.unreachable = seen, now, ""
+        state.state, state.unreachable = seen, ""
         text = result.stdout
         whole = text[:text.rfind("\n") + 1]
         if whole and not self.sealed:

@@ -181,6 +181,8 @@ def test_soak_load(soak, node, record, metrics: Metrics):
         notes.append(f"iperf3 not judged: its peer {peer} runs no soak")
     elif lost_peer is not None:
         notes.append(f"iperf3 rounds after {soaking.clock_utc(lost_peer)} not judged: its peer {peer} dropped out then")
+    if log.events:  # the supervisor's own troubles: a server that had to be restarted, no Xid watch
+        notes.append(f"{len(log.events)} supervisor event(s), the last: {log.events[-1].get('event')}")
     temperature = soaking.peak(log, "cpu_temp_c")
     if temperature is not None:
         figures["soak_cpu_temp_max"] = (temperature, "°C")

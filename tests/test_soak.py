@@ -285,7 +285,9 @@ def test_a_second_soak_is_refused_where_one_runs_and_stopping_it_mid_run_is_judg
 def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
     stopped = soaked["stopped"]
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert "on node4: stopped" in stopped.stdout or "on node4: killed" in stopped.stdout, stopped.stdout
+    # node4's supervisor, cut off from the harness, had ended its load at the end time by itself
+    # and waited to be collected; told so, it removed its folder and ended
+    assert "on node4: stopped; the run was already signed" in stopped.stdout, stopped.stdout
     for name in soaked["cluster"].node_names():
         assert namespace_processes(soaked["cluster"], name) == [], name
     assert list(soaked["scratch"].iterdir()) == [], stopped.stdout
