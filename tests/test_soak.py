@@ -103,6 +103,15 @@ def test_the_supervisor_reads_its_rounds_figures_from_real_tool_outputs():
     assert "illegal memory access" in Supervisor.gpu_figure(1, json.dumps(broken), "")[2]
 
 
+def test_link_error_counters_that_rose_are_named_by_port():
+    """Constructed in the supervisor's sample format (no InfiniBand here): counters as the
+    supervisor reads them from /sys/class/infiniband/<hca>/ports/<n>/counters."""
+    start = {"kind": "start", "t": 0, "baseline": {"ib": {"mlx5_0/1": {"symbol_error": 0, "link_downed": 1}}}}
+    last = {"kind": "sample", "t": 60, "ib": {"mlx5_0/1": {"symbol_error": 5, "link_downed": 1}}}
+    log = soak.parse_soak("\n".join(json.dumps(r) for r in (start, last)))
+    assert soak.link_problems(log) == ["mlx5_0/1: symbol_error +5"]
+
+
 def test_text_that_is_not_soak_samples_is_a_parse_error():
     with pytest.raises(ParseError):
         soak.parse_soak("stress-ng: info: [1] dispatching hogs\n")
