@@ -669,3 +669,20 @@ def trend(log: SoakLog, key: str, started: float, points: int = 120) -> list[tup
     size = math.ceil(len(raw) / points)
     return [(statistics.fmean(x for x, _ in raw[i:i + size]), statistics.fmean(y for _, y in raw[i:i + size]))
             for i in range(0, len(raw), size)]
+
+
+def worst_first(lines: Mapping[str, list[tuple[float, float]]], *, high_is_bad: bool, shown_max: int,
+                worst_shown: int) -> dict[str, list[tuple[float, float]]]:
+    """A trend's lines for the report, the worst node first (the highest peak, or the lowest dip);
+    above shown_max nodes, the worst_shown worst and the median of all nodes at each point, so a
+    thousand-node soak draws a handful of lines. Nodes without points are left out."""
+    drawn = {node: points for node, points in lines.items() if points}
+    ranked = sorted(drawn, key=lambda node: (max if high_is_bad else min)(y for _, y in drawn[node]),
+                    reverse=high_is_bad)
+    if len(ranked) <= shown_max:
+        return {node: drawn[node] for node in ranked}
+    shown = {node: drawn[node] for node in ranked[:worst_shown]}
+    length = min(len(points) for points in drawn.values())  # the nodes sample on one schedule
+    shown["median of all nodes"] = [(statistics.median(p[i][0] for p in drawn.values()),
+                                     statistics.median(p[i][1] for p in drawn.values())) for i in range(length)]
+    return shown

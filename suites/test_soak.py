@@ -14,7 +14,6 @@ the report, worst nodes first.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -34,12 +33,12 @@ PARTS = {"cpu": ("stress-ng CPU", "bogo-ops/s", "soak_cpu_rate"),
          "gpu": ("GPU burn (slowest GPU)", "TFLOP/s", "soak_gpu_tflops")}
 TREND_NODES = 8  # up to this many nodes, a line each; above, the worst of them and the median of all
 WORST_SHOWN = 5
-TRENDS = (("temperature", "cpu_temp_c", "CPU temperature", "°C", max),
-          ("temperature", "gpus.temp_c", "GPU temperature (hottest)", "°C", max),
-          ("power", "gpus.power_w", "GPU power (highest)", "W", max),
-          ("throughput", "part:cpu", "stress-ng CPU rate", "bogo-ops/s", min),
-          ("throughput", "part:net", "iperf3 rate", "Gbit/s", min),
-          ("throughput", "part:gpu", "GPU burn rate (slowest GPU)", "TFLOP/s", min))
+TRENDS = (("temperature", "cpu_temp_c", "CPU temperature", "°C", True),  # True: high is bad
+          ("temperature", "gpus.temp_c", "GPU temperature (hottest)", "°C", True),
+          ("power", "gpus.power_w", "GPU power (highest)", "W", True),
+          ("throughput", "part:cpu", "stress-ng CPU rate", "bogo-ops/s", False),
+          ("throughput", "part:net", "iperf3 rate", "Gbit/s", False),
+          ("throughput", "part:gpu", "GPU burn rate (slowest GPU)", "TFLOP/s", False))
 
 
 @dataclass
@@ -239,24 +238,12 @@ def test_soak_trends(soak, record):
     TREND_NODES nodes, the WORST_SHOWN worst and the median of all)."""
     started = soak.plan.started
     drawn = 0
-    for kind, key, label, unit, worst in TRENDS:
+    for kind, key, label, unit, high_is_bad in TRENDS:
         lines = {node: soaking.trend(log, key, started) for node, log in soak.logs.items()}
-        lines = {node: points for node, points in lines.items() if points}
-        if not lines:
+        shown = soaking.worst_first(lines, high_is_bad=high_is_bad, shown_max=TREND_NODES, worst_shown=WORST_SHOWN)
+        if not shown:
             continue
-        ranked = sorted(lines, key=lambda n: worst(y for _, y in lines[n]), reverse=worst is max)
-        if len(ranked) > TREND_NODES:
-            shown = {node: lines[node] for node in ranked[:WORST_SHOWN]}
-            shown["median of all nodes"] = median_line(list(lines.values()))
-        else:
-            shown = {node: lines[node] for node in ranked}
         record.series(f"soak {kind}: {label}", x=("minutes into the soak", "min"), y=(label, unit), lines=shown)
         drawn += 1
     record.note(f"{drawn} trend(s) over {soak.plan.duration_s / 60:.1f} min on {len(soak.logs)} node(s)")
 
-
-def median_line(lines: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
-    """The median across nodes at each point index (the nodes sample on the same schedule)."""
-    length = min(len(points) for points in lines)
-    return [(statistics.median(points[i][0] for points in lines), statistics.median(points[i][1] for points in lines))
-            for i in range(length)]

@@ -112,6 +112,15 @@ def test_link_error_counters_that_rose_are_named_by_port():
     assert soak.link_problems(log) == ["mlx5_0/1: symbol_error +5"]
 
 
+def test_trends_draw_the_worst_nodes_first_and_the_median_above_a_handful():
+    lines = {f"node{i}": [(0.0, 40.0 + i), (1.0, 50.0 + i)] for i in range(1, 11)}
+    hottest = soak.worst_first(lines, high_is_bad=True, shown_max=8, worst_shown=3)
+    assert list(hottest) == ["node10", "node9", "node8", "median of all nodes"]
+    assert hottest["median of all nodes"] == [(0.0, 45.5), (1.0, 55.5)]
+    slowest = soak.worst_first(dict(list(lines.items())[:4]), high_is_bad=False, shown_max=8, worst_shown=3)
+    assert list(slowest) == ["node1", "node2", "node3", "node4"]
+
+
 def test_text_that_is_not_soak_samples_is_a_parse_error():
     with pytest.raises(ParseError):
         soak.parse_soak("stress-ng: info: [1] dispatching hogs\n")
