@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import signal
 import time
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -20,7 +21,11 @@ import pytest
 from handover.failures import NodeBusy
 from handover.recorder import SUITES_DIR, Recorder, test_id
 from handover.session import BUSY_NODES, AcceptanceSession, SessionError
+from inventory.loader import InventoryError, load_inventory
+from reports.ledger import LedgerError, read_ledger
+from runners import soak
 from runners.fanout import Progress
+from runners.soak import SOAK_FILE
 
 PROGRESS_EVERY_S = 15  # without a terminal (CI logs), one progress line this often
 REASONS_SHOWN = 20
@@ -36,6 +41,7 @@ MARKERS = {
     "quick": "short checks, minutes for a cluster",
     "full": "long checks, for the final acceptance run",
     "cluster": "runs once for the whole cluster rather than per node",
+    "soak": "burn-in of hours on every node at once (--soak-duration); in neither quick nor full",
 }
 
 SESSION = pytest.StashKey[AcceptanceSession]()
@@ -64,6 +70,100 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sign-key", metavar="KEY",
                     help="Ed25519 OpenSSH private key that signs the report "
                          "(default: a per-machine key, created on first use)")
+    add_soak_options(group)
+
+
+# --- soak (suites/test_soak.py, runners/soak.py) ------------------------------------------------
+
+
+def add_soak_options(group) -> None:
+    group.addoption("--soak-duration", metavar="DURATION",
+                    help="with -m soak: run the soak this long on every node at once (90s, 30m, 24h, 2d); "
+                         "the same command again re-attaches to a soak still running")
+    group.addoption("--soak-mix", metavar="KEY=VALUE,...",
+                    help="the soak's load mix: cpu, cpu_workers (0: every CPU), cpu_load (%%), vm_workers, "
+                         "vm_bytes, net_rate (iperf3 -b), gpu, round_s, interval_s")
+    group.addoption("--soak-attach", metavar="RUN_DIR",
+                    help="re-attach to the soak RUN_DIR started: collect what the nodes recorded, follow it "
+                         "to the end and judge it")
+    group.addoption("--soak-stop", metavar="RUN_DIR",
+                    help="end the soak RUN_DIR started on every node now, collect its samples, leave nothing "
+                         "running, and exit")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
+    """--soak-stop ends a soak and pytest with it; a soak to attach to becomes the run resumed."""
+    option = config.option
+    try:
+        if option.soak_duration:
+            soak.parse_duration(option.soak_duration)
+        soak.parse_mix(option.soak_mix)
+        if option.soak_stop:
+            return stop_soak(Path(option.soak_stop), option.inventory)
+    except soak.SoakError as error:
+        raise pytest.UsageError(str(error)) from None
+    if option.resume or not option.inventory or not (option.soak_attach or option.soak_duration):
+        return None
+    if option.soak_attach:
+        try:
+            soak.SoakPlan.load(Path(option.soak_attach))
+        except soak.SoakError as error:
+            raise pytest.UsageError(f"--soak-attach: {error}") from None
+    attach = Path(option.soak_attach) if option.soak_attach else running_soak(option.inventory, option.out)
+    if attach is not None:
+        print(f"handover: attaching to the soak in {attach}", flush=True)
+        option.resume = str(attach)
+    return None
+
+
+def running_soak(inventory: str, out: Optional[str]) -> Optional[Path]:
+    """The run directory of a soak of this inventory still running (or never collected)."""
+    try:
+        cluster = load_inventory(inventory)
+    except InventoryError:
+        return None  # the session says what is wrong with it
+    return soak.unfinished_soak(Path(out or "out"), cluster.name, cluster.digest)
+
+
+def stop_soak(run_dir: Path, inventory: Optional[str]) -> int:
+    """End the soak of run_dir on every node; 0 when every node was reached, else 1."""
+    plan = soak.SoakPlan.load(run_dir)
+    try:
+        inventory = inventory or str(read_ledger(run_dir).header.get("inventory", {}).get("path"))
+        cluster = load_inventory(inventory)
+    except (InventoryError, LedgerError) as error:
+        raise soak.SoakError(f"--soak-stop {run_dir}: {error}") from None
+    try:
+        specs = {name: cluster.node(name) for name in plan.nodes}
+    except KeyError as missing:
+        raise soak.SoakError(f"--soak-stop: {inventory} does not list {missing}, which {run_dir} soaks") from None
+    run = soak.SoakRun(plan, run_dir, specs)
+    try:
+        outcome = run.stop()
+    finally:
+        run.close()
+    for node, what in outcome.items():
+        print(f"handover: soak {plan.soak_id} on {node}: {what}")
+    return 1 if any(what.startswith("not reached") for what in outcome.values()) else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The soak runs only when asked for (--soak-duration or --soak-attach), never within a run
+    that only selects by area or depth."""
+    if not config.getoption("--inventory"):
+        return
+    resumed = config.getoption("--resume")
+    if config.getoption("--soak-duration") or config.getoption("--soak-attach") or \
+            (resumed and (Path(resumed) / SOAK_FILE).exists()):
+        return
+    soaking = [item for item in items if item.get_closest_marker("soak")]
+    if soaking:
+        config.hook.pytest_deselected(items=soaking)
+        items[:] = [item for item in items if not item.get_closest_marker("soak")]
+
+
+# --- end of soak ---------------------------------------------------------------------------------
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -20,7 +20,9 @@ Keys (a public interface; add, never rename; reports/schemas/results.schema.json
             series[{name, x_label, x_unit, y_label, y_unit, x_scale, lines[{label, points[[x, y]]}]}]?
             (curves such as busbw against message size or loss against step)}],
     outliers[{check, metric, node, value, unit, median, deviation, rule, robust_z, severity, rail?}]
-    (per-node figures far from their peers: warnings, or failures for the profile's outliers.fail)
+    (per-node figures far from their peers: warnings, or failures for the profile's outliers.fail),
+    soak{nodes[{node, status, failed[], reasons[], cpu_retained_pct, net_retained_pct, gpu_retained_pct,
+         cpu_temp_max_c, gpu_temp_max_c, gpu_power_max_w, samples}], trends[]}? (a soak ran: worst first)
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from inventory.model import OutlierRule
 from reports.files import write_atomically
 from reports.ledger import RunRecord
 from reports.schema import validate_results
+from reports.soak_view import soak_section
 from reports.verdict import Verdict, is_waived, judge
 
 RESULTS_SCHEMA = "handover.results/1"
@@ -95,6 +98,9 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
     low_fraction = (profile.get("expect") or {}).get("pair_low_fraction")
     if low_fraction is not None:  # the report's heatmaps mark low pairs as the attribution does
         results["run"]["pair_low_fraction"] = low_fraction
+    soak = soak_section(record.checks)
+    if soak is not None:  # a soak ran: its nodes worst first (reports/soak_view.py)
+        results["soak"] = soak
     if signer:
         results["signer"] = signer
     return results, verdict

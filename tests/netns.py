@@ -464,6 +464,16 @@ class NamespaceCluster:
         _kill(proc.pid)
         proc.wait(timeout=5)
 
+    def start_sshd(self, name: str) -> None:
+        """Start a node's sshd again after stop_sshd, in the namespace it had, and wait for it."""
+        node = self.node(name)
+        self._sshds[node.name] = self._launch_sshd(node.name, node.namespace)
+        deadline = time.monotonic() + self.start_timeout
+        while not _accepts_tcp(node.address, SSH_PORT):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on {name} not listening again:\n" + _tail(self.node_dir(name) / "sshd.log"))
+            time.sleep(0.05)
+
     def link_down(self, name: str) -> None:
         """Take the node's bridge port down: packets are dropped, so connects time out."""
         _check(_ip("link", "set", self.node(name).veth_host, "down"), f"link down {name}")

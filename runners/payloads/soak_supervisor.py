@@ -1,0 +1,434 @@
+"""Node side: the soak supervisor, a burn-in that outlives the harness on purpose.
+
+    sh -c 'cat > DIR/soak_supervisor.py && exec PYTHON DIR/soak_supervisor.py start CONFIG_JSON'
+
+`start` takes the node's soak lock (flock on a file in /dev/shm, named by the network namespace as
+runners.node_lock names its own), refuses with exit 75 and the holder's JSON when another soak has
+it, writes CONFIG_JSON to DIR/config.json, and re-executes itself detached (`setsid`, a fresh
+environment without the connection's lease and with the soak's own tag), so the watchdog of the
+harness's connection does not end it. The lock's open file goes with it, so the lock lives as long
+as the supervisor. It prints {"started": true, "pid": PID} and exits.
+
+`run` (the detached process) runs the load mix until the end time: stress-ng rounds on the CPUs
+and memory, an iperf3 server and rate-limited client rounds to the peer the harness named, the GPU
+burn payload in rounds where GPUs are. Every interval it appends a sample to DIR/samples.jsonl
+(load, memory, CPU temperature where readable, NVML telemetry per GPU, InfiniBand error counters)
+and rewrites DIR/heartbeat; each finished round is a `part` line with its figure, each NVML Xid
+event an `xid` line. At the end time, on SIGTERM, or when DIR/stop appears, it ends its load and
+writes an `end` line. It then waits for DIR/collected (the harness has copied everything), or the
+hard bound `linger_s` after the end, removes DIR and exits. Standard library only; pynvml is used
+where the node's Python has it.
+"""
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+LOCK_DIR = "/dev/shm"
+EXIT_BUSY = 75
+SAMPLES = "samples.jsonl"
+KILL_GRACE_S = 5
+ROUND_GRACE_S = 20  # a round that runs this much past its time hangs (a dead link): it is ended
+BUSY = "the server is busy"  # iperf3: the peer's server still closes the last round; try again
+NET_PAUSE_S = 1.0  # between iperf3 rounds: the peer's server resets itself after each test
+ERROR_HOLD_S = 5.0  # a failed round is kept only if the soak does not end this soon after it
+IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+               "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
+               "excessive_buffer_overrun_errors")
+STRIPPED = ("HANDOVER_LEASE", "HANDOVER_TAG")  # the connection's: the soak carries its own tag
+STRESS_RATE = re.compile(r"^\s*bogo-ops-per-second-real-time:\s*([0-9.eE+-]+)", re.M)
+STRESS_NAME = re.compile(r"^\s*-\s*stressor:\s*(\S+)", re.M)
+
+
+def lock_path():
+    try:
+        namespace = "".join(ch for ch in os.readlink("/proc/self/ns/net") if ch.isdigit())
+    except OSError:
+        namespace = ""
+    return os.path.join(LOCK_DIR, "handover-soak-%s.lock" % namespace)
+
+
+def start(config_text):
+    config = json.loads(config_text)
+    directory = config["dir"]
+    fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        print(json.dumps({"started": False, "busy": holder}))
+        sys.exit(EXIT_BUSY)
+    with open(os.path.join(directory, "config.json"), "w") as out:
+        out.write(config_text)
+    env = {key: value for key, value in os.environ.items() if key not in STRIPPED}
+    env.update(HANDOVER_TAG=config["tag"], HANDOVER_SOAK=config["soak_id"])
+    os.set_inheritable(fd, True)
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        log = os.open(os.path.join(directory, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), "run", directory], env)
+    holder = {"soak_id": config["soak_id"], "node": config["node"], "dir": directory, "pid": pid,
+              "end": config["end"], "run_dir": config.get("run_dir")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder).encode(), 0)
+    with open(os.path.join(directory, "pid"), "w") as out:
+        out.write("%d\n" % pid)
+    print(json.dumps({"started": True, "pid": pid}))
+
+
+class Supervisor:
+    def __init__(self, directory):
+        self.dir = directory
+        with open(os.path.join(directory, "config.json")) as config:
+            self.config = json.load(config)
+        self.mix = self.config["mix"]
+        self.end = float(self.config["end"])
+        self.stopping = threading.Event()
+        self.reason = "end time"
+        self.children = set()
+        self.children_lock = threading.Lock()
+        self.out = open(os.path.join(directory, SAMPLES), "a")
+        self.out_lock = threading.Lock()
+        self.nvml = None
+        self.gpus = []
+
+    def write(self, record):
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self.out_lock:
+            self.out.write(line)
+            self.out.flush()
+
+    def stop(self, reason):
+        if not self.stopping.is_set():
+            self.reason = reason
+            self.stopping.set()
+
+    def remaining(self):
+        return self.end - time.time()
+
+    # -- the load parts: rounds of a tool, each a `part` line -----------------------------------
+
+    def run_round(self, argv, seconds):
+        """One tool round, bounded; (exit code, stdout, stderr), exit None when it was cut short."""
+        try:
+            child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, text=True, errors="replace")
+        except OSError as exc:
+            return 127, "", str(exc)
+        with self.children_lock:
+            self.children.add(child)
+        try:
+            stdout, stderr = child.communicate(timeout=seconds + ROUND_GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            stdout, stderr = child.communicate()
+            return None, stdout, "%s did not finish within %d s" % (argv[0], seconds + ROUND_GRACE_S)
+        finally:
+            with self.children_lock:
+                self.children.discard(child)
+        return (None if self.stopping.is_set() and child.returncode != 0 else child.returncode), stdout, stderr
+
+    def rounds(self, part, argv_of, figure_of, pause_s=0.0):
+        round_s = float(self.mix.get("round_s", 60))
+        while not self.stopping.wait(pause_s):
+            seconds = min(round_s, self.remaining())
+            if seconds < max(1.0, round_s / 2):
+                return  # a short last round would not compare with the others
+            began = time.time()
+            code, stdout, stderr = self.run_round(argv_of(int(seconds)), seconds)
+            if code is None and self.stopping.is_set():
+                return  # cut short by the end: not a round
+            value, unit, error = figure_of(code, stdout, stderr)
+            ended = time.time()
+            if error and BUSY in error:
+                self.stopping.wait(1)
+                continue
+            if error and self.stopping.wait(ERROR_HOLD_S):
+                return  # it failed as the soak ended: the peer's side had already stopped
+            self.write({"kind": "part", "part": part, "t0": round(began, 3), "t1": round(ended, 3),
+                        "value": value, "unit": unit, "exit": code, "error": error})
+
+    def stress_argv(self, seconds):
+        argv = ["stress-ng", "--cpu", str(self.mix.get("cpu_workers", 0)),
+                "--cpu-load", str(self.mix.get("cpu_load", 100))]
+        if int(self.mix.get("vm_workers", 0)):
+            argv += ["--vm", str(self.mix["vm_workers"]), "--vm-bytes", str(self.mix.get("vm_bytes", "10%"))]
+        return argv + ["--metrics-brief", "--timeout", "%ds" % seconds, "--yaml", "/dev/stdout"]
+
+    @staticmethod
+    def stress_figure(code, stdout, stderr):
+        rates = dict(zip(STRESS_NAME.findall(stdout), (float(r) for r in STRESS_RATE.findall(stdout))))
+        if code != 0 or "cpu" not in rates:
+            return None, "bogo-ops/s", last_line(stderr or stdout) or "stress-ng exited %s" % code
+        return rates["cpu"], "bogo-ops/s", None
+
+    def iperf3_argv(self, seconds):
+        return ["iperf3", "-c", self.config["peer_address"], "-p", str(self.config["port"]), "-t", str(seconds),
+                "-b", str(self.mix.get("net_rate", "0")), "-i", "0", "-J", "--connect-timeout", "3000"]
+
+    @staticmethod
+    def iperf3_figure(code, stdout, stderr):
+        try:
+            document = json.loads(stdout[stdout.find("{"):])
+        except ValueError:
+            return None, "Gbit/s", last_line(stderr or stdout) or "iperf3 exited %s" % code
+        if document.get("error"):
+            return None, "Gbit/s", str(document["error"])
+        received = ((document.get("end") or {}).get("sum_received") or {}).get("bits_per_second")
+        if not isinstance(received, (int, float)):
+            return None, "Gbit/s", "iperf3 reported no received rate"
+        return received / 1e9, "Gbit/s", None
+
+    def serve_iperf3(self):
+        """The peer's client connects here; a server that dies is started again."""
+        while not self.stopping.is_set():
+            code, _, stderr = self.run_round(["iperf3", "-s", "-p", str(self.config["port"])], self.remaining())
+            if self.stopping.is_set():
+                return
+            self.write({"kind": "event", "t": round(time.time(), 3), "event": "iperf3 server exited %s: %s"
+                        % (code, last_line(stderr))})
+            self.stopping.wait(5)
+
+    def gpu_argv(self, seconds):
+        return [sys.executable, os.path.join(self.dir, "gpu_burn.py"), "--seconds", str(max(10, seconds - 15)),
+                "--matmul-seconds", "5", "--sample-interval", "5"]
+
+    @staticmethod
+    def gpu_figure(code, stdout, stderr):
+        try:
+            document = json.loads(stdout[stdout.find("{"):])
+        except ValueError:
+            return None, "TFLOP/s", last_line(stderr or stdout) or "gpu burn exited %s" % code
+        if document.get("available") is False:
+            return None, "TFLOP/s", document.get("reason") or "no GPU"
+        gpus = [gpu for gpu in document.get("gpus") or [] if isinstance(gpu, dict)]
+        failed = ["GPU %s: %s" % (gpu.get("index"), gpu["error"]) for gpu in gpus if gpu.get("error")]
+        windows = [gpu.get("gemm_tflops_windows") or [] for gpu in gpus]
+        rates = [sorted(w)[len(w) // 2] for w in windows if w]
+        if code != 0 or failed or not rates:
+            return None, "TFLOP/s", "; ".join(failed) or last_line(stderr) or "gpu burn gave no windows"
+        return min(rates), "TFLOP/s", None  # the slowest GPU's median window
+
+    # -- telemetry ------------------------------------------------------------------------------
+
+    def open_nvml(self):
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self.gpus = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self.nvml = pynvml
+        except Exception as exc:  # no pynvml, no driver, no GPU: CPU telemetry only
+            return "%s: %s" % (type(exc).__name__, exc)
+        return None
+
+    def gpu_sample(self, index, handle):
+        nvml = self.nvml
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) \
+            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        sample = {"gpu": index}
+        readers = {
+            "temp_c": lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+            "power_w": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+            "sm_mhz": lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+            "mem_mhz": lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM),
+            "reasons": lambda: reasons(handle),
+            "ecc_uncorrected": lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_AGGREGATE_ECC),
+            "ecc_corrected": lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                handle, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_AGGREGATE_ECC),
+            "remap": lambda: list(nvml.nvmlDeviceGetRemappedRows(handle)),
+        }
+        for key, read in readers.items():
+            try:
+                sample[key] = read()
+            except Exception as exc:  # not supported on this GPU, or the GPU is lost
+                sample.setdefault("errors", {})[key] = str(exc)
+        return sample
+
+    def watch_xids(self):
+        """NVML's critical Xid events, each an `xid` line as it happens."""
+        nvml = self.nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+            for handle in self.gpus:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+        except Exception as exc:
+            self.write({"kind": "event", "t": round(time.time(), 3), "event": "no Xid events: %s" % exc})
+            return
+        while not self.stopping.is_set():
+            try:
+                data = nvml.nvmlEventSetWait(events, 1000)
+            except Exception:  # the timeout raises NVML_ERROR_TIMEOUT
+                continue
+            self.write({"kind": "xid", "t": round(time.time(), 3), "xid": int(data.eventData),
+                        "gpu": next((i for i, h in enumerate(self.gpus) if h == data.device), None)})
+
+    def sample(self):
+        record = {"kind": "sample", "t": round(time.time(), 3), "load1": load1(),
+                  "mem_available_kib": meminfo("MemAvailable"), "cpu_temp_c": cpu_temperature()}
+        if self.nvml is not None:
+            record["gpus"] = [self.gpu_sample(i, handle) for i, handle in enumerate(self.gpus)]
+        links = infiniband_counters()
+        if links:
+            record["ib"] = links
+        return record
+
+    # -- the life of a soak ---------------------------------------------------------------------
+
+    def main(self):
+        signal.signal(signal.SIGTERM, lambda *_: self.stop("stopped (SIGTERM)"))
+        signal.signal(signal.SIGINT, lambda *_: self.stop("stopped (SIGINT)"))
+        nvml_missing = self.open_nvml()
+        self.write({"kind": "start", "t": round(time.time(), 3), "soak_id": self.config["soak_id"],
+                    "node": self.config["node"], "end": self.end, "pid": os.getpid(), "mix": self.mix,
+                    "peer": self.config.get("peer"), "boot_id": read("/proc/sys/kernel/random/boot_id"),
+                    "cpus": os.cpu_count(), "gpus": len(self.gpus), "nvml": nvml_missing,
+                    "baseline": self.sample()})
+        threads = []
+        if int(self.mix.get("cpu", 1)):
+            threads.append(threading.Thread(target=self.rounds, args=("cpu", self.stress_argv, self.stress_figure)))
+        if self.config.get("port"):
+            threads.append(threading.Thread(target=self.serve_iperf3))
+        if self.config.get("peer_address"):
+            threads.append(threading.Thread(target=self.delayed_client))
+        if self.gpus and int(self.mix.get("gpu", 1)) and os.path.exists(os.path.join(self.dir, "gpu_burn.py")):
+            threads.append(threading.Thread(target=self.rounds, args=("gpu", self.gpu_argv, self.gpu_figure)))
+            threads.append(threading.Thread(target=self.watch_xids))
+        for thread in threads:
+            thread.daemon = True
+            thread.start()
+        interval = float(self.config["interval_s"])
+        while not self.stopping.is_set():
+            if self.remaining() <= 0:
+                self.stop("end time")
+                break
+            if os.path.exists(os.path.join(self.dir, "stop")):
+                self.stop("stopped by the harness")
+                break
+            self.write(self.sample())
+            write_atomically(os.path.join(self.dir, "heartbeat"), "%.3f\n" % time.time())
+            self.stopping.wait(min(interval, max(0.0, self.remaining())))
+        self.end_children()
+        for thread in threads:
+            thread.join(KILL_GRACE_S + 2)
+        self.end_children()  # a round that started as the soak was ending
+        self.write({"kind": "end", "t": round(time.time(), 3), "reason": self.reason})
+        self.linger()
+
+    def delayed_client(self):
+        """The peer's server starts at about the same time: the first round waits a moment."""
+        self.stopping.wait(3)
+        self.rounds("net", self.iperf3_argv, self.iperf3_figure, pause_s=NET_PAUSE_S)
+
+    def end_children(self):
+        with self.children_lock:
+            children = list(self.children)
+        for child in children:
+            try:
+                child.terminate()
+            except OSError:
+                pass
+        deadline = time.time() + KILL_GRACE_S
+        for child in children:
+            try:
+                child.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+    def linger(self):
+        """Keep the samples until the harness has them, or until the hard bound; then remove them."""
+        bound = time.time() + float(self.config["linger_s"])
+        collected = os.path.join(self.dir, "collected")
+        while not os.path.exists(collected) and time.time() < bound:
+            time.sleep(2)
+        self.out.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def last_line(text):
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def read(path):
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def load1():
+    text = read("/proc/loadavg")
+    return float(text.split()[0]) if text else None
+
+
+def meminfo(key):
+    for line in (read("/proc/meminfo") or "").splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def cpu_temperature():
+    """The hottest CPU sensor in degrees C (thermal zones, then hwmon), None where none is readable."""
+    readings = []
+    for base, pattern in (("/sys/class/thermal", "thermal_zone"), ("/sys/class/hwmon", "hwmon")):
+        try:
+            entries = [e for e in os.listdir(base) if e.startswith(pattern)]
+        except OSError:
+            continue
+        for entry in entries:
+            folder = os.path.join(base, entry)
+            names = ["temp"] if pattern == "thermal_zone" else [
+                n for n in sorted(os.listdir(folder)) if n.startswith("temp") and n.endswith("_input")]
+            for name in names:
+                value = read(os.path.join(folder, name))
+                if value and value.lstrip("-").isdigit():
+                    readings.append(int(value) / 1000.0)
+    return max(readings) if readings else None
+
+
+def infiniband_counters():
+    """{"mlx5_0/1": {counter: value}} for every HCA port, where /sys/class/infiniband exists."""
+    base = "/sys/class/infiniband"
+    found = {}
+    try:
+        devices = sorted(os.listdir(base))
+    except OSError:
+        return found
+    for device in devices:
+        ports = os.path.join(base, device, "ports")
+        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
+            counters = {}
+            for name in IB_COUNTERS:
+                value = read(os.path.join(ports, port, "counters", name))
+                if value and value.isdigit():
+                    counters[name] = int(value)
+            found["%s/%s" % (device, port)] = counters
+    return found
+
+
+def write_atomically(path, text):
+    temporary = path + ".tmp"
+    with open(temporary, "w") as out:
+        out.write(text)
+    os.replace(temporary, path)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "start":
+        start(sys.argv[2])
+    else:
+        Supervisor(sys.argv[2]).main()

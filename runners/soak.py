@@ -1,0 +1,688 @@
+"""The soak: a burn-in of hours on every node at once, run by a node-side supervisor that outlives
+the harness (runners/payloads/soak_supervisor.py), polled, re-attached and judged from its samples.
+
+The harness starts the supervisor on every node at once through the transport, then polls: each
+node's new sample lines are appended to the run directory's raw/soak/<node>.jsonl as they come.
+The run directory's soak.json holds the plan (soak id, tag, end, each node's folder and peer), so
+a harness killed mid-soak re-attaches by reading it and carrying on from what raw/ already has.
+A node that stops answering is polled again with a fresh connection; one still silent after the
+end is named as dropped out. Everything about a node's samples is decided by the pure functions
+at the end of this module, from the lines alone.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import re
+import secrets
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+from inventory.model import Node, ScratchPath
+from reports.files import write_atomically
+from runners.burn import FAILING_REASONS, decode_reasons
+from runners.fanout import Progress, fan_out
+from runners.parsing import ParseError
+from runners.payloads import load
+from runners.transport import Result, Transport, kill_argv, make_transport
+
+SOAK_FILE = "soak.json"
+RAW_STEP = "soak"
+PORT = 5399  # the supervisors' iperf3 server
+POLL_S = 5.0
+START_TIMEOUT_S = 60
+COMMAND_TIMEOUT_S = 30
+COLLECT_LIMIT = 8 * 2**20  # bytes of new samples one poll takes from a node; the rest comes next poll
+LINGER_S = 24 * 3600  # a supervisor keeps its samples this long after the end for the harness
+DROP_GRACE_S = 60  # after the end, how long a silent node is waited for before it dropped out
+STOP_WAIT_S = 30  # --soak-stop: how long each supervisor has to end and clean up
+EXIT_NO_SOAK = 3
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Defaults of the load mix (--soak-mix key=value,... overrides them): every CPU, half duty, one
+# memory worker on a tenth of memory, unlimited iperf3, the GPU burn where there are GPUs.
+MIX_DEFAULTS: dict[str, object] = {"cpu": 1, "cpu_workers": 0, "cpu_load": 50, "vm_workers": 1,
+                                   "vm_bytes": "10%", "net_rate": "0", "gpu": 1, "round_s": 60,
+                                   "interval_s": 5}
+MIX_NUMBERS = ("cpu", "cpu_workers", "cpu_load", "vm_workers", "gpu", "round_s", "interval_s")
+STATUS_PREFIX = "handover-soak: "
+
+# $1 the node's soak folder, $2 the payload's interpreter, $3 the config; the payload on stdin.
+# A supervisor that does not start (another soak holds the node) leaves no folder behind.
+_START = r"""
+mkdir -p "$1" && cat > "$1/soak_supervisor.py" || exit 1
+"$2" "$1/soak_supervisor.py" start "$3"; rc=$?
+[ "$rc" -eq 0 ] || rm -rf "$1"
+exit "$rc"
+"""
+# $1 folder, $2 byte offset already collected: the supervisor's state on stderr, new lines on stdout.
+_COLLECT = r"""
+[ -d "$1" ] || { echo "handover-soak: no-soak" >&2; exit 3; }
+pid=$(cat "$1/pid" 2>/dev/null)
+if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "handover-soak: alive $pid" >&2
+else echo "handover-soak: gone" >&2; fi
+tail -c +"$(($2 + 1))" "$1/samples.jsonl" 2>/dev/null | head -c "$3"
+"""
+# $1 folder, $2 the file that tells the supervisor: stop (end now) or collected (clean up).
+_TELL = r"""[ -d "$1" ] || exit 3; : > "$1/$2"
+"""
+
+
+class SoakError(Exception):
+    """An option or a soak file the harness cannot use; str() is the one line to show."""
+
+
+def parse_duration(text: str, option: str = "--soak-duration") -> float:
+    """'90s', '30m', '24h', '2d' in seconds; anything else is one line naming the option."""
+    match = DURATION.match(str(text).strip())
+    if not match or float(match.group(1)) <= 0:
+        raise SoakError(f"{option} {text!r}: a positive number and a unit, s, m, h or d (90s, 30m, 24h)")
+    return float(match.group(1)) * UNIT_S[match.group(2)]
+
+
+def parse_mix(text: Optional[str]) -> dict[str, object]:
+    """--soak-mix 'cpu_workers=1,cpu_load=10,vm_workers=0,net_rate=20M' over the defaults."""
+    mix = dict(MIX_DEFAULTS)
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, _, value = item.partition("=")
+        if key not in MIX_DEFAULTS or not value:
+            raise SoakError(f"--soak-mix {item!r}: KEY=VALUE with KEY one of {', '.join(MIX_DEFAULTS)}")
+        if key in MIX_NUMBERS:
+            try:
+                mix[key] = float(value) if key in ("round_s", "interval_s") else int(value)
+            except ValueError:
+                raise SoakError(f"--soak-mix {item!r}: {key} takes a number") from None
+        else:
+            mix[key] = value
+    return mix
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan, kept in the run directory
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    dir: str  # the node's soak folder, inside a declared scratch path
+    peer: Optional[str] = None  # the node its iperf3 client sends to
+    peer_address: Optional[str] = None
+
+
+@dataclass
+class SoakPlan:
+    soak_id: str
+    tag: str  # every process of the soak carries HANDOVER_TAG=<tag>: --soak-stop's last resort
+    started: float
+    end: float
+    mix: dict
+    nodes: dict[str, NodePlan]
+    refused: dict[str, str] = field(default_factory=dict)  # node -> why it runs no soak
+    collected: bool = False  # every node's samples are in the run directory
+    stopped: bool = False  # --soak-stop ended it
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.started
+
+    @property
+    def interval_s(self) -> float:
+        return float(self.mix["interval_s"])  # type: ignore[arg-type]
+
+    def save(self, run_dir: Path) -> None:
+        data = asdict(self)
+        write_atomically(run_dir / SOAK_FILE, json.dumps(data, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "SoakPlan":
+        path = Path(run_dir) / SOAK_FILE
+        try:
+            data = json.loads(path.read_text())
+            data["nodes"] = {name: NodePlan(**entry) for name, entry in data["nodes"].items()}
+            return cls(**data)
+        except FileNotFoundError:
+            raise SoakError(f"{path}: no such file; {run_dir} is not a soak's run directory") from None
+        except (ValueError, TypeError, KeyError) as error:
+            raise SoakError(f"{path}: not a soak plan ({error})") from None
+
+
+def new_plan(nodes: Sequence[Node], scratch: Sequence[ScratchPath], duration_s: float,
+             mix: dict) -> SoakPlan:
+    """Every node's folder in the first local scratch path, and a ring of iperf3 peers."""
+    local = next((entry.path for entry in scratch if entry.kind == "local"), None)
+    soak_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+    started = time.time()
+    plans, refused = {}, {}
+    for index, node in enumerate(nodes):
+        if local is None:
+            refused[node.name] = "no local scratch path declared: the soak keeps its samples only there"
+            continue
+        peer = nodes[(index + 1) % len(nodes)] if len(nodes) > 1 else None
+        plans[node.name] = NodePlan(
+            dir=f"{local.rstrip('/')}/handover-soak-{soak_id}-{node.name}", peer=peer.name if peer else None,
+            peer_address=(peer.data_address or peer.address) if peer else None)
+    return SoakPlan(soak_id, secrets.token_hex(8), started, started + duration_s, mix, plans, refused)
+
+
+def unfinished_soak(out: Path, cluster: str, inventory_sha256: str) -> Optional[Path]:
+    """The newest run directory of `cluster` under `out` whose soak, started from this inventory,
+    has not been collected or stopped: re-running the same command attaches to it."""
+    base = Path(out) / cluster
+    for plan_file in sorted(base.glob(f"*/{SOAK_FILE}"), reverse=True):
+        try:
+            plan = SoakPlan.load(plan_file.parent)
+            header = json.loads((plan_file.parent / "ledger.jsonl").open().readline())
+        except (SoakError, OSError, ValueError):
+            continue
+        if plan.collected or plan.stopped or time.time() > plan.end + LINGER_S:
+            continue
+        if (header.get("inventory") or {}).get("sha256") == inventory_sha256:
+            return plan_file.parent.resolve()
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Node commands
+
+
+def start(transport: Transport, plan: SoakPlan, run_dir: Path) -> Result:
+    """Start the supervisor on one node (exit 75 and the holder's JSON: another soak is there)."""
+    node = plan.nodes[transport.node.name]
+    config = {"soak_id": plan.soak_id, "tag": plan.tag, "node": transport.node.name, "dir": node.dir,
+              "end": plan.end, "interval_s": plan.interval_s, "linger_s": LINGER_S, "mix": plan.mix,
+              "peer": node.peer, "peer_address": node.peer_address, "port": PORT if len(plan.nodes) > 1 else None,
+              "run_dir": str(run_dir)}
+    if int(plan.mix.get("gpu", 1)):  # beside the supervisor, which runs it in rounds where GPUs are
+        shipped = transport.run(["sh", "-c", 'mkdir -p "$1" && cat > "$1/gpu_burn.py"', "handover-soak", node.dir],
+                                timeout=COMMAND_TIMEOUT_S, stdin=load("gpu_burn"), label="soak: ship gpu_burn")
+        if not shipped.ok:
+            return shipped
+    argv = ["sh", "-c", _START, "handover-soak", node.dir, transport.node.python, json.dumps(config)]
+    return transport.run(argv, timeout=START_TIMEOUT_S, stdin=load("soak_supervisor"),
+                         label=f"{transport.node.python} soak_supervisor start")
+
+
+def collect(transport: Transport, folder: str, offset: int) -> Result:
+    return transport.run(["sh", "-c", _COLLECT, "handover-soak", folder, str(offset), str(COLLECT_LIMIT)],
+                         timeout=COMMAND_TIMEOUT_S, label="soak: collect")
+
+
+def tell(transport: Transport, folder: str, what: str) -> Result:
+    """Touch DIR/stop (end now) or DIR/collected (the harness has everything: clean up)."""
+    return transport.run(["sh", "-c", _TELL, "handover-soak", folder, what], timeout=COMMAND_TIMEOUT_S,
+                         label=f"soak: {what}")
+
+
+def holder(refusal: str) -> str:
+    """The soak that holds a node, in words, from the supervisor's refusal (exit 75)."""
+    try:
+        held = json.loads(json.loads(refusal)["busy"])
+        return (f"soak {held['soak_id']} of {held.get('run_dir') or 'another harness'}, until "
+                f"{clock_utc(float(held['end']))} (supervisor pid {held['pid']})")
+    except (ValueError, KeyError, TypeError):
+        return refusal.strip() or "its lock holder did not say which"
+
+
+def supervisor_state(result: Result) -> Optional[str]:
+    """'alive', 'gone' or 'no-soak' from a collect; None when the node did not answer."""
+    if result.failure or result.timed_out:
+        return None
+    for line in result.stderr.splitlines():
+        if line.startswith(STATUS_PREFIX):
+            return line[len(STATUS_PREFIX):].split()[0]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The harness's side of a running soak
+
+
+@dataclass
+class NodeState:
+    """What the harness knows of one node's soak while it polls."""
+
+    name: str
+    offset: int = 0  # bytes of its samples in raw/
+    state: Optional[str] = None  # the supervisor as last seen: alive, gone, no-soak
+    ended: bool = False  # its end line is in raw/
+    done: Optional[str] = None  # why polling it is over: ended, gone, dropped out, no soak
+    unreachable: str = ""  # the last transport failure, while it does not answer
+
+
+@dataclass
+class SoakProgress(Progress):
+    """A soak's progress line: the nodes alive, elapsed and remaining time."""
+
+    alive: int = 0
+    duration_s: float = 0.0
+
+    def line(self) -> str:
+        elapsed = min(time.monotonic() - self.started, self.duration_s)  # started: monotonic, as Progress's
+        unreached = self.total - self.alive - len(self.done)
+        return (f"soak: {self.alive}/{self.total} nodes alive{f', {unreached} not answering' if unreached else ''}, "
+                f"{elapsed:.0f} s of {self.duration_s:.0f} s, {self.duration_s - elapsed:.0f} s left"
+                f"{f'; {len(self.done)} done' if self.done else ''}")
+
+
+class SoakRun:
+    """Polls a soak's nodes until each has ended (or dropped out), copying samples into raw/soak/."""
+
+    def __init__(self, plan: SoakPlan, run_dir: Path, nodes: Mapping[str, Node],
+                 on_progress: Optional[Callable[[Progress], None]] = None):
+        self.plan = plan
+        self.run_dir = Path(run_dir)
+        self.raw = self.run_dir / "raw" / RAW_STEP
+        self.specs = dict(nodes)
+        self.on_progress = on_progress
+        self._transports: dict[str, Transport] = {}
+        self.sealed = False  # the run is signed, or another process collects: samples are not kept here
+        self._collector: Optional[int] = None  # the flock of collecting(), while this process holds it
+        self.states = {name: NodeState(name, offset=self._complete_bytes(name)) for name in plan.nodes}
+        for state in self.states.values():  # re-attached: what raw/ already has
+            state.ended = any(r.get("kind") == "end" for r in records(self.raw_text(state.name)))
+
+    def raw_path(self, node: str) -> Path:
+        return self.raw / f"{node}.jsonl"
+
+    def raw_text(self, node: str) -> str:
+        path = self.raw_path(node)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _complete_bytes(self, node: str) -> int:
+        """The collected bytes up to the last whole line; a torn tail (the harness died while
+        appending) is cut off, so the next collect appends whole lines after whole lines."""
+        path = self.raw_path(node)
+        if not path.exists():
+            return 0
+        data = path.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data) and not (self.run_dir / "results.json").exists():  # a signed run stays as it is
+            with path.open("r+b") as handle:
+                handle.truncate(keep)
+        return keep
+
+    def transport(self, node: str) -> Transport:
+        """The node's transport; a fresh one once the last was lost: a node may come back."""
+        transport = self._transports.get(node)
+        if transport is None or transport.loss is not None:
+            if transport is not None:
+                transport.close()
+            transport = self._transports[node] = make_transport(self.specs[node])
+        return transport
+
+    def start_all(self) -> dict[str, Result]:
+        """Start the supervisor on every planned node at once; a node that refuses (another
+        soak runs there) or fails to start is refused in the plan, with why. The plan is saved
+        first, so a harness killed while starting still leaves a soak to attach to."""
+        self.plan.save(self.run_dir)
+        started = fan_out({name: self.transport(name) for name in self.plan.nodes},
+                          lambda t: start(t, self.plan, self.run_dir), name="soak start")
+        for name, result in started.items():
+            if not result.ok:
+                self.plan.refused[name] = (f"another soak runs there: {holder(result.stdout)}" if result.exit_code == 75
+                                           else f"the supervisor did not start: {result.explain()}")
+                self.states[name].done = "not started"
+        self.plan.save(self.run_dir)
+        return started
+
+    def poll_once(self) -> None:
+        pending = {name: self.transport(name) for name, state in self.states.items()
+                   if state.done is None and name not in self.plan.refused}
+        if not pending:
+            return
+        results = fan_out(pending, lambda t: collect(t, self.plan.nodes[t.node.name].dir,
+                                                     self.states[t.node.name].offset), name="soak collect")
+        now = time.time()
+        for name, result in results.items():
+            self._take(self.states[name], result, now)
+
+    def _take(self, state: NodeState, result: Result, now: float) -> None:
+        seen = supervisor_state(result)
+        if seen is None:
+            state.unreachable = result.explain()
+            if now > self.plan.end + DROP_GRACE_S:
+                state.done = "dropped out"
+            return
+        state.state, state.unreachable = seen, ""
+        text = result.stdout
+        whole = text[:text.rfind("\n") + 1]
+        if whole and not self.sealed:
+            self.raw.mkdir(parents=True, exist_ok=True)
+            with self.raw_path(state.name).open("a", encoding="utf-8") as out:
+                out.write(whole)
+        state.offset += len(whole.encode())
+        state.ended = state.ended or any(r.get("kind") == "end" for r in records(whole))
+        more = len(text.encode()) >= COLLECT_LIMIT
+        if state.ended and not more:
+            if self._collector is not None:  # else the harness that collects tells it
+                tell(self.transport(state.name), self.plan.nodes[state.name].dir, "collected")
+            state.done = "ended"
+        elif seen == "no-soak":
+            state.done = "no soak"  # its folder is gone: cleaned up, or the node was wiped
+        elif seen == "gone" and not more:
+            state.done = "gone"  # the supervisor died (a crash, a reboot) before its end line
+
+    def progress(self) -> "SoakProgress":
+        alive = [s.name for s in self.states.values() if s.state == "alive" and not s.unreachable and not s.done]
+        done = {s.name: ("ok" if s.done == "ended" else s.done or "") for s in self.states.values() if s.done}
+        return SoakProgress(step=RAW_STEP, total=len(self.states), done=done,
+                            running={s.name for s in self.states.values() if not s.done},
+                            started=time.monotonic() - (time.time() - self.plan.started), alive=len(alive),
+                            duration_s=self.plan.duration_s)
+
+    def collecting(self) -> bool:
+        """Become the one process that copies this soak's samples into raw/ (flock on the raw/soak
+        folder, held until close or death): two harnesses, or a harness and --soak-stop, would
+        append the same lines twice. False when another process already is."""
+        if self._collector is None:
+            self.raw.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(self.raw, os.O_RDONLY)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(descriptor)
+                return False
+            self._collector = descriptor
+        return True
+
+    def follow(self) -> None:
+        """Poll until every node is done; then the plan says collected, so nothing re-attaches."""
+        if not self.collecting():
+            raise SoakError(f"another harness follows the soak of {self.run_dir}; let it finish, "
+                            f"or end the soak with --soak-stop {self.run_dir}")
+        while True:
+            self.poll_once()
+            if self.on_progress:
+                self.on_progress(self.progress())
+            if all(state.done for state in self.states.values()):
+                break
+            time.sleep(POLL_S)
+        self.plan.stopped = self.plan.stopped or SoakPlan.load(self.run_dir).stopped  # by --soak-stop meanwhile
+        self.plan.collected = True
+        self.plan.save(self.run_dir)
+
+    def stop(self) -> dict[str, str]:
+        """End the soak on every node now: stop, collect what is left, let each supervisor clean up,
+        then kill whatever still carries the soak's tag. {node: what happened}. While a harness
+        follows the soak, it collects and lets the supervisors clean up; this only waits for them."""
+        collector = self.collecting()
+        signed = (self.run_dir / "results.json").exists()  # a signed run directory stays as it was signed
+        self.sealed = signed or not collector
+        live = {name: self.transport(name) for name in self.plan.nodes if name not in self.plan.refused}
+        told = fan_out(live, lambda t: tell(t, self.plan.nodes[t.node.name].dir, "stop"), name="soak stop")
+        self.plan.stopped = True
+        if not signed:  # at once: a harness following the soak keeps it when it saves the plan
+            self.plan.save(self.run_dir)
+        deadline = time.time() + STOP_WAIT_S
+        for state in self.states.values():
+            state.done = None if state.name in live else "not started"
+        outcome: dict[str, str] = {}
+        for name, result in told.items():
+            if result.exit_code == EXIT_NO_SOAK:
+                outcome[name] = "no soak running (already ended and cleaned up)"
+                self.states[name].done = "no soak"
+            elif not result.ok:
+                outcome[name] = f"not reached: {result.explain()}"
+                self.states[name].done = "unreachable"
+        while time.time() < deadline and not all(s.done for s in self.states.values()):
+            self.poll_once()
+            time.sleep(1)
+        self._wait_cleaned([name for name in live if name not in outcome], deadline)
+        killed = fan_out({name: self.transport(name) for name in live if name not in outcome},
+                         lambda t: t.run(kill_argv(self.plan.tag, root=False), timeout=COMMAND_TIMEOUT_S),
+                         name="soak kill")
+        for name in killed:
+            kept = ("the run was already signed: samples since are not kept" if self.sealed and self._collector
+                    else "the harness following it has its samples" if self.sealed else "its samples are in raw/")
+            outcome.setdefault(name, f"stopped; {kept}" if self.states[name].done == "ended"
+                               else f"killed ({self.states[name].done or 'did not end in time'})")
+        return outcome
+
+    def _wait_cleaned(self, names: list[str], deadline: float) -> None:
+        """Until each supervisor told `collected` has removed its folder (and so ended), or the deadline."""
+        waiting = list(names)
+        while waiting and time.time() < deadline:
+            looked = fan_out({name: self.transport(name) for name in waiting},
+                             lambda t: t.run(["test", "-d", self.plan.nodes[t.node.name].dir],
+                                             timeout=COMMAND_TIMEOUT_S), name="soak cleaned")
+            waiting = [name for name, result in looked.items() if result.exit_code != 1]
+            if waiting:
+                time.sleep(1)
+
+    def close(self) -> None:
+        for transport in self._transports.values():
+            transport.close()
+        if self._collector is not None:
+            os.close(self._collector)
+            self._collector = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure parsers and judgements of a node's sample lines
+
+
+@dataclass(frozen=True)
+class Part:
+    part: str  # cpu, net, gpu
+    t0: float
+    t1: float
+    value: Optional[float]
+    unit: str
+    error: Optional[str]
+
+
+@dataclass
+class SoakLog:
+    start: Optional[dict]
+    samples: list[dict]
+    parts: list[Part]
+    xids: list[dict]
+    events: list[dict]
+    end: Optional[dict]
+    torn: int = 0  # lines that were not JSON (a torn last line)
+
+    @property
+    def times(self) -> list[float]:
+        return [float(s["t"]) for s in self.samples if isinstance(s.get("t"), (int, float))]
+
+
+def records(text: str) -> list[dict]:
+    """The JSON objects of a samples file, one a line; lines that are not one are left out."""
+    found = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            found.append(record)
+    return found
+
+
+def parse_soak(text: str) -> SoakLog:
+    """A supervisor's samples.jsonl (or the harness's raw/soak/<node>.jsonl copy of it)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    found = records(text)
+    if lines and not found:
+        raise ParseError("soak samples: no JSON line of the soak supervisor")
+    if found and not any(r.get("kind") in ("start", "sample", "part", "end") for r in found):
+        raise ParseError("soak samples: JSON lines, but none of kind start, sample, part or end")
+    log = SoakLog(start=None, samples=[], parts=[], xids=[], events=[], end=None, torn=len(lines) - len(found))
+    for record in found:
+        kind = record.get("kind")
+        if kind == "start" and log.start is None:
+            log.start = record
+        elif kind == "sample":
+            log.samples.append(record)
+        elif kind == "part":
+            value = record.get("value")
+            log.parts.append(Part(str(record.get("part")), float(record["t0"]), float(record["t1"]),
+                                  float(value) if isinstance(value, (int, float)) else None,
+                                  str(record.get("unit") or ""), record.get("error")))
+        elif kind == "xid":
+            log.xids.append(record)
+        elif kind == "event":
+            log.events.append(record)
+        elif kind == "end":
+            log.end = record
+    return log
+
+
+PARSERS = {"soak": parse_soak}
+
+
+def heartbeat_gaps(times: Sequence[float], allowed_s: float) -> list[tuple[float, float]]:
+    """(from, to) of each stretch longer than allowed_s without a sample."""
+    ordered = sorted(times)
+    return [(a, b) for a, b in zip(ordered, ordered[1:], strict=False) if b - a > allowed_s]
+
+
+def gap_allowed(interval_s: float) -> float:
+    """A heartbeat this late means a hang or a reboot, not a busy node: three missed samples."""
+    return 3 * interval_s + 5
+
+
+def dropped_out(log: SoakLog, plan_end: float, interval_s: float, stopped: bool = False) -> Optional[str]:
+    """Why the node's samples stop before the end (None when they reach it)."""
+    if log.start is None:
+        return "no sample of its soak reached the harness"
+    if log.end is not None:
+        return None
+    last = max(log.times, default=float(log.start["t"]))
+    if stopped or last >= plan_end - gap_allowed(interval_s):
+        return None
+    return f"its samples stop at {clock_utc(last)}, {plan_end - last:.0f} s before the end, with no end line"
+
+
+def clock_utc(epoch: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(epoch))
+
+
+@dataclass(frozen=True)
+class Drift:
+    part: str
+    unit: str
+    first: float  # the median figure of the first quarter of the rounds
+    last: float  # of the last quarter
+    median: float  # of every round
+    rounds: int
+    failed: int  # rounds without a figure
+
+    @property
+    def retained_pct(self) -> float:
+        return 100.0 * self.last / self.first if self.first else 0.0
+
+
+def drift(parts: Sequence[Part], part: str, until: Optional[float] = None) -> Optional[Drift]:
+    """First against last quarter of a load part's rounds (at least one round each); rounds that
+    ended after `until` (its peer dropped out then) are left out. None without two figures."""
+    chosen = [p for p in parts if p.part == part and (until is None or p.t1 <= until)]
+    figures = [p.value for p in chosen if p.value is not None]
+    if len(figures) < 2:
+        return None
+    quarter = max(1, len(figures) // 4)
+    return Drift(part, chosen[0].unit, statistics.median(figures[:quarter]), statistics.median(figures[-quarter:]),
+                 statistics.median(figures), len(chosen), len(chosen) - len(figures))
+
+
+def _gpu_values(sample: dict, key: str) -> dict[int, object]:
+    return {int(g["gpu"]): g.get(key) for g in sample.get("gpus") or [] if isinstance(g, dict) and "gpu" in g}
+
+
+def gpu_problems(log: SoakLog) -> list[str]:
+    """New Xids, new ECC errors and row remaps against the soak's start, and the slowdown reasons
+    that mean cooling or power delivery fails (runners.burn.FAILING_REASONS), per GPU."""
+    problems = [f"GPU {x.get('gpu')}: Xid {x.get('xid')} at {clock_utc(float(x['t']))}" for x in log.xids]
+    baseline = (log.start or {}).get("baseline") or {}
+    last = log.samples[-1] if log.samples else {}
+    for key, what in (("ecc_uncorrected", "uncorrected ECC errors"), ("ecc_corrected", "corrected ECC errors")):
+        before, after = _gpu_values(baseline, key), _gpu_values(last, key)
+        for gpu, count in sorted(after.items()):
+            old = before.get(gpu)
+            if isinstance(count, int) and isinstance(old, int) and count > old:
+                problems.append(f"GPU {gpu}: {count - old} new {what}")
+    before_rows, after_rows = _gpu_values(baseline, "remap"), _gpu_values(last, "remap")
+    for gpu, rows in sorted(after_rows.items()):
+        old = before_rows.get(gpu)
+        if isinstance(rows, list) and isinstance(old, list) and len(rows) >= 2 and len(old) >= 2:
+            new = (rows[0] - old[0]) + (rows[1] - old[1])
+            if new > 0:
+                problems.append(f"GPU {gpu}: {new} rows remapped during the soak")
+            if len(rows) >= 4 and rows[3]:
+                problems.append(f"GPU {gpu}: a row remap failed")
+    seen: dict[int, set[str]] = {}
+    for sample in log.samples:
+        for gpu, mask in _gpu_values(sample, "reasons").items():
+            if isinstance(mask, int) and mask & FAILING_REASONS:
+                seen.setdefault(gpu, set()).update(decode_reasons(mask & FAILING_REASONS))
+    problems += [f"GPU {gpu}: {', '.join(sorted(names))}" for gpu, names in sorted(seen.items())]
+    return problems
+
+
+def link_problems(log: SoakLog) -> list[str]:
+    """InfiniBand error counters that rose during the soak, per port."""
+    before = ((log.start or {}).get("baseline") or {}).get("ib") or {}
+    after = (log.samples[-1] if log.samples else {}).get("ib") or {}
+    problems = []
+    for port, counters in sorted(after.items()):
+        for name, value in sorted(counters.items()):
+            old = (before.get(port) or {}).get(name)
+            if isinstance(value, int) and isinstance(old, int) and value > old:
+                problems.append(f"{port}: {name} +{value - old}")
+    return problems
+
+
+def peak(log: SoakLog, key: str) -> Optional[float]:
+    """The highest reading of a sample field (cpu_temp_c) or of any GPU's (gpus.temp_c)."""
+    values: list[float] = []
+    for sample in log.samples:
+        if key.startswith("gpus."):
+            values += [v for v in _gpu_values(sample, key[5:]).values() if isinstance(v, (int, float))]
+        elif isinstance(sample.get(key), (int, float)):
+            values.append(float(sample[key]))
+    values = [v for v in values if math.isfinite(v)]
+    return max(values) if values else None
+
+
+def trend(log: SoakLog, key: str, started: float, points: int = 120) -> list[tuple[float, float]]:
+    """(minutes into the soak, value) of a sample field, or of a load part ('part:cpu'), or the
+    hottest/most of the GPUs ('gpus.temp_c'), thinned to about `points` by averaging buckets."""
+    raw: list[tuple[float, float]] = []
+    if key.startswith("part:"):
+        raw = [((p.t1 - started) / 60, p.value) for p in sorted(log.parts, key=lambda p: p.t1)
+               if p.part == key[5:] and p.value is not None]
+    else:
+        for sample in log.samples:
+            if key.startswith("gpus."):
+                values = [v for v in _gpu_values(sample, key[5:]).values() if isinstance(v, (int, float))]
+                value: Optional[float] = max(values) if values else None
+            else:
+                value = sample.get(key) if isinstance(sample.get(key), (int, float)) else None
+            if value is not None:
+                raw.append(((float(sample["t"]) - started) / 60, float(value)))
+    if len(raw) <= points:
+        return raw
+    size = math.ceil(len(raw) / points)
+    return [(statistics.fmean(x for x, _ in raw[i:i + size]), statistics.fmean(y for _, y in raw[i:i + size]))
+            for i in range(0, len(raw), size)]
+
+
+def worst_first(lines: Mapping[str, list[tuple[float, float]]], *, high_is_bad: bool, shown_max: int,
+                worst_shown: int) -> dict[str, list[tuple[float, float]]]:
+    """A trend's lines for the report, the worst node first (the highest peak, or the lowest dip);
+    above shown_max nodes, the worst_shown worst and the median of all nodes at each point, so a
+    thousand-node soak draws a handful of lines. Nodes without points are left out."""
+    drawn = {node: points for node, points in lines.items() if points}
+    ranked = sorted(drawn, key=lambda node: (max if high_is_bad else min)(y for _, y in drawn[node]),
+                    reverse=high_is_bad)
+    if len(ranked) <= shown_max:
+        return {node: drawn[node] for node in ranked}
+    shown = {node: drawn[node] for node in ranked[:worst_shown]}
+    length = min(len(points) for points in drawn.values())  # the nodes sample on one schedule
+    shown["median of all nodes"] = [(statistics.median(p[i][0] for p in drawn.values()),
+                                     statistics.median(p[i][1] for p in drawn.values())) for i in range(length)]
+    return shown

@@ -1,0 +1,249 @@
+"""Soak: hours of load on every node at once, under a node-side supervisor that outlives the harness.
+
+    pytest --inventory X -m soak --soak-duration 24h [--soak-mix cpu_load=80,net_rate=10G]
+    pytest --inventory X -m soak --soak-attach RUN_DIR     (or the same command again)
+    pytest --inventory X --soak-stop RUN_DIR
+
+The first check starts the soak on every node (runners.soak) and follows it to the end, copying
+samples into raw/soak/ as they come; a re-run attaches to the soak its run directory holds. Then
+each node is judged from its samples: did it report throughout (heartbeat, dropped out), did its
+load hold (first against last rounds, against its peers by the outlier rule, against the profile's
+soak_* bands), did a GPU log an Xid, new ECC errors or row remaps, or slow down for heat or power,
+did a link's error counters rise. The trends (temperature, power, throughput against time) go into
+the report, worst nodes first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from handover.failures import ExpectationFailure, NodeUnreachable, PerformanceFailure, SanityFailure
+from handover.plugin import ProgressDisplay
+from reports.results import outliers
+from runners import soak as soaking
+from suites.checks import Metrics
+
+pytestmark = [pytest.mark.soak]
+
+PARTS = {"cpu": ("stress-ng CPU", "bogo-ops/s", "soak_cpu_rate"),
+         "net": ("iperf3 to its peer", "Gbit/s", "soak_net_gbps"),
+         "gpu": ("GPU burn (slowest GPU)", "TFLOP/s", "soak_gpu_tflops")}
+TREND_NODES = 8  # up to this many nodes, a line each; above, the worst of them and the median of all
+WORST_SHOWN = 5
+TRENDS = (("temperature", "cpu_temp_c", "CPU temperature", "°C", True),  # True: high is bad
+          ("temperature", "gpus.temp_c", "GPU temperature (hottest)", "°C", True),
+          ("power", "gpus.power_w", "GPU power (highest)", "W", True),
+          ("throughput", "part:cpu", "stress-ng CPU rate", "bogo-ops/s", False),
+          ("throughput", "part:net", "iperf3 rate", "Gbit/s", False),
+          ("throughput", "part:gpu", "GPU burn rate (slowest GPU)", "TFLOP/s", False))
+
+
+@dataclass
+class SoakOutcome:
+    plan: soaking.SoakPlan
+    logs: dict[str, soaking.SoakLog]
+    states: dict[str, soaking.NodeState]
+    run_dir: Path
+    far_below: dict[str, list[str]]  # node -> its figures the outlier rule names
+
+    def dropped(self, node: str) -> Optional[str]:
+        """Why a node's samples end before the soak does: the harness's and the samples' view."""
+        log = self.logs.get(node)
+        state = self.states.get(node)
+        if log is None:
+            return None
+        why = soaking.dropped_out(log, self.plan.end, self.plan.interval_s, stopped=self.plan.stopped)
+        if why and state is not None and state.unreachable:
+            why += f"; the harness cannot reach it: {state.unreachable}"
+        elif why and state is not None and state.done == "gone":
+            why += "; its supervisor is gone (a crash or a reboot)"
+        return why
+
+
+@pytest.fixture(scope="module")
+def soak(acceptance, pytestconfig) -> SoakOutcome:
+    """Start the soak (or attach to the one this run directory holds) and follow it to the end."""
+    if acceptance.cluster.transport not in ("ssh", "local"):
+        pytest.skip(f"the soak runs over the ssh and local transports, not {acceptance.cluster.transport}")
+    run_dir = acceptance.run_dir
+    specs = {node.name: node for node in acceptance.nodes}
+    if (run_dir / soaking.SOAK_FILE).exists():
+        plan = soaking.SoakPlan.load(run_dir)
+        specs = {name: acceptance.cluster.node(name) for name in plan.nodes}
+    else:
+        duration = pytestconfig.getoption("--soak-duration")
+        if not duration:
+            pytest.skip("no soak asked for: give --soak-duration (e.g. 24h)")
+        plan = soaking.new_plan(acceptance.nodes, acceptance.cluster.scratch, soaking.parse_duration(duration),
+                                soaking.parse_mix(pytestconfig.getoption("--soak-mix")))
+    run = soaking.SoakRun(plan, run_dir, specs, on_progress=ProgressDisplay(pytestconfig).show)
+    try:
+        if not (run_dir / soaking.SOAK_FILE).exists():
+            run.start_all()
+        run.follow()
+    except KeyboardInterrupt:
+        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"handover: the soak goes on on the nodes until {soaking.clock_utc(plan.end)}; "
+                                f"re-attach with --soak-attach {run_dir}, end it with --soak-stop {run_dir}")
+        raise
+    finally:
+        run.close()
+    logs = {name: soaking.parse_soak(run.raw_text(name)) for name in plan.nodes if name not in plan.refused}
+    return SoakOutcome(plan, logs, run.states, run_dir, far_below(logs, plan, acceptance.cluster.profile))
+
+
+def far_below(logs: dict[str, soaking.SoakLog], plan: soaking.SoakPlan, profile) -> dict[str, list[str]]:
+    """Each node's load figures (median of its rounds) that sit far below its peers', by the
+    results' outlier rule (reports.results.outliers) and the profile's outliers: settings."""
+    entries = []
+    for name, log in logs.items():
+        rows = []
+        for part, (_, unit, metric) in PARTS.items():
+            figure = soaking.drift(log.parts, part, until=peer_lost_at(name, logs, plan) if part == "net" else None)
+            if figure is not None:
+                rows.append({"name": metric, "value": figure.median, "unit": unit})
+        entries.append({"check": "soak_load", "node": name, "metrics": rows})
+    found: dict[str, list[str]] = {}
+    for outlier in outliers(entries, profile.outliers):
+        found.setdefault(outlier["node"], []).append(
+            f"{outlier['metric']} {outlier['value']:.3g} {outlier['unit']} is {-outlier['deviation']:.0%} below "
+            f"its peers' median {outlier['median']:.3g} ({outlier['rule']})")
+    return found
+
+
+def peer_lost_at(node: str, logs: dict[str, soaking.SoakLog], plan: soaking.SoakPlan) -> Optional[float]:
+    """When the node's iperf3 peer dropped out (its last sample), so rounds after it are not held
+    against this node; None while the peer ran to the end."""
+    peer = plan.nodes[node].peer if node in plan.nodes else None
+    if peer in plan.refused:
+        return plan.started  # no soak there: no server to send to
+    log = logs.get(peer) if peer else None
+    if log is None or soaking.dropped_out(log, plan.end, plan.interval_s, plan.stopped) is None:
+        return None
+    return max(log.times, default=plan.started)
+
+
+def log_of(soak: SoakOutcome, node: str) -> soaking.SoakLog:
+    """The node's samples; a node the soak could not start on fails with why."""
+    if node in soak.plan.refused:
+        raise ExpectationFailure(f"{node}: no soak: {soak.plan.refused[node]}")
+    return soak.logs[node]
+
+
+@pytest.mark.hardware
+def test_soak_heartbeat(soak, node, record, metrics: Metrics):
+    """The node's supervisor reported throughout: no heartbeat gap, and samples to the end."""
+    log = log_of(soak, node)
+    record.raw([str(soak.run_dir.joinpath("raw", soaking.RAW_STEP, f"{node}.jsonl").relative_to(soak.run_dir))])
+    dropped = soak.dropped(node)
+    if dropped:
+        raise NodeUnreachable(f"{node} dropped out of the soak: {dropped}")
+    allowed = soaking.gap_allowed(soak.plan.interval_s)
+    gaps = soaking.heartbeat_gaps(log.times, allowed)
+    times = log.times
+    covered = (max(times) - min(times)) if len(times) > 1 else 0.0
+    record.note(f"{len(times)} samples every {soak.plan.interval_s:g} s from {soaking.clock_utc(min(times))} "
+                f"to {soaking.clock_utc(max(times))}; ended: {(log.end or {}).get('reason', 'no end line')}"
+                if times else "no samples")
+    if gaps:
+        shown = ", ".join(f"{soaking.clock_utc(a)}..{soaking.clock_utc(b)} ({b - a:.0f} s)" for a, b in gaps[:5])
+        raise SanityFailure(f"{node}: {len(gaps)} heartbeat gap(s) over {allowed:.0f} s: {shown} "
+                            "(the node hung, rebooted or its supervisor stalled)")
+    metrics.judge(soak_samples=(len(times), "samples"),
+                  soak_covered=(round(100 * covered / soak.plan.duration_s, 1) if soak.plan.duration_s else None, "%"))
+
+
+@pytest.mark.hardware
+def test_soak_load(soak, node, record, metrics: Metrics):
+    """The node's load held: rounds that ran, first against last quarter, against its peers."""
+    log = log_of(soak, node)
+    lost_peer = peer_lost_at(node, soak.logs, soak.plan)
+    figures: dict[str, tuple[Optional[float], str]] = {}
+    failed, notes = [], []
+    for part, (what, unit, metric) in PARTS.items():
+        until = lost_peer if part == "net" else None
+        figure = soaking.drift(log.parts, part, until=until)
+        errors = [p for p in log.parts if p.part == part and p.value is None and (until is None or p.t1 <= until)]
+        if errors:
+            failed.append(f"{what}: {len(errors)} round(s) failed, last: {errors[-1].error}")
+        if figure is None:
+            continue
+        figures[metric] = (round(figure.median, 3), unit)
+        figures[metric.rsplit("_", 1)[0] + "_retained"] = (round(figure.retained_pct, 1), "%")
+        notes.append(f"{what} {figure.first:.3g} -> {figure.last:.3g} {unit} over {figure.rounds} rounds")
+    peer = soak.plan.nodes[node].peer
+    if peer in soak.plan.refused:
+        notes.append(f"iperf3 not judged: its peer {peer} runs no soak")
+    elif lost_peer is not None:
+        notes.append(f"iperf3 rounds after {soaking.clock_utc(lost_peer)} not judged: its peer {peer} dropped out then")
+    if log.events:  # the supervisor's own troubles: a server that had to be restarted, no Xid watch
+        notes.append(f"{len(log.events)} supervisor event(s), the last: {log.events[-1].get('event')}")
+    temperature = soaking.peak(log, "cpu_temp_c")
+    if temperature is not None:
+        figures["soak_cpu_temp_max"] = (temperature, "°C")
+    record.note("; ".join(notes) or "no load part gave two figures")
+    dropped = soak.dropped(node)
+    if dropped and not figures:
+        raise NodeUnreachable(f"{node} dropped out of the soak before a load round gave a figure: {dropped}")
+    if failed:
+        raise SanityFailure(f"{node}: " + "; ".join(failed))
+    if not figures:
+        raise SanityFailure(f"{node}: no load round of the soak gave a figure")
+    try:
+        metrics.judge(**figures)
+    except PerformanceFailure as miss:
+        below = soak.far_below.get(node)
+        raise PerformanceFailure(f"{miss}; {'; '.join(below)}" if below else str(miss)) from None
+    if soak.far_below.get(node):
+        raise PerformanceFailure(f"{node}: " + "; ".join(soak.far_below[node]))
+
+
+@pytest.mark.hardware
+def test_soak_gpu(soak, node, record, metrics: Metrics):
+    """No Xid, no new ECC error or row remap, no thermal or power slowdown on any GPU."""
+    log = log_of(soak, node)
+    start = log.start or {}
+    if not start.get("gpus"):
+        pytest.skip(f"no GPU telemetry on {node}: {start.get('nvml') or 'NVML found no GPU'}")
+    problems = soaking.gpu_problems(log)
+    record.note(f"{start['gpus']} GPU(s), {len(log.samples)} samples, {len(log.xids)} Xid event(s)")
+    if problems:
+        raise SanityFailure(f"{node}: " + "; ".join(problems),
+                            action="drain the node and replace the GPU it names (RMA)")
+    metrics.judge(soak_gpu_temp_max=(soaking.peak(log, "gpus.temp_c"), "°C"),
+                  soak_gpu_power_max=(soaking.peak(log, "gpus.power_w"), "W"))
+
+
+@pytest.mark.hardware
+def test_soak_links(soak, node, record):
+    """No InfiniBand error counter rose during the soak."""
+    log = log_of(soak, node)
+    if not ((log.start or {}).get("baseline") or {}).get("ib"):
+        pytest.skip(f"no /sys/class/infiniband on {node}")
+    problems = soaking.link_problems(log)
+    if problems:
+        raise SanityFailure(f"{node}: " + "; ".join(problems),
+                            action="reseat or replace the cable of the port it names")
+    record.note("no link error counter rose")
+
+
+@pytest.mark.hardware
+@pytest.mark.cluster
+def test_soak_trends(soak, record):
+    """Temperature, power and throughput against time: a line per node, worst first (above
+    TREND_NODES nodes, the WORST_SHOWN worst and the median of all)."""
+    started = soak.plan.started
+    drawn = 0
+    for kind, key, label, unit, high_is_bad in TRENDS:
+        lines = {node: soaking.trend(log, key, started) for node, log in soak.logs.items()}
+        shown = soaking.worst_first(lines, high_is_bad=high_is_bad, shown_max=TREND_NODES, worst_shown=WORST_SHOWN)
+        if not shown:
+            continue
+        record.series(f"soak {kind}: {label}", x=("minutes into the soak", "min"), y=(label, unit), lines=shown)
+        drawn += 1
+    record.note(f"{drawn} trend(s) over {soak.plan.duration_s / 60:.1f} min on {len(soak.logs)} node(s)")
+

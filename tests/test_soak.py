@@ -1,0 +1,313 @@
+"""The soak: its sample parsers and judgements on real sample files, and one real soak on four
+namespace nodes, through every way a soak is interrupted.
+
+The end-to-end soak (about 75 s of load, mostly sleeping: one stress-ng worker at 5 % duty and
+iperf3 rounds at 2 Mbit/s per node): the harness is killed with SIGKILL in the middle and the same
+command re-attaches; node2's sshd is stopped for about 20 s (its supervisor goes on, the harness
+collects the samples when it is back); node4's link is cut for good (named as dropped out); then
+--soak-stop, with node4's link back, ends what is left and no process of the soak stays in any
+node's namespace. The GPU parts cannot run here: they are judged on the sample format, from
+tests/data/soak/ (PROVENANCE.md says how each file was made).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from test_e2e import ROOT, handover, results_of, run_dir_of
+
+from reports.html import TEMPLATE_DIR
+from reports.soak_view import soak_table
+from runners import soak
+from runners.parsing import ParseError
+from runners.payloads.soak_supervisor import Supervisor
+
+DATA = Path(__file__).parent / "data" / "soak"
+MIX = "cpu_workers=1,cpu_load=5,vm_workers=0,net_rate=2M,round_s=10,interval_s=2,gpu=0"
+DURATION = "75s"
+WAIT_S = 120  # a safety bound on waiting for the soak's first samples, not a speed measure
+
+
+# -- the parsers and judgements, on samples the supervisor wrote here -------------------------------
+
+
+def test_a_real_cpu_soak_parses_into_its_start_samples_rounds_and_end():
+    log = soak.parse_soak((DATA / "local_cpu_soak_node1.jsonl").read_text())
+    assert log.start is not None and log.start["kind"] == "start" and log.start["gpus"] == 0
+    assert log.end is not None and log.end["reason"] == "end time"
+    assert len(log.samples) >= 10 and all("load1" in s for s in log.samples)
+    cpu = soak.drift(log.parts, "cpu")
+    net = soak.drift(log.parts, "net")
+    assert cpu is not None and cpu.unit == "bogo-ops/s" and cpu.rounds >= 4 and cpu.failed == 0
+    assert net is not None and net.unit == "Gbit/s" and 0 < net.median < 0.01  # iperf3 -b 2M
+    assert soak.heartbeat_gaps(log.times, soak.gap_allowed(2)) == []
+    assert soak.dropped_out(log, log.end["t"], 2) is None
+
+
+def test_a_node_cut_off_mid_soak_is_dropped_out_and_its_torn_last_line_left_out():
+    text = (DATA / "local_cpu_soak_node4_cut.jsonl").read_text()
+    log = soak.parse_soak(text + '{"kind":"sample","t":')  # the harness died while appending
+    assert log.torn == 1 and log.end is None
+    plan_end = log.start["end"]
+    why = soak.dropped_out(log, plan_end, 2)
+    assert why is not None and "no end line" in why
+    assert soak.dropped_out(log, plan_end, 2, stopped=True) is None  # --soak-stop ended it early
+
+
+def test_gpu_samples_name_new_xids_ecc_remaps_and_slowdowns_and_quiet_ones_pass():
+    healthy = soak.parse_soak((DATA / "derived_h200_burn_nvml_as_soak_samples.jsonl").read_text())
+    assert healthy.start["gpus"] == 1 and soak.gpu_problems(healthy) == []
+    assert soak.peak(healthy, "gpus.temp_c") is not None and soak.peak(healthy, "gpus.power_w") > 100
+    assert len(soak.trend(healthy, "gpus.temp_c", healthy.start["t"], points=10)) <= 10
+    failing = soak.parse_soak((DATA / "derived_h200_soak_xid_ecc_remap_thermal.jsonl").read_text())
+    problems = " | ".join(soak.gpu_problems(failing))
+    assert "Xid 79" in problems and "new uncorrected ECC" in problems
+    assert "rows remapped" in problems and "HW thermal slowdown" in problems
+
+
+def test_handover_parse_soak_prints_the_samples_as_json():
+    done = handover("parse", "soak", DATA / "local_cpu_soak_node1.jsonl")
+    assert done.returncode == 0, done.stderr
+    parsed = json.loads(done.stdout)
+    assert parsed["end"]["reason"] == "end time" and {p["part"] for p in parsed["parts"]} == {"cpu", "net"}
+    assert handover("parse", "soak", DATA / "PROVENANCE.md").returncode == 2
+
+
+def test_the_supervisor_reads_its_rounds_figures_from_real_tool_outputs():
+    """The supervisor's own readers of stress-ng's YAML, iperf3's JSON and the burn payload's."""
+    stress = DATA.parent / "stress-ng"
+    brief = (stress / "local_stressng01506_cpu_vm_metrics_brief.yaml").read_text()
+    rate, unit, error = Supervisor.stress_figure(0, brief, "")
+    assert rate > 0 and unit == "bogo-ops/s" and error is None
+    killed = stress / "local_stressng01506_error_worker_sigkilled"
+    assert Supervisor.stress_figure(2, Path(f"{killed}.stdout.yaml").read_text(),
+                                    Path(f"{killed}.stderr.txt").read_text())[2]
+    iperf3 = DATA.parent / "iperf3"
+    gbps, unit, error = Supervisor.iperf3_figure(0, (iperf3 / "local_iperf312_tcp_client_P2.json").read_text(), "")
+    assert gbps > 0 and unit == "Gbit/s" and error is None
+    refused = Supervisor.iperf3_figure(0, (iperf3 / "local_iperf312_error_connection_refused.json").read_text(), "")
+    assert refused[0] is None and "refused" in refused[2]
+    burn = (DATA / "local_gpu_burn_device_cpu.json").read_text()
+    tflops, unit, error = Supervisor.gpu_figure(0, burn, "")
+    assert tflops > 0 and unit == "TFLOP/s" and error is None
+    broken = json.loads(burn)
+    broken["gpus"][0]["error"] = "CUDA error: an illegal memory access was encountered"  # derived: one GPU failed
+    assert "illegal memory access" in Supervisor.gpu_figure(1, json.dumps(broken), "")[2]
+
+
+def test_link_error_counters_that_rose_are_named_by_port():
+    """Constructed in the supervisor's sample format (no InfiniBand here): counters as the
+    supervisor reads them from /sys/class/infiniband/<hca>/ports/<n>/counters."""
+    start = {"kind": "start", "t": 0, "baseline": {"ib": {"mlx5_0/1": {"symbol_error": 0, "link_downed": 1}}}}
+    last = {"kind": "sample", "t": 60, "ib": {"mlx5_0/1": {"symbol_error": 5, "link_downed": 1}}}
+    log = soak.parse_soak("\n".join(json.dumps(r) for r in (start, last)))
+    assert soak.link_problems(log) == ["mlx5_0/1: symbol_error +5"]
+
+
+def test_trends_draw_the_worst_nodes_first_and_the_median_above_a_handful():
+    lines = {f"node{i}": [(0.0, 40.0 + i), (1.0, 50.0 + i)] for i in range(1, 11)}
+    hottest = soak.worst_first(lines, high_is_bad=True, shown_max=8, worst_shown=3)
+    assert list(hottest) == ["node10", "node9", "node8", "median of all nodes"]
+    assert hottest["median of all nodes"] == [(0.0, 45.5), (1.0, 55.5)]
+    slowest = soak.worst_first(dict(list(lines.items())[:4]), high_is_bad=False, shown_max=8, worst_shown=3)
+    assert list(slowest) == ["node1", "node2", "node3", "node4"]
+
+
+def test_text_that_is_not_soak_samples_is_a_parse_error():
+    with pytest.raises(ParseError):
+        soak.parse_soak("stress-ng: info: [1] dispatching hogs\n")
+    with pytest.raises(ParseError):
+        soak.parse_soak('{"tool": "fio"}\n')
+
+
+@pytest.mark.parametrize("text", ["24", "1x", "-5m", "0s", "h"])
+def test_a_bad_duration_is_one_line_naming_the_option(text):
+    with pytest.raises(soak.SoakError, match="--soak-duration"):
+        soak.parse_duration(text)
+
+
+def test_durations_and_mixes():
+    assert [soak.parse_duration(t) for t in ("90s", "30m", "24h", "1.5d")] == [90, 1800, 86400, 129600]
+    assert soak.parse_mix("cpu_load=10,net_rate=2M")["cpu_load"] == 10
+    with pytest.raises(soak.SoakError, match="cpu_lod"):
+        soak.parse_mix("cpu_lod=10")
+
+
+@pytest.mark.parametrize("option, says", [(["--soak-duration", "24x"], "--soak-duration '24x'"),
+                                          (["--soak-attach", "."], "--soak-attach: soak.json: no such file")])
+def test_bad_soak_options_are_one_line_and_a_usage_error(option, says, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pytest", "--inventory", "inventory/local.yaml", "--out",
+                           str(tmp_path), "-m", "soak", *option], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 4 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+# -- one real soak on namespace nodes --------------------------------------------------------------
+
+
+def namespace_processes(cluster, name: str) -> list[str]:
+    """'PID comm' of every process in the node's network namespace but its sshd."""
+    pids = subprocess.run(["ip", "netns", "pids", cluster.node(name).namespace], capture_output=True,
+                          text=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm != "sshd":
+            found.append(f"{pid} {comm}")
+    return found
+
+
+def kill_sshd(cluster, name: str) -> None:
+    """Stop every sshd of the node (the listener and any session), so nothing reaches it."""
+    cluster.stop_sshd(name)
+    for pid in subprocess.run(["ip", "netns", "pids", cluster.node(name).namespace], capture_output=True,
+                              text=True).stdout.split():
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def samples_of(path: Path) -> int:
+    return path.read_text().count('"kind":"sample"') if path.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def soaked(module_ns_cluster_factory, sign_key, tmp_path_factory):
+    cluster = module_ns_cluster_factory(4)
+    tmp = tmp_path_factory.mktemp("soak")
+    scratch = tmp / "scratch"
+    scratch.mkdir()
+    inventory = cluster.write_inventory(tmp / "cluster.yaml",
+                                        extra={"scratch": [{"path": str(scratch), "kind": "local"}]})
+    out = tmp / "out"
+    command = [sys.executable, "-m", "pytest", "--inventory", str(inventory), "--out", str(out), "--sign-key",
+               str(sign_key), "-p", "no:cacheprovider", "-m", "soak", "--soak-duration", DURATION, "--soak-mix", MIX]
+    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    raw = out / "nscluster" / "latest" / "raw" / "soak"
+    deadline = time.monotonic() + WAIT_S
+    while min(samples_of(raw / f"node{i}.jsonl") for i in range(1, 5)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    first.kill()  # SIGKILL: the harness gets no chance to say anything to the nodes
+    killed_output = first.communicate()[0]
+    alive_after_kill = {name: namespace_processes(cluster, name) for name in cluster.node_names()}
+    kill_sshd(cluster, "node2")
+    cluster.link_down("node4")
+    second = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(20)
+    cluster.start_sshd("node2")
+    attached_output = second.communicate(timeout=600)[0]
+    run_dir = run_dir_of(out, "nscluster")
+    cluster.link_up("node4")  # node4's supervisor ended at the end time; it waits to be collected
+    # A second soak while the first's supervisor still holds node4, stopped mid-run while its
+    # harness follows it.
+    third = subprocess.Popen(command[:-4] + ["--soak-duration", "10m", "--soak-mix", MIX], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and (run_dir_of(out, "nscluster") == run_dir or min(
+            samples_of(run_dir_of(out, "nscluster") / "raw" / "soak" / f"node{i}.jsonl") for i in (1, 2, 3)) < 2):
+        time.sleep(0.5)
+    second_run = run_dir_of(out, "nscluster")
+    stop = [sys.executable, "-m", "pytest", "--inventory", str(inventory), "--soak-stop"]
+    stopped_mid_run = subprocess.run(stop + [str(second_run)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    third_output = third.communicate(timeout=300)[0]
+    stopped = subprocess.run(stop + [str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return {"cluster": cluster, "run_dir": run_dir, "scratch": scratch, "killed": killed_output,
+            "alive_after_kill": alive_after_kill, "attached": attached_output, "second": second.returncode,
+            "second_run": second_run, "stopped_mid_run": stopped_mid_run, "third": third_output, "stopped": stopped}
+
+
+def entry(results: dict, check: str, node: str) -> dict:
+    return next(c for c in results["checks"] if c["check"] == check and c["node"] == node)
+
+
+def test_the_supervisors_outlive_the_killed_harness(soaked):
+    for name, processes in soaked["alive_after_kill"].items():
+        assert any("python" in p for p in processes), (name, processes, soaked["killed"])
+
+
+def test_the_same_command_reattaches_and_the_run_has_samples_of_the_whole_period(soaked):
+    assert "attaching to the soak in" in soaked["attached"], soaked["attached"]
+    assert "[handover] soak: " in soaked["attached"] and " nodes alive" in soaked["attached"]
+    run_dir = soaked["run_dir"]
+    plan = soak.SoakPlan.load(run_dir)
+    results = results_of(run_dir)
+    for name in ("node1", "node2", "node3"):
+        log = soak.parse_soak((run_dir / "raw" / "soak" / f"{name}.jsonl").read_text())
+        assert log.end is not None and log.end["reason"] == "end time", name
+        assert min(log.times) - plan.started < 10 and plan.end - max(log.times) < 10, name
+        assert soak.heartbeat_gaps(log.times, soak.gap_allowed(plan.interval_s)) == [], name
+        heartbeat = entry(results, "soak_heartbeat", name)
+        assert heartbeat["outcome"] == "passed", heartbeat
+        load = entry(results, "soak_load", name)
+        measured = {m["name"] for m in load["metrics"]}
+        # node3 sent to node4, whose link was cut at the start of the re-attached run
+        assert measured >= ({"soak_cpu_rate"} if name == "node3" else {"soak_cpu_rate", "soak_net_gbps"}), load
+
+
+def test_a_node_whose_sshd_stopped_has_its_samples_collected_when_it_is_back(soaked):
+    """node2 answered nothing for about 20 s; its supervisor went on and nothing is missing."""
+    log = soak.parse_soak((soaked["run_dir"] / "raw" / "soak" / "node2.jsonl").read_text())
+    plan = soak.SoakPlan.load(soaked["run_dir"])
+    assert len(log.samples) >= (plan.duration_s / plan.interval_s) * 0.8
+
+
+def test_a_node_whose_link_is_cut_is_named_as_dropped_out(soaked):
+    results = results_of(soaked["run_dir"])
+    heartbeat = entry(results, "soak_heartbeat", "node4")
+    assert heartbeat["outcome"] == "failed" and heartbeat["kind"] == "unreachable"
+    assert "node4 dropped out of the soak" in heartbeat["message"]
+    assert soaked["second"] == 1  # the gate fails on it
+    assert "peer node4 dropped out" in entry(results, "soak_load", "node3")["message"]
+    trends = next(c for c in results["checks"] if c["check"] == "soak_trends")
+    assert any(s["name"].startswith("soak throughput") for s in trends["series"])
+    worst = results["soak"]["nodes"][0]
+    assert worst["node"] == "node4" and "soak_heartbeat" in worst["failed"]
+    assert results["soak"]["trends"] == [s["name"] for s in trends["series"]]
+
+
+def test_the_soak_partial_draws_the_nodes_worst_first(soaked):
+    environment = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True, undefined=StrictUndefined)
+    html = environment.get_template("soak.html.j2").render(soak=soak_table(results_of(soaked["run_dir"])))
+    rows = re.findall(r"<tr(?: class=\"bad\")?>\s*<td>(node\d)</td>", html)
+    assert rows[0] == "node4" and sorted(rows) == ["node1", "node2", "node3", "node4"], html
+    assert environment.get_template("soak.html.j2").render(soak=None).strip() == ""
+
+
+def test_a_second_soak_is_refused_where_one_runs_and_stopping_it_mid_run_is_judged_as_far_as_it_got(soaked):
+    stopped = soaked["stopped_mid_run"]
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "on node1: stopped; the harness following it has its samples" in stopped.stdout, stopped.stdout
+    results = results_of(soaked["second_run"])
+    refused = entry(results, "soak_heartbeat", "node4")
+    assert refused["outcome"] == "failed" and "another soak runs there" in refused["message"], refused
+    assert soaked["run_dir"].name in refused["message"]  # the holder names the first soak's run
+    for name in ("node1", "node2", "node3"):
+        assert entry(results, "soak_heartbeat", name)["outcome"] == "passed", soaked["third"]
+        log = soak.parse_soak((soaked["second_run"] / "raw" / "soak" / f"{name}.jsonl").read_text())
+        assert log.end["reason"] == "stopped by the harness"
+    assert soak.SoakPlan.load(soaked["second_run"]).stopped
+    verified = handover("verify", soaked["second_run"])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
+    stopped = soaked["stopped"]
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    # node4's supervisor, cut off from the harness, had ended its load at the end time by itself
+    # and waited to be collected; told so, it removed its folder and ended
+    assert "on node4: stopped; the run was already signed" in stopped.stdout, stopped.stdout
+    for name in soaked["cluster"].node_names():
+        assert namespace_processes(soaked["cluster"], name) == [], name
+    assert list(soaked["scratch"].iterdir()) == [], stopped.stdout
+    verified = handover("verify", soaked["run_dir"])  # the signed run is left as it was signed
+    assert verified.returncode == 0, verified.stdout + verified.stderr
