@@ -12,7 +12,6 @@ precise rates; the log's metrics table stands in when there is no YAML.
 from __future__ import annotations
 
 import re
-import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -32,9 +31,6 @@ EXIT_MEANINGS = {
     6: "a stressor exited via exit(2) unexpectedly, leaving no metrics",
     7: "bogo-ops metrics are untrustworthy (e.g. a stressor was OOM-killed while updating them)",
 }
-
-# A node whose rate is below this fraction of the cluster median is named in a warning.
-SLOW_FRACTION_OF_MEDIAN = 0.5
 
 # `--timestamp` puts the time of day after "stress-ng: " on every line ("stress-ng: 00:09:46.53 info:  [13839] ").
 _LOG_LINE = re.compile(r"^stress-ng: (?:\d{2}:\d{2}:\d{2}(?:\.\d+)? )?"
@@ -199,25 +195,6 @@ def _from_table(log: list[tuple[str, str]]) -> list[Stressor]:
         elif text.startswith("miscellaneous metrics"):
             in_table = False
     return stressors
-
-
-def slow_stressors(rates: dict[str, dict[str, float]], node: str,
-                   fraction: float = SLOW_FRACTION_OF_MEDIAN) -> list[str]:
-    """Warnings for `node`'s stressors whose rate is below `fraction` of the cluster median.
-
-    rates: node -> {stressor: bogo ops/s}. Needs at least three nodes to have a median worth
-    comparing with.
-    """
-    warnings = []
-    for name, rate in sorted(rates.get(node, {}).items()):
-        others = [r[name] for r in rates.values() if name in r]
-        if len(others) < 3:
-            continue
-        median = statistics.median(others)
-        if median > 0 and rate < fraction * median:
-            warnings.append(f"{name} {rate:.1f} bogo-ops/s is {rate / median:.0%} of the "
-                            f"cluster median {median:.1f}")
-    return warnings
 
 
 PARSERS = {"stress-ng": parse_stress_ng}

@@ -81,14 +81,6 @@ def test_argv_asks_for_verify_metrics_and_yaml_on_stdout():
     assert argv[argv.index("--timeout") + 1] == "5s"
 
 
-def test_slow_node_is_named_against_the_cluster_median():
-    rates = {"n1": {"cpu": 100.0}, "n2": {"cpu": 110.0}, "n3": {"cpu": 40.0}, "n4": {"cpu": 95.0}}
-    assert stress_ng.slow_stressors(rates, "n3") == [
-        "cpu 40.0 bogo-ops/s is 41% of the cluster median 97.5"]
-    assert stress_ng.slow_stressors(rates, "n1") == []
-    assert stress_ng.slow_stressors({"a": {"cpu": 1.0}, "b": {"cpu": 100.0}}, "a") == []
-
-
 def test_real_run_here_writes_nothing_and_parses(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = stress_ng.stress(LocalTransport(Node("here", "here", "local")), SHORT)
