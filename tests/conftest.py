@@ -87,14 +87,16 @@ GROUP_OF_MODULE = {module: group for group, modules in SERIAL_GROUPS.items() for
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Each group one unit of work, every other test a unit of its own. (xdist's own
-    `--dist loadgroup` marks do not reach its scheduler under pytest 9: it renames `item._nodeid`,
-    which pytest 9 no longer reads.)"""
+    """Each group one unit of work, every other module one unit (its module fixtures set up once).
+
+    xdist's own `--dist loadgroup` marks do not reach its scheduler under pytest 9: it renames
+    `item._nodeid`, which pytest 9 no longer reads.
+    """
     from xdist.scheduler import LoadScopeScheduling
 
     class SerialGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0].rpartition("/")[2].removesuffix(".py")
-            return GROUP_OF_MODULE.get(module, nodeid)
+            return GROUP_OF_MODULE.get(module, nodeid.split("::", 1)[0])
 
     return SerialGroups(config, log)
