@@ -35,6 +35,7 @@ from reports.curves import CurveChart, build_curves, nice_ticks
 from reports.files import write_atomically
 from reports.results import RESULTS_FILE
 from reports.retest import addendum_view
+from reports.soak_view import SoakTable, soak_table
 
 REPORT_FILE = "report.html"
 SIGNED_FILES = (RESULTS_FILE, REPORT_FILE)  # signed as they are rendered
@@ -445,6 +446,7 @@ class View:
     waivers: list[dict] = field(default_factory=list)  # as the inventory declared them
     sign_off: list[dict] = field(default_factory=list)  # [{role, name}], name "" for a blank line
     warnings: list[str] = field(default_factory=list)  # results.json's verdict.warnings
+    soak: Optional[SoakTable] = None  # results.json's soak section, worst first
     banner_warnings: list[str] = field(default_factory=list)  # the first BANNER_WARNINGS of them
     outliers: list[OutlierRow] = field(default_factory=list)
     addendum: Optional[dict] = None  # a re-test: the report it completes, original -> re-test per check
@@ -482,6 +484,7 @@ def build_view(results: dict) -> View:
     for outlier in standing_out:
         node_warnings.setdefault(text(outlier.get("node")), []).append(_outlier_text(outlier))
     return View(
+        soak=soak_table(results, shown=FLEET_WORST if len(layout.nodes) > FLEET_NODES else None),
         title=f"{cluster}: {status} — handover report {text(run.get('run_id'))}",
         cluster=cluster,
         profile=text(run.get("profile")),

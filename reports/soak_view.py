@@ -74,10 +74,12 @@ class SoakTable:
     columns: list[str]
     rows: list[SoakRow]
     trends: list[str]
+    left_out: int = 0  # passed nodes not listed (a fleet's table), all in results.json
 
 
-def soak_table(results: dict) -> Optional[SoakTable]:
-    """What the report's soak partial shows, in results.json's order (worst first); None without a soak."""
+def soak_table(results: dict, shown: Optional[int] = None) -> Optional[SoakTable]:
+    """What the report's soak partial shows, in results.json's order (worst first); None without a
+    soak. With `shown`, a fleet's table: every failed node, then that many more."""
     section = results.get("soak")
     if not isinstance(section, dict):
         return None
@@ -87,4 +89,6 @@ def soak_table(results: dict) -> Optional[SoakTable]:
                     reasons=[str(reason) for reason in row.get("reasons") or []],
                     figures=[cell(row.get(key), unit) for key, _, unit in COLUMNS])
             for row in section.get("nodes") or [] if isinstance(row, dict)]
-    return SoakTable([label for _, label, _ in COLUMNS], rows, [str(t) for t in section.get("trends") or []])
+    kept = len(rows) if shown is None else sum(row.status == "failed" for row in rows) + shown
+    return SoakTable([label for _, label, _ in COLUMNS], rows[:kept], [str(t) for t in section.get("trends") or []],
+                     left_out=max(0, len(rows) - kept))

@@ -36,6 +36,12 @@ def run_dir_of(out: Path, cluster: str) -> Path:
     return (out / cluster / "latest").resolve()
 
 
+def ledger_types(out: Path) -> set[str]:
+    """The entry types in the ledgers under out so far (a line being written is left out)."""
+    return {json.loads(line)["type"] for ledger in out.glob("*/*/ledger.jsonl")
+            for line in ledger.read_text().splitlines() if line.endswith("}")}
+
+
 def results_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
@@ -160,7 +166,11 @@ def test_interrupted_run_keeps_its_results_and_can_be_reported_and_resumed(
         [sys.executable, "-m", "pytest", f"--inventory={inventory}", f"--out={tmp_path / 'out'}",
          f"--sign-key={sign_key}", "-p", "no:cacheprovider", "-m", "system"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(4)
+    deadline = time.monotonic() + 120  # a busy machine starts pytest slowly: wait for the checks to begin
+    while "selection" not in ledger_types(tmp_path / "out"):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run never selected its checks"
+        time.sleep(0.05)
+    time.sleep(1)  # node1's checks run, node2's connect hangs
     proc.send_signal(signum)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2, output  # pytest's "interrupted"

@@ -275,12 +275,26 @@ def test_a_node_whose_link_is_cut_is_named_as_dropped_out(soaked):
     assert results["soak"]["trends"] == [s["name"] for s in trends["series"]]
 
 
-def test_the_soak_partial_draws_the_nodes_worst_first(soaked):
+def test_the_report_draws_the_soaked_nodes_worst_first(soaked):
+    html = (soaked["run_dir"] / "report.html").read_text()
+    assert '<a href="#soak">Soak</a>' in html
+    rows = re.findall(r"<tr(?: class=\"bad\")?>\s*<td>(node\d)</td>", html[html.index('id="soak-nodes"'):])
+    assert rows[0] == "node4" and sorted(rows[:4]) == ["node1", "node2", "node3", "node4"], html
     environment = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True, undefined=StrictUndefined)
-    html = environment.get_template("soak.html.j2").render(soak=soak_table(results_of(soaked["run_dir"])))
-    rows = re.findall(r"<tr(?: class=\"bad\")?>\s*<td>(node\d)</td>", html)
-    assert rows[0] == "node4" and sorted(rows) == ["node1", "node2", "node3", "node4"], html
     assert environment.get_template("soak.html.j2").render(soak=None).strip() == ""
+
+
+def test_a_fleets_soak_table_lists_the_failed_nodes_then_a_few_more():
+    failed = [{"node": f"gpu{i:04d}", "status": "failed", "failed": ["soak_heartbeat"], "reasons": ["gap"]}
+              for i in (3, 7)]
+    passed = [{"node": f"gpu{i:04d}", "status": "passed", "failed": [], "reasons": []}
+              for i in range(1, 101) if i not in (3, 7)]
+    section = {"soak": {"nodes": failed + passed, "trends": []}}  # worst first, as results.json has it
+    table = soak_table(section, shown=5)
+    assert [row.node for row in table.rows] == ["gpu0003", "gpu0007", "gpu0001", "gpu0002", "gpu0004",
+                                                "gpu0005", "gpu0006"]
+    assert table.left_out == 93
+    assert len(soak_table(section).rows) == 100 and soak_table(section).left_out == 0
 
 
 def test_a_second_soak_is_refused_where_one_runs_and_stopping_it_mid_run_is_judged_as_far_as_it_got(soaked):
