@@ -230,7 +230,9 @@ class Bar:
 
 
 @dataclass
-class Chart:
+class Plot:
+    """A bar chart's frame: its size in pixels, the plotting area inside it, and its bars."""
+
     width: int
     height: int
     plot_left: int
@@ -238,6 +240,10 @@ class Chart:
     plot_top: int
     plot_bottom: int
     bars: list[Bar]
+
+
+@dataclass
+class Chart(Plot):
     band: Optional[tuple[float, float]]  # (y top, y bottom) of the accepted band
     reference_y: Optional[float]
     ticks: list[tuple[float, str]]
@@ -1199,17 +1205,10 @@ HISTOGRAM_BINS = 40
 
 
 @dataclass
-class Histogram:
+class Histogram(Plot):
     """How many nodes measured each range of a metric's values: a fleet's distribution at a glance,
     the band shaded, the bins holding failures red and those holding outliers amber."""
 
-    width: int
-    height: int
-    plot_left: int
-    plot_right: int
-    plot_top: int
-    plot_bottom: int
-    bars: list[Bar]
     band: Optional[tuple[float, float]]  # (x left, x right) of the accepted band, clipped to the axis
     reference_x: Optional[float]
     y_ticks: list[tuple[float, str]]
