@@ -8,7 +8,8 @@ Every option problem is a SessionError: one line naming the option, the file or 
 A file that cannot be written (a full or failing disk) stops the run: `stopped` holds the
 WriteError, nothing more is written, and what the ledger holds renders later with `handover report`.
 Before any check runs, every node under test is locked (runners.node_lock); --busy-nodes says what
-happens to a node another run holds: refuse (its checks fail as `busy`), wait, or ignore.
+happens to a node another run (or a soak's load) holds: refuse (its checks fail as `busy`), wait,
+or ignore.
 --retest RUN_DIR starts a new run, beside RUN_DIR's, of only what RUN_DIR lacked (reports.retest).
 """
 from __future__ import annotations
@@ -36,7 +37,8 @@ from reports.render import RenderedRun, render_run
 from reports.retest import RETEST_OF, Original, RetestError, load_original
 from runners.cluster import ClusterRun
 from runners.fanout import Progress
-from runners.node_lock import BUSY_WAIT_S, NodeLocks, Owner
+from runners.node_lock import BUSY_WAIT_S, NodeLock, NodeLocks, Owner
+from runners.soak import SOAK_FILE, SoakError, SoakPlan
 from runners.transport import Result
 
 BUSY_NODES = ("refuse", "wait", "ignore")
@@ -203,7 +205,7 @@ class AcceptanceSession:
         owner = Owner(run_id=self.run_dir.name, started=self.started.isoformat(),
                       host=socket.gethostname(), token=secrets.token_hex(8))
         self.locks = NodeLocks(owner, {n.name: self.cluster_run.transport(n.name) for n in self.nodes})
-        taken = self.locks.take(BUSY_WAIT_S if self.busy_nodes == "wait" else 0)
+        taken = self.locks.take(BUSY_WAIT_S if self.busy_nodes == "wait" else 0, soak_id=self._soak_attached())
         not_held = {node: lock.describe() for node, lock in taken.items() if lock.state != "held"}
         self.append({"type": "locks", "busy_nodes": self.busy_nodes,
                      "held": [node for node, lock in taken.items() if lock.state == "held"],
@@ -213,9 +215,19 @@ class AcceptanceSession:
             self.lock_notes = [f"{not_held[node]}; checked anyway (--busy-nodes ignore)" for node in busy]
         else:
             self.refused = {node: f"{not_held[node]}; its figures now would measure both runs "
-                                  "(run again once it has ended, or use --busy-nodes wait)" for node in busy}
+                                  f"({_after_busy(taken[node])})" for node in busy}
             self.cluster_run.nodes = [n for n in self.cluster_run.nodes if n.name not in self.refused]
         self.lock_notes += [why for node, why in not_held.items() if node not in busy]
+
+    def _soak_attached(self) -> str:
+        """The soak of the run directory this session resumes ('' for none): its load does not
+        make the nodes busy for the harness that follows it."""
+        if self.resumed is None or not (self.run_dir / SOAK_FILE).is_file():
+            return ""
+        try:
+            return SoakPlan.load(self.run_dir).soak_id
+        except SoakError:
+            return ""
 
     def refusal(self, params: dict) -> Optional[str]:
         """Why a check with these parameters may not run: a node it tests is another run's (a
@@ -247,6 +259,13 @@ class AcceptanceSession:
         except WriteError as error:
             self.stopped = error
         return self.rendered
+
+
+def _after_busy(lock: NodeLock) -> str:
+    """What to do about a node another run holds: a soak's end is known, so it is not waited for."""
+    if lock.soak is not None:
+        return "run again after its end, or end it early with --soak-stop and its run directory"
+    return "run again once it has ended, or use --busy-nodes wait"
 
 
 FILES_BASE = 256  # the interpreter, pytest, the ledger

@@ -13,13 +13,20 @@ shell process that the run starts through its transport and that lives as long a
   the harness nothing while it holds: no channel, no heartbeat of its own.
 - The file says who holds it (run id, start, harness host), so a refused run can say who.
 
+A soak (runners/soak.py) loads a node for hours after its harness has gone; its node-side
+supervisor holds a soak lock of its own beside this one. Taking the node lock looks at that one
+too: while a soak's load runs (before its end time), the node is busy with the soak, except for the
+harness run that re-attaches to that very soak. A soak past its end time that only keeps its
+samples for collection does not hold the node.
+
 Nodes that share one /dev/shm (containers or network namespaces on one host, as the harness's own
-test nodes do) are told apart by their network namespace, which names the lock file.
+test nodes do) are told apart by their network namespace, which names the lock files.
 The shell text is fixed; every value reaches it as a positional argument.
 """
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
 
@@ -31,18 +38,29 @@ HOLD_S = 7 * 24 * 3600  # the node-side bound on a holder; the run's watchdog en
 BUSY_WAIT_S = 300  # --busy-nodes wait: how long a run waits for another to end on a node
 SETTLE_S = 30  # beyond any wait: time to connect and take the lock
 EXIT_BUSY = 75  # EX_TEMPFAIL: another run holds the lock
+SOAK_BUSY = "soak "  # a busy node's answer starts so when a soak's load runs there
 
-_LOCK_FILE = 'lock="$1/handover-node-$(readlink /proc/self/ns/net 2>/dev/null | tr -dc 0-9).lock"\n'
+_LOCK_FILE = r"""namespace=$(readlink /proc/self/ns/net 2>/dev/null | tr -dc 0-9)
+lock="$1/handover-node-$namespace.lock"
+"""
 
 # $1 lock dir, $2 what the lock file says, $3 seconds to wait for the lock (0: do not wait),
-# $4 seconds the holder may hold it at most. The holder (the subshell) keeps the lock file open;
-# its sleeps do not, so killing the holder frees the lock at once, and its last sleep ends
-# within a second.
+# $4 seconds the holder may hold it at most, $5 the soak this run re-attaches to ('' for none).
+# A soak's supervisor holds its lock file (soak_supervisor.py) exclusively, so a shared flock of
+# it fails while the soak lives; its JSON says until when its load runs. The holder (the subshell)
+# keeps the node's lock file open; its sleeps do not, so killing the holder frees the lock at
+# once, and its last sleep ends within a second.
 _TAKE = _LOCK_FILE + r"""
 command -v flock >/dev/null 2>&1 || { echo "flock(1) is not installed on the node" >&2; exit 69; }
 umask 0
 exec 9<>"$lock"
 if [ "$3" -gt 0 ]; then flock -w "$3" 9; else flock -n 9; fi || { cat "$lock"; exit 75; }
+soak="$1/handover-soak-$namespace.lock"
+if [ -s "$soak" ] && ! flock -n -s "$soak" true 2>/dev/null; then
+  soak_id=$(sed -n 's/.*"soak_id": *"\([^"]*\)".*/\1/p' "$soak")
+  soak_end=$(sed -n 's/.*"end": *\([0-9][0-9]*\).*/\1/p' "$soak")
+  if [ "$soak_id" != "$5" ] && [ "${soak_end:-0}" -gt "$(date +%s)" ]; then printf 'soak '; cat "$soak"; exit 75; fi
+fi
 ( held=0; while [ "$held" -lt "$4" ]; do sleep 1 9>&-; held=$((held + 1)); done ) </dev/null >/dev/null 2>&1 &
 printf '%s %s\n' "$!" "$2" > "$lock"
 """
@@ -78,16 +96,42 @@ class Owner:
 
 
 @dataclass(frozen=True)
+class SoakHolder:
+    """The soak whose node-side supervisor holds a node, as its soak lock file says it."""
+
+    soak_id: str
+    run_dir: Optional[str]  # the harness's run directory, as that harness named it
+    end: float  # when its load ends (epoch seconds)
+    pid: int
+
+    def describe(self) -> str:
+        until = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(self.end))
+        return f"soak {self.soak_id} of {self.run_dir or 'another harness'}, until {until} (supervisor pid {self.pid})"
+
+    @classmethod
+    def parse(cls, text: str) -> Optional["SoakHolder"]:
+        """The holder in a soak lock file's JSON; None for an empty or foreign file."""
+        try:
+            fields = json.loads(text)
+            return cls(str(fields["soak_id"]), fields.get("run_dir"), float(fields["end"]), int(fields["pid"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
 class NodeLock:
-    """How taking one node's lock went: held, busy (another run has it) or unlocked (could not
-    tell: the node did not answer, or it has no flock)."""
+    """How taking one node's lock went: held, busy (another run or a soak has it) or unlocked
+    (could not tell: the node did not answer, or it has no flock)."""
 
     node: str
     state: str
     owner: Optional[Owner] = None  # busy: the run that holds it
+    soak: Optional[SoakHolder] = None  # busy: the soak whose load runs there
     detail: str = ""  # unlocked: why
 
     def describe(self) -> str:
+        if self.state == "busy" and self.soak is not None:
+            return f"{self.node} is in use by {self.soak.describe()}"
         if self.state == "busy":
             holder = self.owner.describe() if self.owner else "another run (not yet named in its lock file)"
             return f"{self.node} is in use by {holder}"
@@ -108,13 +152,15 @@ class NodeLocks:
         self.transports = dict(transports)
         self._held: list[str] = []
 
-    def take(self, wait_s: float = 0) -> dict[str, NodeLock]:
+    def take(self, wait_s: float = 0, soak_id: str = "") -> dict[str, NodeLock]:
         """Take every node's lock at once; {node: NodeLock}, held, busy or unlocked.
 
-        wait_s > 0 waits that long for another run's lock to go before the node is refused.
+        wait_s > 0 waits that long for another run's lock to go before the node is refused (a
+        soak's end time is known: it is not waited for). soak_id: the soak this run re-attaches
+        to, whose load does not make a node busy for it.
         """
         content = json.dumps(asdict(self.owner))
-        argv = lock_argv(_TAKE, content, str(int(wait_s)), str(HOLD_S))
+        argv = lock_argv(_TAKE, content, str(int(wait_s)), str(HOLD_S), soak_id)
         taken = {node: _taken(node, result) for node, result in
                  fan_out(self.transports, lambda t: t.run(argv, timeout=wait_s + SETTLE_S), name="node lock").items()}
         self._held = [node for node, lock in taken.items() if lock.state == "held"]
@@ -133,6 +179,8 @@ def _taken(node: str, result: Result) -> NodeLock:
     """held; busy when another run has the lock; unlocked when the node could not tell."""
     if result.ok:
         return NodeLock(node, "held")
+    if result.exit_code == EXIT_BUSY and result.stdout.startswith(SOAK_BUSY):
+        return NodeLock(node, "busy", soak=SoakHolder.parse(result.stdout.removeprefix(SOAK_BUSY)))
     if result.exit_code == EXIT_BUSY:
         return NodeLock(node, "busy", owner=Owner.parse(result.stdout))
     return NodeLock(node, "unlocked", detail=result.explain())

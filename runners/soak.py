@@ -27,6 +27,7 @@ from inventory.model import Node, ScratchPath
 from reports.files import write_atomically
 from runners.burn import FAILING_REASONS, decode_reasons
 from runners.fanout import Progress, fan_out
+from runners.node_lock import SoakHolder
 from runners.parsing import ParseError
 from runners.payloads import load
 from runners.transport import Result, Transport, kill_argv, make_transport
@@ -189,11 +190,12 @@ def unfinished_soak(out: Path, cluster: str, inventory_sha256: str) -> Optional[
 # Node commands
 
 
-def start(transport: Transport, plan: SoakPlan, run_dir: Path) -> Result:
-    """Start the supervisor on one node (exit 75 and the holder's JSON: another soak is there)."""
+def start(transport: Transport, plan: SoakPlan, run_dir: Path, linger_s: float = LINGER_S) -> Result:
+    """Start the supervisor on one node (exit 75 and the holder's JSON: another soak is there).
+    linger_s: how long after the end it keeps its samples, uncollected, before it removes them."""
     node = plan.nodes[transport.node.name]
     config = {"soak_id": plan.soak_id, "tag": plan.tag, "node": transport.node.name, "dir": node.dir,
-              "end": plan.end, "interval_s": plan.interval_s, "linger_s": LINGER_S, "mix": plan.mix,
+              "end": plan.end, "interval_s": plan.interval_s, "linger_s": linger_s, "mix": plan.mix,
               "peer": node.peer, "peer_address": node.peer_address, "port": PORT if len(plan.nodes) > 1 else None,
               "run_dir": str(run_dir)}
     if int(plan.mix.get("gpu", 1)):  # beside the supervisor, which runs it in rounds where GPUs are
@@ -220,11 +222,10 @@ def tell(transport: Transport, folder: str, what: str) -> Result:
 def holder(refusal: str) -> str:
     """The soak that holds a node, in words, from the supervisor's refusal (exit 75)."""
     try:
-        held = json.loads(json.loads(refusal)["busy"])
-        return (f"soak {held['soak_id']} of {held.get('run_dir') or 'another harness'}, until "
-                f"{clock_utc(float(held['end']))} (supervisor pid {held['pid']})")
+        held = SoakHolder.parse(json.loads(refusal)["busy"])
     except (ValueError, KeyError, TypeError):
-        return refusal.strip() or "its lock holder did not say which"
+        held = None
+    return held.describe() if held else refusal.strip() or "its lock holder did not say which"
 
 
 def supervisor_state(result: Result) -> Optional[str]:

@@ -22,13 +22,17 @@ from pathlib import Path
 
 import pytest
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from nodes import ns_inventory
 from test_e2e import ROOT, handover, results_of, run_dir_of
 
 from reports.html import TEMPLATE_DIR
 from reports.soak_view import soak_table
+from inventory.model import ScratchPath
 from runners import soak
+from runners.node_lock import NodeLocks, Owner
 from runners.parsing import ParseError
 from runners.payloads.soak_supervisor import Supervisor
+from runners.transport import make_transport
 
 DATA = Path(__file__).parent / "data" / "soak"
 MIX = "cpu_workers=1,cpu_load=5,vm_workers=0,net_rate=2M,round_s=10,interval_s=2,gpu=0"
@@ -325,3 +329,60 @@ def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
     assert list(soaked["scratch"].iterdir()) == [], stopped.stdout
     verified = handover("verify", soaked["run_dir"])  # the signed run is left as it was signed
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+# -- a soak's hold on its node, and its bound, on one namespace node -------------------------------
+
+ACCEPTANCE = Owner(run_id="20260101T000000Z-0badcafe", started="2026-01-01T00:00:00+00:00",
+                   host="bastion.example", token="feedfacefeedface")
+
+
+def supervisors(cluster) -> list[str]:
+    """The soak supervisors on node1 (the test's open connection has processes there too)."""
+    return [process for process in namespace_processes(cluster, "node1") if "python" in process]
+
+
+def gone_within(seconds: float, scratch: Path, cluster) -> bool:
+    """Whether node1's supervisor has ended and left scratch empty within the time."""
+    deadline = time.monotonic() + seconds
+    while (list(scratch.iterdir()) or supervisors(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return list(scratch.iterdir()) == [] and supervisors(cluster) == []
+
+
+def lock_state(transport, soak_id: str = "") -> tuple[str, str]:
+    """An acceptance run's try at the node's lock (released at once): its state and why."""
+    locks = NodeLocks(ACCEPTANCE, {"node1": transport})
+    taken = locks.take(soak_id=soak_id)["node1"]
+    locks.release()
+    return taken.state, taken.describe()
+
+
+def test_a_soaks_load_holds_its_node_and_an_uncollected_soak_removes_itself_at_its_bound(
+        ns_cluster_factory, tmp_path):
+    """While the load runs, an acceptance run finds the node busy with the soak (its own
+    re-attaching harness does not); past the end the soak only keeps its samples and the node is
+    free; never collected, the supervisor removes its folder and ends at end + linger_s."""
+    cluster = ns_cluster_factory(1)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    node = ns_inventory(cluster, tmp_path / "cluster.yaml").nodes[0]
+    plan = soak.new_plan([node], [ScratchPath(str(scratch))], 6, soak.parse_mix("cpu=0,gpu=0,interval_s=1"))
+    transport = make_transport(node)
+    try:
+        assert soak.start(transport, plan, tmp_path, linger_s=4).ok
+        state, why = lock_state(transport)
+        assert state == "busy" and f"node1 is in use by soak {plan.soak_id} of {tmp_path}, until " in why, why
+        assert lock_state(transport, soak_id=plan.soak_id)[0] == "held"
+        while time.time() < plan.end + 1:
+            time.sleep(0.5)
+        assert lock_state(transport)[0] == "held"  # the load has ended: the samples wait, not the node
+        second = soak.new_plan([node], [ScratchPath(str(scratch))], 6, plan.mix)
+        refused = soak.start(transport, second, tmp_path)
+        assert refused.exit_code == 75 and plan.soak_id in soak.holder(refused.stdout)
+        assert gone_within(60, scratch, cluster)  # a safety bound on the wait, not a speed measure
+        assert soak.start(transport, second, tmp_path, linger_s=0).ok  # the lock went with its supervisor
+        assert soak.tell(transport, second.nodes["node1"].dir, "stop").ok
+        assert gone_within(60, scratch, cluster)
+    finally:
+        transport.close()
