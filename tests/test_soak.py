@@ -25,9 +25,9 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from nodes import ns_inventory
 from test_e2e import ROOT, handover, results_of, run_dir_of
 
+from inventory.model import ScratchPath
 from reports.html import TEMPLATE_DIR
 from reports.soak_view import soak_table
-from inventory.model import ScratchPath
 from runners import soak
 from runners.node_lock import NodeLocks, Owner
 from runners.parsing import ParseError
