@@ -24,7 +24,8 @@ from typing import Optional
 KIT = Path(__file__).resolve().parent
 CLUSTER = "device-proof"
 PROFILE = "h200-sxm-8gpu"
-DEPTHS = {"quick": ["-m", "quick"], "full": ["-m", "full"], "all": []}
+DEPTHS = {"quick": "quick", "full": "full", "all": None}  # the -m marker of each depth; all: none
+SOAK_CHECKS = ("soak_heartbeat", "soak_load", "soak_gpu", "soak_links")
 
 # What one H200 on its own cannot be, against the eight-GPU HGX profile: (fact, value, reason).
 ONE_GPU = (
@@ -73,13 +74,25 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="quick (default), full, or all: both")
     parser.add_argument("--no-gpu", action="store_true",
                         help="rehearsal on a machine without a GPU: the GPU checks skip instead of failing")
+    parser.add_argument("--soak", metavar="DURATION",
+                        help="also soak the machine this long (90s, 3m, 1h): the GPU burn on every GPU, "
+                             "stress-ng on the CPUs, telemetry throughout; its trends go into the report")
     parser.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        return prove(args.out.resolve(), args.depth, args.no_gpu, args.pytest_args)
+        return prove(args.out.resolve(), args.depth, args.no_gpu, selection(args.depth, args.soak) + args.pytest_args)
     except ProofError as error:
         print(f"prove.py: {error}", file=sys.stderr)
         return 2
+
+
+def selection(depth: str, soak: Optional[str]) -> list[str]:
+    """pytest's options for a depth, with the soak beside it when one is asked for (a soak alone
+    would leave the mandatory checks without results: INCOMPLETE)."""
+    marker = DEPTHS[depth]
+    if soak is None:
+        return ["-m", marker] if marker else []
+    return (["-m", f"{marker} or soak"] if marker else []) + ["--soak-duration", soak]
 
 
 def prove(out: Path, depth: str, no_gpu: bool, pytest_args: list[str]) -> int:
@@ -99,7 +112,7 @@ def prove(out: Path, depth: str, no_gpu: bool, pytest_args: list[str]) -> int:
     env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     command = [str(python), "-m", "pytest", "-p", "handover.plugin", "--inventory", str(inventory),
-               "--out", str(out), "-p", "no:cacheprovider", *DEPTHS[depth], *pytest_args]
+               "--out", str(out), "-p", "no:cacheprovider", *pytest_args]
     status = subprocess.run(command, cwd=out, env=env).returncode
     results = out / CLUSTER / "latest" / "results.json"
     if not results.is_file():
@@ -186,7 +199,17 @@ def summary(results: dict, perf: dict, run_dir: Path) -> str:
     width = max(len(label) for label, *_ in HEADLINE)
     for label, checks, metric, perf_key in HEADLINE:
         lines.append(f"  {label:<{width}}  {figure(results, checks, metric, perf.get(perf_key) if perf_key else None)}")
+    soaked = [entry for entry in results.get("checks") or [] if entry.get("check") in SOAK_CHECKS]
+    if soaked:
+        lines += ["", "soak:"]
+        lines += [f"  {entry['check']}: {entry.get('outcome')}: {first_line(entry)}" for entry in soaked]
+        lines += [f"  trend: {name}" for name in (results.get("soak") or {}).get("trends") or []]
     return "\n".join(lines)
+
+
+def first_line(entry: dict) -> str:
+    lines = (entry.get("message") or "").strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def figure(results: dict, checks: tuple, metric: str, recorded: Optional[float]) -> str:
@@ -204,8 +227,8 @@ def figure(results: dict, checks: tuple, metric: str, recorded: Optional[float])
     if not entries:
         return f"not run (no {' or '.join(checks)} check in this run)"
     entry = entries[0]
-    message = (entry.get("message") or "").strip().splitlines()
-    return f"not measured: {entry.get('check')} {entry.get('outcome')}" + (f": {message[0]}" if message else "")
+    message = first_line(entry)
+    return f"not measured: {entry.get('check')} {entry.get('outcome')}" + (f": {message}" if message else "")
 
 
 def run(command: list[str], what: str, env: Optional[dict] = None) -> str:

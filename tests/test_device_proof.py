@@ -167,3 +167,17 @@ def test_headline_figures_beside_the_recorded_h200():
     assert figures["HBM copy TB/s (read+write)"] == "not measured: hbm_bandwidth failed: hbm_copy_bandwidth = ?"
     assert figures["GEMM fp64 TFLOP/s"] == "not run (no gemm_fp64 check in this run)"
     assert len(figures) == len(prove.HEADLINE)
+
+
+def test_a_soak_beside_a_depth_selects_both_and_sets_its_duration():
+    assert prove.selection("quick", None) == ["-m", "quick"] and prove.selection("all", None) == []
+    assert prove.selection("full", "3m") == ["-m", "full or soak", "--soak-duration", "3m"]
+    assert prove.selection("all", "90s") == ["--soak-duration", "90s"]
+
+
+def test_the_summary_lists_the_soaks_checks_and_trends():
+    results = {"verdict": {"status": "CERTIFIED"}, "checks": [
+        {"check": "soak_gpu", "node": "localhost", "outcome": "passed", "message": "GPU 0: no Xid\nmore"}],
+        "soak": {"trends": ["soak temperature (C)"]}}
+    text = prove.summary(results, PERF, Path("/tmp/run"))
+    assert "soak:\n  soak_gpu: passed: GPU 0: no Xid\n  trend: soak temperature (C)" in text
