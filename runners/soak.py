@@ -46,11 +46,12 @@ EXIT_NO_SOAK = 3
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Defaults of the load mix (--soak-mix key=value,... overrides them): every CPU, half duty, one
-# memory worker on a tenth of memory, unlimited iperf3, the GPU burn where there are GPUs.
+# memory worker on a tenth of memory, unlimited iperf3, the GPU burn where there are GPUs, and
+# unlimited fio on a 1 GiB file per node where a shared scratch path is declared.
 MIX_DEFAULTS: dict[str, object] = {"cpu": 1, "cpu_workers": 0, "cpu_load": 50, "vm_workers": 1,
-                                   "vm_bytes": "10%", "net_rate": "0", "gpu": 1, "round_s": 60,
-                                   "interval_s": 5}
-MIX_NUMBERS = ("cpu", "cpu_workers", "cpu_load", "vm_workers", "gpu", "round_s", "interval_s")
+                                   "vm_bytes": "10%", "net_rate": "0", "gpu": 1, "io": 1, "io_size": "1G",
+                                   "io_rate": "0", "round_s": 60, "interval_s": 5}
+MIX_NUMBERS = ("cpu", "cpu_workers", "cpu_load", "vm_workers", "gpu", "io", "round_s", "interval_s")
 STATUS_PREFIX = "handover-soak: "
 
 # $1 the node's soak folder, $2 the payload's interpreter, $3 the config; the payload on stdin.
@@ -112,6 +113,7 @@ class NodePlan:
     dir: str  # the node's soak folder, inside a declared scratch path
     peer: Optional[str] = None  # the node its iperf3 client sends to
     peer_address: Optional[str] = None
+    io_dir: Optional[str] = None  # its fio folder on the first shared scratch path; None without one
 
 
 @dataclass
@@ -153,8 +155,10 @@ class SoakPlan:
 
 def new_plan(nodes: Sequence[Node], scratch: Sequence[ScratchPath], duration_s: float,
              mix: dict) -> SoakPlan:
-    """Every node's folder in the first local scratch path, and a ring of iperf3 peers."""
+    """Every node's folder in the first local scratch path, its fio folder in the first shared
+    one (when declared), and a ring of iperf3 peers."""
     local = next((entry.path for entry in scratch if entry.kind == "local"), None)
+    shared = next((entry.path for entry in scratch if entry.kind == "shared"), None)
     soak_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
     started = time.time()
     plans, refused = {}, {}
@@ -165,7 +169,8 @@ def new_plan(nodes: Sequence[Node], scratch: Sequence[ScratchPath], duration_s: 
         peer = nodes[(index + 1) % len(nodes)] if len(nodes) > 1 else None
         plans[node.name] = NodePlan(
             dir=f"{local.rstrip('/')}/handover-soak-{soak_id}-{node.name}", peer=peer.name if peer else None,
-            peer_address=(peer.data_address or peer.address) if peer else None)
+            peer_address=(peer.data_address or peer.address) if peer else None,
+            io_dir=f"{shared.rstrip('/')}/handover-soak-{soak_id}-{node.name}" if shared else None)
     return SoakPlan(soak_id, secrets.token_hex(8), started, started + duration_s, mix, plans, refused)
 
 
@@ -197,6 +202,7 @@ def start(transport: Transport, plan: SoakPlan, run_dir: Path, linger_s: float =
     config = {"soak_id": plan.soak_id, "tag": plan.tag, "node": transport.node.name, "dir": node.dir,
               "end": plan.end, "interval_s": plan.interval_s, "linger_s": linger_s, "mix": plan.mix,
               "peer": node.peer, "peer_address": node.peer_address, "port": PORT if len(plan.nodes) > 1 else None,
+              "io_dir": node.io_dir,
               "run_dir": str(run_dir)}
     if int(plan.mix.get("gpu", 1)):  # beside the supervisor, which runs it in rounds where GPUs are
         shipped = transport.run(["sh", "-c", 'mkdir -p "$1" && cat > "$1/gpu_burn.py"', "handover-soak", node.dir],

@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.soak]
 
 PARTS = {"cpu": ("stress-ng CPU", "bogo-ops/s", "soak_cpu_rate"),
          "net": ("iperf3 to its peer", "Gbit/s", "soak_net_gbps"),
+         "io": ("fio on the shared scratch", "MB/s", "soak_io_mbps"),
          "gpu": ("GPU burn (slowest GPU)", "TFLOP/s", "soak_gpu_tflops")}
 TREND_NODES = 8  # up to this many nodes, a line each; above, the worst of them and the median of all
 WORST_SHOWN = 5
@@ -38,6 +39,7 @@ TRENDS = (("temperature", "cpu_temp_c", "CPU temperature", "°C", True),  # True
           ("power", "gpus.power_w", "GPU power (highest)", "W", True),
           ("throughput", "part:cpu", "stress-ng CPU rate", "bogo-ops/s", False),
           ("throughput", "part:net", "iperf3 rate", "Gbit/s", False),
+          ("throughput", "part:io", "shared-storage fio rate", "MB/s", False),
           ("throughput", "part:gpu", "GPU burn rate (slowest GPU)", "TFLOP/s", False))
 
 

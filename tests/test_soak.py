@@ -35,7 +35,7 @@ from runners.payloads.soak_supervisor import Supervisor
 from runners.transport import make_transport
 
 DATA = Path(__file__).parent / "data" / "soak"
-MIX = "cpu_workers=1,cpu_load=5,vm_workers=0,net_rate=2M,round_s=10,interval_s=2,gpu=0"
+MIX = "cpu_workers=1,cpu_load=5,vm_workers=0,net_rate=2M,io_size=8M,io_rate=1m,round_s=10,interval_s=2,gpu=0"
 DURATION = "75s"
 WAIT_S = 120  # a safety bound on waiting for the soak's first samples, not a speed measure
 
@@ -86,7 +86,7 @@ def test_handover_parse_soak_prints_the_samples_as_json():
 
 
 def test_the_supervisor_reads_its_rounds_figures_from_real_tool_outputs():
-    """The supervisor's own readers of stress-ng's YAML, iperf3's JSON and the burn payload's."""
+    """The supervisor's own readers of stress-ng's YAML, iperf3's and fio's JSON and the burn payload's."""
     stress = DATA.parent / "stress-ng"
     brief = (stress / "local_stressng01506_cpu_vm_metrics_brief.yaml").read_text()
     rate, unit, error = Supervisor.stress_figure(0, brief, "")
@@ -99,6 +99,12 @@ def test_the_supervisor_reads_its_rounds_figures_from_real_tool_outputs():
     assert gbps > 0 and unit == "Gbit/s" and error is None
     refused = Supervisor.iperf3_figure(0, (iperf3 / "local_iperf312_error_connection_refused.json").read_text(), "")
     assert refused[0] is None and "refused" in refused[2]
+    fio = DATA.parent / "fio"
+    mbps, unit, error = Supervisor.io_figure(0, (fio / "local_fio333_seqwrite_1M.json").read_text(), "")
+    assert round(mbps) == 1683 and unit == "MB/s" and error is None  # write.bw_bytes 1,682,915,265
+    enotdir = fio / "local_fio333_error_enotdir"
+    failed = Supervisor.io_figure(1, Path(f"{enotdir}.json").read_text(), Path(f"{enotdir}.stderr.txt").read_text())
+    assert failed[0] is None and "Not a directory" in failed[2]
     burn = (DATA / "local_gpu_burn_device_cpu.json").read_text()
     tflops, unit, error = Supervisor.gpu_figure(0, burn, "")
     assert tflops > 0 and unit == "TFLOP/s" and error is None
@@ -189,10 +195,11 @@ def samples_of(path: Path) -> int:
 def soaked(module_ns_cluster_factory, sign_key, tmp_path_factory):
     cluster = module_ns_cluster_factory(4)
     tmp = tmp_path_factory.mktemp("soak")
-    scratch = tmp / "scratch"
+    scratch, shared = tmp / "scratch", tmp / "shared"  # the nodes share this machine's filesystem
     scratch.mkdir()
-    inventory = cluster.write_inventory(tmp / "cluster.yaml",
-                                        extra={"scratch": [{"path": str(scratch), "kind": "local"}]})
+    shared.mkdir()
+    inventory = cluster.write_inventory(tmp / "cluster.yaml", extra={"scratch": [
+        {"path": str(scratch), "kind": "local"}, {"path": str(shared), "kind": "shared"}]})
     out = tmp / "out"
     command = [sys.executable, "-m", "pytest", "--inventory", str(inventory), "--out", str(out), "--sign-key",
                str(sign_key), "-p", "no:cacheprovider", "-m", "soak", "--soak-duration", DURATION, "--soak-mix", MIX]
@@ -225,7 +232,7 @@ def soaked(module_ns_cluster_factory, sign_key, tmp_path_factory):
     stopped_mid_run = subprocess.run(stop + [str(second_run)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     third_output = third.communicate(timeout=300)[0]
     stopped = subprocess.run(stop + [str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    return {"cluster": cluster, "run_dir": run_dir, "scratch": scratch, "killed": killed_output,
+    return {"cluster": cluster, "run_dir": run_dir, "scratch": scratch, "shared": shared, "killed": killed_output,
             "alive_after_kill": alive_after_kill, "attached": attached_output, "second": second.returncode,
             "second_run": second_run, "stopped_mid_run": stopped_mid_run, "third": third_output, "stopped": stopped}
 
@@ -255,7 +262,11 @@ def test_the_same_command_reattaches_and_the_run_has_samples_of_the_whole_period
         load = entry(results, "soak_load", name)
         measured = {m["name"] for m in load["metrics"]}
         # node3 sent to node4, whose link was cut at the start of the re-attached run
-        assert measured >= ({"soak_cpu_rate"} if name == "node3" else {"soak_cpu_rate", "soak_net_gbps"}), load
+        wanted = {"soak_cpu_rate", "soak_io_mbps", "soak_io_retained"}
+        wanted |= {"soak_net_gbps"} if name != "node3" else set()
+        assert measured >= wanted, load
+        io_rate = next(m["value"] for m in load["metrics"] if m["name"] == "soak_io_mbps")
+        assert 0 < io_rate <= 2.5, load  # fio --rate=1m: 1 MB/s each way
 
 
 def test_a_node_whose_sshd_stopped_has_its_samples_collected_when_it_is_back(soaked):
@@ -326,7 +337,7 @@ def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
     assert "on node4: stopped; the run was already signed" in stopped.stdout, stopped.stdout
     for name in soaked["cluster"].node_names():
         assert namespace_processes(soaked["cluster"], name) == [], name
-    assert list(soaked["scratch"].iterdir()) == [], stopped.stdout
+    assert list(soaked["scratch"].iterdir()) == [] and list(soaked["shared"].iterdir()) == [], stopped.stdout
     verified = handover("verify", soaked["run_dir"])  # the signed run is left as it was signed
     assert verified.returncode == 0, verified.stdout + verified.stderr
 

@@ -10,14 +10,15 @@ harness's connection does not end it. The lock's open file goes with it, so the 
 as the supervisor. It prints {"started": true, "pid": PID} and exits.
 
 `run` (the detached process) runs the load mix until the end time: stress-ng rounds on the CPUs
-and memory, an iperf3 server and rate-limited client rounds to the peer the harness named, the GPU
-burn payload in rounds where GPUs are. Every interval it appends a sample to DIR/samples.jsonl
-(load, memory, CPU temperature where readable, NVML telemetry per GPU, InfiniBand error counters)
-and rewrites DIR/heartbeat; each finished round is a `part` line with its figure, each NVML Xid
-event an `xid` line. At the end time, on SIGTERM, or when DIR/stop appears, it ends its load and
-writes an `end` line. It then waits for DIR/collected (the harness has copied everything), or the
-hard bound `linger_s` after the end, removes DIR and exits. Standard library only; pynvml is used
-where the node's Python has it.
+and memory, an iperf3 server and rate-limited client rounds to the peer the harness named, fio
+rounds in the node's own folder of the shared scratch path where the harness named one (removed
+when the load ends), the GPU burn payload in rounds where GPUs are. Every interval it appends a
+sample to DIR/samples.jsonl (load, memory, CPU temperature where readable, NVML telemetry per
+GPU, InfiniBand error counters) and rewrites DIR/heartbeat; each finished round is a `part` line
+with its figure, each NVML Xid event an `xid` line. At the end time, on SIGTERM, or when DIR/stop
+appears, it ends its load and writes an `end` line. It then waits for DIR/collected (the harness
+has copied everything), or the hard bound `linger_s` after the end, removes DIR and exits.
+Standard library only; pynvml is used where the node's Python has it.
 """
 import fcntl
 import json
@@ -200,6 +201,44 @@ class Supervisor:
                         % (code, last_line(stderr))})
             self.stopping.wait(5)
 
+    def io_rounds(self):
+        """fio rounds on the node's own folder of the shared scratch path, made here and removed
+        when the load ends (the samples stay in the node's local folder)."""
+        try:
+            os.makedirs(self.config["io_dir"], exist_ok=True)
+        except OSError as exc:
+            now = round(time.time(), 3)
+            self.write({"kind": "part", "part": "io", "t0": now, "t1": now, "value": None, "unit": "MB/s",
+                        "exit": None, "error": "cannot make %s: %s" % (self.config["io_dir"], exc)})
+            return
+        self.rounds("io", self.io_argv, self.io_figure)
+
+    def io_argv(self, seconds):
+        argv = ["fio", "--name=soak", "--directory=%s" % self.config["io_dir"], "--rw=rw", "--bs=1M",
+                "--size=%s" % self.mix.get("io_size", "1G"), "--ioengine=libaio", "--direct=1", "--iodepth=8",
+                "--time_based", "--runtime=%d" % seconds, "--output-format=json"]
+        rate = str(self.mix.get("io_rate", "0"))
+        return argv + (["--rate=%s" % rate] if rate not in ("", "0") else [])
+
+    @staticmethod
+    def io_figure(code, stdout, stderr):
+        """Read plus write bytes per second of the round, in MB/s."""
+        try:
+            document = json.loads(stdout[stdout.find("{"):])
+        except ValueError:
+            return None, "MB/s", last_line(stderr or stdout) or "fio exited %s" % code
+        jobs = [job for job in document.get("jobs") or [] if isinstance(job, dict)]
+        failed = [job for job in jobs if job.get("error")]
+        if code != 0 or not jobs or failed:
+            why = "job error %s" % failed[0]["error"] if failed else "exit %s" % code
+            return None, "MB/s", last_line(stderr) or "fio: %s" % why
+        moved = sum((job.get(way) or {}).get("bw_bytes", 0) for job in jobs for way in ("read", "write"))
+        return moved / 1e6, "MB/s", None
+
+    def remove_io(self):
+        if self.config.get("io_dir"):
+            shutil.rmtree(self.config["io_dir"], ignore_errors=True)
+
     def gpu_argv(self, seconds):
         return [sys.executable, os.path.join(self.dir, "gpu_burn.py"), "--seconds", str(max(10, seconds - 15)),
                 "--matmul-seconds", "5", "--sample-interval", "5"]
@@ -302,6 +341,8 @@ class Supervisor:
             threads.append(threading.Thread(target=self.serve_iperf3))
         if self.config.get("peer_address"):
             threads.append(threading.Thread(target=self.delayed_client))
+        if self.config.get("io_dir") and int(self.mix.get("io", 1)):
+            threads.append(threading.Thread(target=self.io_rounds))
         if self.gpus and int(self.mix.get("gpu", 1)) and os.path.exists(os.path.join(self.dir, "gpu_burn.py")):
             threads.append(threading.Thread(target=self.rounds, args=("gpu", self.gpu_argv, self.gpu_figure)))
             threads.append(threading.Thread(target=self.watch_xids))
@@ -323,6 +364,7 @@ class Supervisor:
         for thread in threads:
             thread.join(KILL_GRACE_S + 2)
         self.end_children()  # a round that started as the soak was ending
+        self.remove_io()
         self.write({"kind": "end", "t": round(time.time(), 3), "reason": self.reason})
         self.linger()
 
@@ -353,6 +395,7 @@ class Supervisor:
         while not os.path.exists(collected) and time.time() < bound:
             time.sleep(2)
         self.out.close()
+        self.remove_io()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
