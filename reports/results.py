@@ -21,9 +21,9 @@ Keys (a public interface; add, never rename; reports/schemas/results.schema.json
             (curves such as busbw against message size or loss against step)}],
     outliers[{check, metric, node, value, unit, median, deviation, rule, robust_z, severity, rail?}]
     (per-node figures far from their peers: warnings, or failures for the profile's outliers.fail),
-    soak{nodes[{node, status, failed[], reasons[], cpu_retained_pct, net_retained_pct, io_retained_pct,
-         gpu_retained_pct, cpu_temp_max_c, gpu_temp_max_c, gpu_power_max_w, samples}], trends[]}?
-    (a soak ran: worst first)
+    soak{nodes[{node, status, failed[], reasons[], cpu_retained_pct, net_retained_pct, ib_retained_pct,
+         io_retained_pct, gpu_retained_pct, cpu_temp_max_c, gpu_temp_max_c, gpu_power_max_w, samples}],
+         trends[]}? (a soak ran: worst first)
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 SOAK_CHECKS = ("soak_heartbeat", "soak_load", "soak_gpu", "soak_links")
 FIGURES = {"soak_cpu_retained": "cpu_retained_pct", "soak_net_retained": "net_retained_pct",
-           "soak_io_retained": "io_retained_pct",
+           "soak_ib_retained": "ib_retained_pct", "soak_io_retained": "io_retained_pct",
            "soak_gpu_retained": "gpu_retained_pct", "soak_cpu_temp_max": "cpu_temp_max_c",
            "soak_gpu_temp_max": "gpu_temp_max_c", "soak_gpu_power_max": "gpu_power_max_w",
            "soak_samples": "samples"}
@@ -46,7 +46,8 @@ def soak_section(checks: list[dict]) -> Optional[dict]:
 
 
 def _worst_first(row: dict) -> tuple:
-    kept = [row[key] for key in ("cpu_retained_pct", "net_retained_pct", "io_retained_pct", "gpu_retained_pct")
+    kept = [row[key] for key in ("cpu_retained_pct", "net_retained_pct", "ib_retained_pct", "io_retained_pct",
+                                 "gpu_retained_pct")
             if isinstance(row[key], (int, float))]
     return (-len(row["failed"]), min(kept) if kept else float("inf"), row["node"])
 
@@ -65,8 +66,8 @@ class SoakRow:
 
 
 COLUMNS = (("cpu_retained_pct", "CPU kept", "%"), ("net_retained_pct", "net kept", "%"),
-           ("io_retained_pct", "I/O kept", "%"), ("gpu_retained_pct", "GPU kept", "%"),
-           ("cpu_temp_max_c", "CPU max", "°C"),
+           ("ib_retained_pct", "IB kept", "%"), ("io_retained_pct", "I/O kept", "%"),
+           ("gpu_retained_pct", "GPU kept", "%"), ("cpu_temp_max_c", "CPU max", "°C"),
            ("gpu_temp_max_c", "GPU max", "°C"), ("gpu_power_max_w", "GPU power max", "W"),
            ("samples", "samples", ""))
 

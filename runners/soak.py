@@ -35,6 +35,7 @@ from runners.transport import Result, Transport, kill_argv, make_transport
 SOAK_FILE = "soak.json"
 RAW_STEP = "soak"
 PORT = 5399  # the supervisors' iperf3 server
+IB_PORT = 5400  # rail i's ib_write_bw server listens on IB_PORT + i
 POLL_S = 5.0
 START_TIMEOUT_S = 60
 COMMAND_TIMEOUT_S = 30
@@ -46,12 +47,13 @@ EXIT_NO_SOAK = 3
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Defaults of the load mix (--soak-mix key=value,... overrides them): every CPU, half duty, one
-# memory worker on a tenth of memory, unlimited iperf3, the GPU burn where there are GPUs, and
-# unlimited fio on a 1 GiB file per node where a shared scratch path is declared.
+# memory worker on a tenth of memory, unlimited iperf3, ib_write_bw on every active InfiniBand
+# port (rail) to the same rail of the peer, the GPU burn where there are GPUs, and unlimited fio on
+# a 1 GiB file per node where a shared scratch path is declared.
 MIX_DEFAULTS: dict[str, object] = {"cpu": 1, "cpu_workers": 0, "cpu_load": 50, "vm_workers": 1,
-                                   "vm_bytes": "10%", "net_rate": "0", "gpu": 1, "io": 1, "io_size": "1G",
-                                   "io_rate": "0", "round_s": 60, "interval_s": 5}
-MIX_NUMBERS = ("cpu", "cpu_workers", "cpu_load", "vm_workers", "gpu", "io", "round_s", "interval_s")
+                                   "vm_bytes": "10%", "net_rate": "0", "ib": 1, "gpu": 1, "io": 1,
+                                   "io_size": "1G", "io_rate": "0", "round_s": 60, "interval_s": 5}
+MIX_NUMBERS = ("cpu", "cpu_workers", "cpu_load", "vm_workers", "ib", "gpu", "io", "round_s", "interval_s")
 STATUS_PREFIX = "handover-soak: "
 
 # $1 the node's soak folder, $2 the payload's interpreter, $3 the config; the payload on stdin.
@@ -202,7 +204,7 @@ def start(transport: Transport, plan: SoakPlan, run_dir: Path, linger_s: float =
     config = {"soak_id": plan.soak_id, "tag": plan.tag, "node": transport.node.name, "dir": node.dir,
               "end": plan.end, "interval_s": plan.interval_s, "linger_s": linger_s, "mix": plan.mix,
               "peer": node.peer, "peer_address": node.peer_address, "port": PORT if len(plan.nodes) > 1 else None,
-              "io_dir": node.io_dir,
+              "ib_port": IB_PORT if len(plan.nodes) > 1 else None, "io_dir": node.io_dir,
               "run_dir": str(run_dir)}
     if int(plan.mix.get("gpu", 1)):  # beside the supervisor, which runs it in rounds where GPUs are
         shipped = transport.run(["sh", "-c", 'mkdir -p "$1" && cat > "$1/gpu_burn.py"', "handover-soak", node.dir],

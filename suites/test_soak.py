@@ -30,8 +30,10 @@ pytestmark = [pytest.mark.soak]
 
 PARTS = {"cpu": ("stress-ng CPU", "bogo-ops/s", "soak_cpu_rate"),
          "net": ("iperf3 to its peer", "Gbit/s", "soak_net_gbps"),
+         "ib": ("ib_write_bw to its peer (slowest rail)", "Gbit/s", "soak_ib_gbps"),
          "io": ("fio on the shared scratch", "MB/s", "soak_io_mbps"),
          "gpu": ("GPU burn (slowest GPU)", "TFLOP/s", "soak_gpu_tflops")}
+PEER_PARTS = ("net", "ib")  # rounds to the ring peer: not held against a node after the peer dropped out
 TREND_NODES = 8  # up to this many nodes, a line each; above, the worst of them and the median of all
 WORST_SHOWN = 5
 TRENDS = (("temperature", "cpu_temp_c", "CPU temperature", "°C", True),  # True: high is bad
@@ -39,6 +41,7 @@ TRENDS = (("temperature", "cpu_temp_c", "CPU temperature", "°C", True),  # True
           ("power", "gpus.power_w", "GPU power (highest)", "W", True),
           ("throughput", "part:cpu", "stress-ng CPU rate", "bogo-ops/s", False),
           ("throughput", "part:net", "iperf3 rate", "Gbit/s", False),
+          ("throughput", "part:ib", "ib_write_bw rate (slowest rail)", "Gbit/s", False),
           ("throughput", "part:io", "shared-storage fio rate", "MB/s", False),
           ("throughput", "part:gpu", "GPU burn rate (slowest GPU)", "TFLOP/s", False))
 
@@ -105,7 +108,8 @@ def far_below(logs: dict[str, soaking.SoakLog], plan: soaking.SoakPlan, profile)
     for name, log in logs.items():
         rows = []
         for part, (_, unit, metric) in PARTS.items():
-            figure = soaking.drift(log.parts, part, until=peer_lost_at(name, logs, plan) if part == "net" else None)
+            until = peer_lost_at(name, logs, plan) if part in PEER_PARTS else None
+            figure = soaking.drift(log.parts, part, until=until)
             if figure is not None:
                 rows.append({"name": metric, "value": figure.median, "unit": unit})
         entries.append({"check": "soak_load", "node": name, "metrics": rows})
@@ -167,7 +171,7 @@ def test_soak_load(soak, node, record, metrics: Metrics):
     figures: dict[str, tuple[Optional[float], str]] = {}
     failed, notes = [], []
     for part, (what, unit, metric) in PARTS.items():
-        until = lost_peer if part == "net" else None
+        until = lost_peer if part in PEER_PARTS else None
         figure = soaking.drift(log.parts, part, until=until)
         errors = [p for p in log.parts if p.part == part and p.value is None and (until is None or p.t1 <= until)]
         if errors:
@@ -179,9 +183,10 @@ def test_soak_load(soak, node, record, metrics: Metrics):
         notes.append(f"{what} {figure.first:.3g} -> {figure.last:.3g} {unit} over {figure.rounds} rounds")
     peer = soak.plan.nodes[node].peer
     if peer in soak.plan.refused:
-        notes.append(f"iperf3 not judged: its peer {peer} runs no soak")
+        notes.append(f"iperf3 and ib_write_bw not judged: its peer {peer} runs no soak")
     elif lost_peer is not None:
-        notes.append(f"iperf3 rounds after {soaking.clock_utc(lost_peer)} not judged: its peer {peer} dropped out then")
+        notes.append(f"iperf3 and ib_write_bw rounds after {soaking.clock_utc(lost_peer)} not judged: "
+                     f"its peer {peer} dropped out then")
     if log.events:  # the supervisor's own troubles: a server that had to be restarted, no Xid watch
         notes.append(f"{len(log.events)} supervisor event(s), the last: {log.events[-1].get('event')}")
     temperature = soaking.peak(log, "cpu_temp_c")

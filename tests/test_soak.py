@@ -31,6 +31,7 @@ from reports.soak_view import soak_table
 from runners import soak
 from runners.node_lock import NodeLocks, Owner
 from runners.parsing import ParseError
+from runners.payloads import soak_supervisor
 from runners.payloads.soak_supervisor import Supervisor
 from runners.transport import make_transport
 
@@ -85,8 +86,38 @@ def test_handover_parse_soak_prints_the_samples_as_json():
     assert handover("parse", "soak", DATA / "PROVENANCE.md").returncode == 2
 
 
+def test_the_rails_are_the_active_infiniband_ports_in_device_order(tmp_path):
+    """A /sys/class/infiniband tree in the kernel's formats (drivers/infiniband/core/sysfs.c:
+    state_show, rate_show, link_layer_show), written here: no HCA on this machine to read."""
+    ports = {("mlx5_10", "1"): ("4: ACTIVE", "400 Gb/sec (4X NDR)", "InfiniBand"),
+             ("mlx5_2", "1"): ("4: ACTIVE", "200 Gb/sec (4X HDR)", "InfiniBand"),
+             ("mlx5_3", "1"): ("1: DOWN", "10 Gb/sec (4X SDR)", "InfiniBand"),
+             ("mlx5_bond_0", "1"): ("4: ACTIVE", "100 Gb/sec (4X EDR)", "Ethernet")}
+    for (device, port), values in ports.items():
+        folder = tmp_path / device / "ports" / port
+        folder.mkdir(parents=True)
+        for name, value in zip(("state", "rate", "link_layer"), values, strict=True):
+            (folder / name).write_text(value + "\n")
+    assert soak_supervisor.infiniband_rails(str(tmp_path)) == [("mlx5_2", "1", 200.0), ("mlx5_10", "1", 400.0)]
+    assert soak_supervisor.infiniband_rails(str(tmp_path / "none")) == []
+
+
+def test_each_rails_server_and_client_agree_on_everything_but_the_peer(tmp_path):
+    """perftest's two sides must run the same test: iterations sized for a round at the port's
+    rate (60 s at 400 Gb/s of 8 MiB messages), each rail on its own TCP port."""
+    (tmp_path / "config.json").write_text(json.dumps({"mix": {"round_s": 60}, "end": 0, "ib_port": 5400}))
+    supervisor = Supervisor(str(tmp_path))
+    supervisor.rails = [("mlx5_0", "1", 400.0), ("mlx5_1", "1", 400.0)]
+    server, client = supervisor.ib_argv(1), supervisor.ib_argv(1, "10.0.0.2")
+    assert client == server + ["10.0.0.2"]
+    assert server == ["ib_write_bw", "--ib-dev", "mlx5_1", "--ib-port", "1", "--port", "5401", "--size", "8388608",
+                      "--iters", str(int(60 * 400e9 / (8 * 8388608))), "--report_gbits"]
+    supervisor.out.close()
+
+
 def test_the_supervisor_reads_its_rounds_figures_from_real_tool_outputs():
-    """The supervisor's own readers of stress-ng's YAML, iperf3's and fio's JSON and the burn payload's."""
+    """The supervisor's own readers of stress-ng's YAML, iperf3's and fio's JSON, ib_write_bw's
+    table and the burn payload's JSON."""
     stress = DATA.parent / "stress-ng"
     brief = (stress / "local_stressng01506_cpu_vm_metrics_brief.yaml").read_text()
     rate, unit, error = Supervisor.stress_figure(0, brief, "")
@@ -105,6 +136,13 @@ def test_the_supervisor_reads_its_rounds_figures_from_real_tool_outputs():
     enotdir = fio / "local_fio333_error_enotdir"
     failed = Supervisor.io_figure(1, Path(f"{enotdir}.json").read_text(), Path(f"{enotdir}.stderr.txt").read_text())
     assert failed[0] is None and "Not a directory" in failed[2]
+    perftest = DATA.parent / "perftest"
+    gbps, unit, error = Supervisor.ib_figure(0, (perftest / "superbench_ib_loopback_8M_size.log").read_text(), "")
+    assert round(gbps, 2) == 201.80 and unit == "Gbit/s" and error is None  # 24056.72 MB/sec (MiB/s)
+    no_device = perftest / "local_perftest45_ib_write_bw_ERROR_no_rdma_device"
+    missing = Supervisor.ib_figure(1, Path(f"{no_device}.stdout.txt").read_text(),
+                                   Path(f"{no_device}.stderr.txt").read_text())
+    assert missing[0] is None and "Unable to find the Infiniband/RoCE device" in missing[2]
     burn = (DATA / "local_gpu_burn_device_cpu.json").read_text()
     tflops, unit, error = Supervisor.gpu_figure(0, burn, "")
     assert tflops > 0 and unit == "TFLOP/s" and error is None

@@ -36,7 +36,13 @@ EXIT_BUSY = 75
 SAMPLES = "samples.jsonl"
 KILL_GRACE_S = 5
 ROUND_GRACE_S = 20  # a round that runs this much past its time hangs (a dead link): it is ended
-BUSY = "the server is busy"  # iperf3: the peer's server still closes the last round; try again
+# The peer's server is not (yet) there to take the round: iperf3's still closes the last one,
+# ib_write_bw's restarts after each test. Tried again each second, for a minute at most.
+RETRY = ("the server is busy", "Couldn't connect to")
+RETRY_FOR_S = 60
+IB_MESSAGE = 8388608  # 8 MiB, where HDR/NDR ports reach line rate (runners.perftest's size)
+IB_UNKNOWN_RATE_GBPS = 200  # a port whose sysfs rate cannot be read
+IB_STRETCH = 2  # an ib round sized for round_s at the port's rate may take this much longer
 NET_PAUSE_S = 1.0  # between iperf3 rounds: the peer's server resets itself after each test
 ERROR_HOLD_S = 5.0  # a failed round is kept only if the soak does not end this soon after it
 IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
@@ -103,6 +109,7 @@ class Supervisor:
         self.out_lock = threading.Lock()
         self.nvml = None
         self.gpus = []
+        self.rails = []  # (device, port, rate Gb/s) of each active InfiniBand port: one ib_write_bw rail
 
     def write(self, record):
         line = json.dumps(record, separators=(",", ":")) + "\n"
@@ -120,8 +127,10 @@ class Supervisor:
 
     # -- the load parts: rounds of a tool, each a `part` line -----------------------------------
 
-    def run_round(self, argv, seconds):
-        """One tool round, bounded; (exit code, stdout, stderr), exit None when it was cut short."""
+    def run_round(self, argv, seconds, timeout=None):
+        """One tool round, bounded (by default its seconds and ROUND_GRACE_S); (exit code, stdout,
+        stderr), exit None when it was cut short."""
+        timeout = seconds + ROUND_GRACE_S if timeout is None else timeout
         try:
             child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, text=True, errors="replace")
@@ -130,35 +139,49 @@ class Supervisor:
         with self.children_lock:
             self.children.add(child)
         try:
-            stdout, stderr = child.communicate(timeout=seconds + ROUND_GRACE_S)
+            stdout, stderr = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             child.kill()
             stdout, stderr = child.communicate()
-            return None, stdout, "%s did not finish within %d s" % (argv[0], seconds + ROUND_GRACE_S)
+            return None, stdout, "%s did not finish within %d s" % (argv[0], timeout)
         finally:
             with self.children_lock:
                 self.children.discard(child)
         return (None if self.stopping.is_set() and child.returncode != 0 else child.returncode), stdout, stderr
 
-    def rounds(self, part, argv_of, figure_of, pause_s=0.0):
+    def rounds(self, part, measure, pause_s=0.0):
+        """Rounds of measure(seconds) -> (exit, value, unit, error) until the end, each a `part` line."""
         round_s = float(self.mix.get("round_s", 60))
+        retrying_since = None
         while not self.stopping.wait(pause_s):
             seconds = min(round_s, self.remaining())
             if seconds < max(1.0, round_s / 2):
                 return  # a short last round would not compare with the others
             began = time.time()
-            code, stdout, stderr = self.run_round(argv_of(int(seconds)), seconds)
+            code, value, unit, error = measure(int(seconds))
             if code is None and self.stopping.is_set():
                 return  # cut short by the end: not a round
-            value, unit, error = figure_of(code, stdout, stderr)
             ended = time.time()
-            if error and BUSY in error:
-                self.stopping.wait(1)
-                continue
+            if error and any(marker in error for marker in RETRY):
+                retrying_since = retrying_since or began
+                if ended - retrying_since < RETRY_FOR_S:
+                    self.stopping.wait(1)
+                    continue
+            retrying_since = None
             if error and self.stopping.wait(ERROR_HOLD_S):
                 return  # it failed as the soak ended: the peer's side had already stopped
             self.write({"kind": "part", "part": part, "t0": round(began, 3), "t1": round(ended, 3),
                         "value": value, "unit": unit, "exit": code, "error": error})
+
+    def part(self, name, measure):
+        return threading.Thread(target=self.rounds, args=(name, measure))
+
+    def tool(self, argv_of, figure_of):
+        """measure() of a part that is one command a round, read by figure_of(exit, stdout, stderr)."""
+        def measure(seconds):
+            code, stdout, stderr = self.run_round(argv_of(seconds), seconds)
+            return (code,) + tuple(figure_of(code, stdout, stderr))
+        return measure
 
     def stress_argv(self, seconds):
         argv = ["stress-ng", "--cpu", str(self.mix.get("cpu_workers", 0)),
@@ -211,7 +234,7 @@ class Supervisor:
             self.write({"kind": "part", "part": "io", "t0": now, "t1": now, "value": None, "unit": "MB/s",
                         "exit": None, "error": "cannot make %s: %s" % (self.config["io_dir"], exc)})
             return
-        self.rounds("io", self.io_argv, self.io_figure)
+        self.rounds("io", self.tool(self.io_argv, self.io_figure))
 
     def io_argv(self, seconds):
         argv = ["fio", "--name=soak", "--directory=%s" % self.config["io_dir"], "--rw=rw", "--bs=1M",
@@ -234,6 +257,70 @@ class Supervisor:
             return None, "MB/s", last_line(stderr) or "fio: %s" % why
         moved = sum((job.get(way) or {}).get("bw_bytes", 0) for job in jobs for way in ("read", "write"))
         return moved / 1e6, "MB/s", None
+
+    def ib_argv(self, index, peer=None):
+        """ib_write_bw on rail `index` (its own TCP port), the same on both sides but the peer's
+        address: iterations sized for round_s at the port's rate, so both sides agree on them."""
+        device, port, rate_gbps = self.rails[index]
+        iterations = max(5, int(float(self.mix.get("round_s", 60)) * rate_gbps * 1e9 / (8 * IB_MESSAGE)))
+        argv = ["ib_write_bw", "--ib-dev", device, "--ib-port", port, "--port", str(self.config["ib_port"] + index),
+                "--size", str(IB_MESSAGE), "--iters", str(iterations), "--report_gbits"]
+        return argv + ([peer] if peer else [])
+
+    def serve_ib(self, index):
+        """The peer's client of this rail connects here; the server ends after each test and
+        starts again at once."""
+        round_s = float(self.mix.get("round_s", 60))
+        while not self.stopping.is_set():
+            code, _, stderr = self.run_round(self.ib_argv(index), round_s,
+                                             timeout=max(self.remaining(), 0) + ROUND_GRACE_S)
+            if self.stopping.is_set():
+                return
+            if code != 0:
+                self.write({"kind": "event", "t": round(time.time(), 3), "event": "ib_write_bw server on %s "
+                            "exited %s: %s" % (self.rails[index][0], code, last_line(stderr))})
+                self.stopping.wait(5)
+
+    def ib_measure(self, _seconds):
+        """One round on every rail at once, each to the same rail of the peer: the slowest rail's
+        Gbit/s, or every rail's error. Always a whole round_s: the servers expect its iterations."""
+        round_s = float(self.mix.get("round_s", 60))
+        outcomes = [None] * len(self.rails)
+
+        def one(index):
+            outcomes[index] = self.run_round(self.ib_argv(index, self.config["peer_address"]), round_s,
+                                             timeout=IB_STRETCH * round_s + ROUND_GRACE_S)
+
+        clients = [threading.Thread(target=one, args=(index,)) for index in range(len(self.rails))]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join()
+        figures = [self.ib_figure(*outcome) for outcome in outcomes]
+        codes = [outcome[0] for outcome in outcomes]
+        errors = ["%s: %s" % (rail[0], error) for rail, (_, _, error) in zip(self.rails, figures) if error]
+        code = None if None in codes else max(codes)
+        if errors:
+            return code, None, "Gbit/s", "; ".join(errors)
+        return code, min(value for value, _, _ in figures), "Gbit/s", None
+
+    @staticmethod
+    def ib_figure(code, stdout, stderr):
+        """BW average of ib_write_bw's table, found by its header's column names (Gb/sec with
+        --report_gbits; MB/sec is 2^20 bytes/s in perftest)."""
+        lines = stdout.splitlines()
+        at = next((i for i, line in enumerate(lines) if "#bytes" in line and "BW average[" in line), None)
+        if code != 0 or at is None:
+            return None, "Gbit/s", last_line(stderr or stdout) or "ib_write_bw exited %s" % code
+        columns = re.split(r"\s{2,}|\t+", lines[at].strip())
+        column = next(i for i, name in enumerate(columns) if name.startswith("BW average["))
+        unit = columns[column][len("BW average["):-1]
+        for line in lines[at + 1:]:
+            fields = line.split()
+            if len(fields) == len(columns) and fields[0].isdigit():
+                value = float(fields[column])
+                return (value if unit == "Gb/sec" else value * 2**20 * 8 / 1e9), "Gbit/s", None
+        return None, "Gbit/s", "ib_write_bw printed its table's header and no row"
 
     def remove_io(self):
         if self.config.get("io_dir"):
@@ -329,22 +416,29 @@ class Supervisor:
         signal.signal(signal.SIGTERM, lambda *_: self.stop("stopped (SIGTERM)"))
         signal.signal(signal.SIGINT, lambda *_: self.stop("stopped (SIGINT)"))
         nvml_missing = self.open_nvml()
+        if self.config.get("ib_port") and int(self.mix.get("ib", 1)):
+            self.rails = infiniband_rails()
         self.write({"kind": "start", "t": round(time.time(), 3), "soak_id": self.config["soak_id"],
                     "node": self.config["node"], "end": self.end, "pid": os.getpid(), "mix": self.mix,
                     "peer": self.config.get("peer"), "boot_id": read("/proc/sys/kernel/random/boot_id"),
                     "cpus": os.cpu_count(), "gpus": len(self.gpus), "nvml": nvml_missing,
+                    "rails": ["%s/%s" % (device, port) for device, port, _ in self.rails],
                     "baseline": self.sample()})
         threads = []
         if int(self.mix.get("cpu", 1)):
-            threads.append(threading.Thread(target=self.rounds, args=("cpu", self.stress_argv, self.stress_figure)))
+            threads.append(self.part("cpu", self.tool(self.stress_argv, self.stress_figure)))
         if self.config.get("port"):
             threads.append(threading.Thread(target=self.serve_iperf3))
         if self.config.get("peer_address"):
             threads.append(threading.Thread(target=self.delayed_client))
         if self.config.get("io_dir") and int(self.mix.get("io", 1)):
             threads.append(threading.Thread(target=self.io_rounds))
+        for index in range(len(self.rails)):
+            threads.append(threading.Thread(target=self.serve_ib, args=(index,)))
+        if self.rails and self.config.get("peer_address"):
+            threads.append(threading.Thread(target=self.delayed_ib_client))
         if self.gpus and int(self.mix.get("gpu", 1)) and os.path.exists(os.path.join(self.dir, "gpu_burn.py")):
-            threads.append(threading.Thread(target=self.rounds, args=("gpu", self.gpu_argv, self.gpu_figure)))
+            threads.append(self.part("gpu", self.tool(self.gpu_argv, self.gpu_figure)))
             threads.append(threading.Thread(target=self.watch_xids))
         for thread in threads:
             thread.daemon = True
@@ -371,7 +465,11 @@ class Supervisor:
     def delayed_client(self):
         """The peer's server starts at about the same time: the first round waits a moment."""
         self.stopping.wait(3)
-        self.rounds("net", self.iperf3_argv, self.iperf3_figure, pause_s=NET_PAUSE_S)
+        self.rounds("net", self.tool(self.iperf3_argv, self.iperf3_figure), pause_s=NET_PAUSE_S)
+
+    def delayed_ib_client(self):
+        self.stopping.wait(3)
+        self.rounds("ib", self.ib_measure)
 
     def end_children(self):
         with self.children_lock:
@@ -441,6 +539,27 @@ def cpu_temperature():
                 if value and value.lstrip("-").isdigit():
                     readings.append(int(value) / 1000.0)
     return max(readings) if readings else None
+
+
+def infiniband_rails(base="/sys/class/infiniband"):
+    """[(device, port, rate Gb/s)] of every ACTIVE InfiniBand port, in natural device order (the
+    kernel writes state as '4: ACTIVE', rate as '400 Gb/sec (4X NDR)')."""
+    try:
+        devices = sorted(os.listdir(base), key=lambda name: [int(p) if p.isdigit() else p
+                                                              for p in re.split(r"(\d+)", name)])
+    except OSError:
+        return []
+    rails = []
+    for device in devices:
+        ports = os.path.join(base, device, "ports")
+        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
+            folder = os.path.join(ports, port)
+            if read(os.path.join(folder, "link_layer")) != "InfiniBand" or "ACTIVE" not in (
+                    read(os.path.join(folder, "state")) or ""):
+                continue
+            rate = re.match(r"\s*([0-9.]+)", read(os.path.join(folder, "rate")) or "")
+            rails.append((device, port, float(rate.group(1)) if rate else IB_UNKNOWN_RATE_GBPS))
+    return rails
 
 
 def infiniband_counters():
