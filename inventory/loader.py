@@ -32,6 +32,9 @@ from inventory.model import (
     ENGINES,
     HOST_KEY_POLICIES,
     SCRATCH_KINDS,
+    SOAK_MIX_COUNTS,
+    SOAK_MIX_DEFAULTS,
+    SOAK_MIX_SECONDS,
     TRANSPORTS,
     Cluster,
     Expectations,
@@ -74,7 +77,7 @@ SCRATCH_KEYS = ("path", "kind", "destructive")
 WAIVER_KEYS = ("check", "nodes", "reason", "owner", "expires")
 WAIVER_REQUIRED = ("check", "nodes", "reason", "owner")
 SIGN_OFF_KEYS = ("engineer", "customer")
-PROFILE_KEYS = ("profile", "description", "mandatory", "expect", "references", "outliers")
+PROFILE_KEYS = ("profile", "description", "mandatory", "expect", "references", "outliers", "soak")
 OUTLIER_KEYS = ("z", "min_deviation", "min_nodes", "fail", "ignore")
 REFERENCE_KEYS = ("check", "value", "lower", "upper", "unit", "source")
 # What a metric new to the profile must give; lower/upper default to unbounded, source to the file.
@@ -493,6 +496,25 @@ def _outlier_rule(at: _At) -> OutlierRule:
     return OutlierRule(**values)
 
 
+def _soak_mix(at: _At) -> dict[str, object]:
+    """The profile's `soak:`, the load mix of its soaks (keys of SOAK_MIX_DEFAULTS); --soak-mix
+    overrides it, key by key."""
+    mix: dict[str, object] = {}
+    for key, value_at in _fields(at, tuple(SOAK_MIX_DEFAULTS)).items():
+        if key in SOAK_MIX_COUNTS:
+            count = mix[key] = _integer(value_at)
+            if count < 0 or (key == "cpu_load" and count > 100):
+                raise value_at.error(f"expected {'0 to 100 (% duty)' if key == 'cpu_load' else '0 or more'}, "
+                                     f"got {count}")
+        elif key in SOAK_MIX_SECONDS:
+            seconds = mix[key] = _number(value_at)
+            if seconds <= 0:
+                raise value_at.error(f"expected a positive number of seconds, got {value_at.node.value}")
+        else:
+            mix[key] = _string(value_at)
+    return mix
+
+
 def known_profiles() -> list[str]:
     """Names of the profiles shipped in inventory/profiles."""
     return sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
@@ -574,6 +596,7 @@ def _read_profile(path: Path) -> tuple[Profile, dict[str, _RawReference]]:
         references=references,
         source_path=str(path.resolve()),
         outliers=_outlier_rule(fields["outliers"]) if "outliers" in fields else OutlierRule(),
+        soak_mix=_soak_mix(fields["soak"]) if "soak" in fields else {},
     )
     return profile, raw
 

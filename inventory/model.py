@@ -9,6 +9,15 @@ TRANSPORTS = ("ssh", "local", "slurm")
 # Who starts multi-node jobs: mpirun/torchrun over SSH from the nodes (default), or Slurm's srun.
 ENGINES = ("default", "slurm")
 SCRATCH_KINDS = ("local", "shared")
+# The soak's load mix (runners/soak.py): a profile's `soak:` and --soak-mix override these
+# defaults. Every CPU at half duty, one memory worker on a tenth of memory, unlimited iperf3,
+# ib_write_bw on every active InfiniBand rail, the GPU burn where there are GPUs, unlimited fio
+# on a 1 GiB file per node where a shared scratch path is declared; one figure a minute.
+SOAK_MIX_DEFAULTS: dict[str, object] = {"cpu": 1, "cpu_workers": 0, "cpu_load": 50, "vm_workers": 1,
+                                        "vm_bytes": "10%", "net_rate": "0", "ib": 1, "gpu": 1, "io": 1,
+                                        "io_size": "1G", "io_rate": "0", "round_s": 60, "interval_s": 5}
+SOAK_MIX_COUNTS = ("cpu", "cpu_workers", "cpu_load", "vm_workers", "ib", "gpu", "io")  # integers
+SOAK_MIX_SECONDS = ("round_s", "interval_s")  # positive numbers; the other keys are text (sizes, rates)
 
 
 @dataclass(frozen=True)
@@ -226,6 +235,7 @@ class Profile:
     references: dict[str, Reference]  # metric name -> reference
     source_path: str = ""
     outliers: OutlierRule = field(default_factory=OutlierRule)  # the profile's `outliers:`
+    soak_mix: dict[str, object] = field(default_factory=dict)  # the profile's `soak:` (SOAK_MIX_DEFAULTS' keys)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
-from inventory.model import Node, ScratchPath
+from inventory.model import SOAK_MIX_COUNTS, SOAK_MIX_DEFAULTS, SOAK_MIX_SECONDS, Node, ScratchPath
 from reports.files import write_atomically
 from runners.burn import FAILING_REASONS, decode_reasons
 from runners.fanout import Progress, fan_out
@@ -46,14 +46,6 @@ STOP_WAIT_S = 30  # --soak-stop: how long each supervisor has to end and clean u
 EXIT_NO_SOAK = 3
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# Defaults of the load mix (--soak-mix key=value,... overrides them): every CPU, half duty, one
-# memory worker on a tenth of memory, unlimited iperf3, ib_write_bw on every active InfiniBand
-# port (rail) to the same rail of the peer, the GPU burn where there are GPUs, and unlimited fio on
-# a 1 GiB file per node where a shared scratch path is declared.
-MIX_DEFAULTS: dict[str, object] = {"cpu": 1, "cpu_workers": 0, "cpu_load": 50, "vm_workers": 1,
-                                   "vm_bytes": "10%", "net_rate": "0", "ib": 1, "gpu": 1, "io": 1,
-                                   "io_size": "1G", "io_rate": "0", "round_s": 60, "interval_s": 5}
-MIX_NUMBERS = ("cpu", "cpu_workers", "cpu_load", "vm_workers", "ib", "gpu", "io", "round_s", "interval_s")
 STATUS_PREFIX = "handover-soak: "
 
 # $1 the node's soak folder, $2 the payload's interpreter, $3 the config; the payload on stdin.
@@ -89,16 +81,17 @@ def parse_duration(text: str, option: str = "--soak-duration") -> float:
     return float(match.group(1)) * UNIT_S[match.group(2)]
 
 
-def parse_mix(text: Optional[str]) -> dict[str, object]:
-    """--soak-mix 'cpu_workers=1,cpu_load=10,vm_workers=0,net_rate=20M' over the defaults."""
-    mix = dict(MIX_DEFAULTS)
+def parse_mix(text: Optional[str], profile_mix: Optional[dict] = None) -> dict[str, object]:
+    """--soak-mix 'cpu_workers=1,cpu_load=10,vm_workers=0,net_rate=20M' over the profile's `soak:`
+    over the defaults (inventory.model.SOAK_MIX_DEFAULTS)."""
+    mix = {**SOAK_MIX_DEFAULTS, **(profile_mix or {})}
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         key, _, value = item.partition("=")
-        if key not in MIX_DEFAULTS or not value:
-            raise SoakError(f"--soak-mix {item!r}: KEY=VALUE with KEY one of {', '.join(MIX_DEFAULTS)}")
-        if key in MIX_NUMBERS:
+        if key not in SOAK_MIX_DEFAULTS or not value:
+            raise SoakError(f"--soak-mix {item!r}: KEY=VALUE with KEY one of {', '.join(SOAK_MIX_DEFAULTS)}")
+        if key in SOAK_MIX_COUNTS + SOAK_MIX_SECONDS:
             try:
-                mix[key] = float(value) if key in ("round_s", "interval_s") else int(value)
+                mix[key] = float(value) if key in SOAK_MIX_SECONDS else int(value)
             except ValueError:
                 raise SoakError(f"--soak-mix {item!r}: {key} takes a number") from None
         else:

@@ -83,7 +83,8 @@ def soak(acceptance, pytestconfig) -> SoakOutcome:
         if not duration:
             pytest.skip("no soak asked for: give --soak-duration (e.g. 24h)")
         plan = soaking.new_plan(acceptance.nodes, acceptance.cluster.scratch, soaking.parse_duration(duration),
-                                soaking.parse_mix(pytestconfig.getoption("--soak-mix")))
+                                soaking.parse_mix(pytestconfig.getoption("--soak-mix"),
+                                                  acceptance.cluster.profile.soak_mix))
     run = soaking.SoakRun(plan, run_dir, specs, on_progress=ProgressDisplay(pytestconfig).show)
     try:
         if not (run_dir / soaking.SOAK_FILE).exists():

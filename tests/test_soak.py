@@ -25,6 +25,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from nodes import ns_inventory
 from test_e2e import ROOT, handover, results_of, run_dir_of
 
+from inventory.loader import InventoryError, load_profile
 from inventory.model import ScratchPath
 from reports.html import TEMPLATE_DIR
 from reports.soak_view import soak_table
@@ -187,6 +188,36 @@ def test_durations_and_mixes():
     assert soak.parse_mix("cpu_load=10,net_rate=2M")["cpu_load"] == 10
     with pytest.raises(soak.SoakError, match="cpu_lod"):
         soak.parse_mix("cpu_lod=10")
+
+
+def profile_with_soak(tmp_path: Path, soak_yaml: str) -> Path:
+    """cpu-only.yaml as shipped, renamed, with a `soak:` key."""
+    source = (ROOT / "inventory" / "profiles" / "cpu-only.yaml").read_text()
+    path = tmp_path / "soak-test.yaml"
+    path.write_text(source.replace("profile: cpu-only", "profile: soak-test") + "\n" + soak_yaml)
+    return path
+
+
+def test_a_profiles_soak_key_sets_the_mix_and_soak_mix_overrides_it_key_by_key(tmp_path):
+    profile = load_profile(str(profile_with_soak(tmp_path, "soak: {cpu_load: 80, round_s: 30, io_size: 4G}\n")))
+    assert profile.soak_mix == {"cpu_load": 80, "round_s": 30.0, "io_size": "4G"}
+    mix = soak.parse_mix("cpu_load=10", profile.soak_mix)
+    assert (mix["cpu_load"], mix["round_s"], mix["io_size"], mix["interval_s"]) == (10, 30.0, "4G", 5)
+    assert load_profile("h100-sxm-8gpu").soak_mix == {}
+
+
+@pytest.mark.parametrize("written, problem", [
+    ("soak: {cpu_load: 120}", "soak.cpu_load: expected 0 to 100 (% duty), got 120"),
+    ("soak: {round_s: 0}", "soak.round_s: expected a positive number of seconds, got 0"),
+    ("soak: {vm_workers: two}", "soak.vm_workers: expected an integer"),
+    ("soak: {cpu_lod: 10}", "soak.cpu_lod: unknown key; did you mean 'cpu_load'?"),
+], ids=["duty", "round", "integer", "typo"])
+def test_a_wrong_soak_key_is_one_line_naming_the_field(tmp_path, written, problem):
+    path = profile_with_soak(tmp_path, written + "\n")
+    with pytest.raises(InventoryError) as raised:
+        load_profile(str(path))
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{path}:") and problem in message, message
 
 
 @pytest.mark.parametrize("option, says", [(["--soak-duration", "24x"], "--soak-duration '24x'"),
