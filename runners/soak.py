@@ -19,9 +19,9 @@ import re
 import secrets
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from inventory.model import SOAK_MIX_COUNTS, SOAK_MIX_DEFAULTS, SOAK_MIX_SECONDS, Node, ScratchPath
 from reports.files import write_atomically
@@ -284,15 +284,23 @@ class SoakRun:
         self.sealed = False  # the run is signed, or another process collects: samples are not kept here
         self._collector: Optional[int] = None  # the flock of collecting(), while this process holds it
         self.states = {name: NodeState(name, offset=self._complete_bytes(name)) for name in plan.nodes}
-        for state in self.states.values():  # re-attached: what raw/ already has
-            state.ended = any(r.get("kind") == "end" for r in records(self.raw_text(state.name)))
+        self.readers = {name: SoakReader().feed(self.raw_lines(name)) for name in plan.nodes}  # re-attached: raw/'s
+        for state in self.states.values():
+            state.ended = self.readers[state.name].ended
 
     def raw_path(self, node: str) -> Path:
         return self.raw / f"{node}.jsonl"
 
-    def raw_text(self, node: str) -> str:
+    def raw_lines(self, node: str) -> Iterator[str]:
+        """The node's collected sample lines, read as they are used (a day's are tens of MB)."""
         path = self.raw_path(node)
-        return path.read_text(errors="replace") if path.exists() else ""
+        if path.exists():
+            with path.open(encoding="utf-8", errors="replace") as lines:
+                yield from lines
+
+    def log(self, node: str) -> "SoakLog":
+        """The node's samples so far, reduced (runners.soak.SoakReader)."""
+        return self.readers[node].log()
 
     def _complete_bytes(self, node: str) -> int:
         """The collected bytes up to the last whole line; a torn tail (the harness died while
@@ -357,7 +365,7 @@ class SoakRun:
             with self.raw_path(state.name).open("a", encoding="utf-8") as out:
                 out.write(whole)
         state.offset += len(whole.encode())
-        state.ended = state.ended or any(r.get("kind") == "end" for r in records(whole))
+        state.ended = self.readers[state.name].feed(whole.splitlines()).ended
         more = len(text.encode()) >= COLLECT_LIMIT
         if state.ended and not more:
             if self._collector is not None:  # else the harness that collects tells it
@@ -477,61 +485,126 @@ class Part:
     error: Optional[str]
 
 
+# The sample fields the judgements read across the whole soak: their peak, and their trend in
+# time buckets (about TREND_BUCKETS over the soak). A node's log is reduced to these while it is
+# read, so a day of samples from eight GPUs (30 MB of lines) holds about a megabyte, not a hundred.
+SAMPLED = ("cpu_temp_c", "gpus.temp_c", "gpus.power_w")  # gpus.*: the highest of the node's GPUs
+TREND_BUCKETS = 240
+
+
 @dataclass
 class SoakLog:
+    """A node's soak as its sample lines tell it, reduced as it is read: the start and end lines,
+    every round, Xid and event, every sample's time (the heartbeat), the last sample whole (the
+    counters against the start's baseline), and of the SAMPLED fields their peak and trend."""
+
     start: Optional[dict]
-    samples: list[dict]
     parts: list[Part]
     xids: list[dict]
     events: list[dict]
     end: Optional[dict]
     torn: int = 0  # lines that were not JSON (a torn last line)
-
-    @property
-    def times(self) -> list[float]:
-        return [float(s["t"]) for s in self.samples if isinstance(s.get("t"), (int, float))]
-
-
-def records(text: str) -> list[dict]:
-    """The JSON objects of a samples file, one a line; lines that are not one are left out."""
-    found = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            found.append(record)
-    return found
+    times: list[float] = field(default_factory=list)
+    last: Optional[dict] = None
+    peaks: dict[str, float] = field(default_factory=dict)
+    slowdowns: dict[str, list[str]] = field(default_factory=dict)  # GPU -> failing slowdown reasons seen
+    series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (epoch s, mean) per bucket
 
 
 def parse_soak(text: str) -> SoakLog:
     """A supervisor's samples.jsonl (or the harness's raw/soak/<node>.jsonl copy of it)."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    found = records(text)
-    if lines and not found:
-        raise ParseError("soak samples: no JSON line of the soak supervisor")
-    if found and not any(r.get("kind") in ("start", "sample", "part", "end") for r in found):
-        raise ParseError("soak samples: JSON lines, but none of kind start, sample, part or end")
-    log = SoakLog(start=None, samples=[], parts=[], xids=[], events=[], end=None, torn=len(lines) - len(found))
-    for record in found:
-        kind = record.get("kind")
-        if kind == "start" and log.start is None:
-            log.start = record
-        elif kind == "sample":
-            log.samples.append(record)
-        elif kind == "part":
-            value = record.get("value")
-            log.parts.append(Part(str(record.get("part")), float(record["t0"]), float(record["t1"]),
-                                  float(value) if isinstance(value, (int, float)) else None,
-                                  str(record.get("unit") or ""), record.get("error")))
-        elif kind == "xid":
-            log.xids.append(record)
-        elif kind == "event":
-            log.events.append(record)
-        elif kind == "end":
-            log.end = record
-    return log
+    return SoakReader().feed(text.splitlines()).log()
+
+
+class SoakReader:
+    """A node's sample lines reduced to its SoakLog as they come: fed what raw/ holds when a
+    harness attaches, then each collected chunk, so judging at the end reads nothing again."""
+
+    def __init__(self) -> None:
+        self._log = SoakLog(start=None, parts=[], xids=[], events=[], end=None)
+        self._buckets: dict[str, dict[int, list[float]]] = {key: {} for key in SAMPLED}
+        self._origin: Optional[float] = None
+        self._width = 60.0
+        self._written = self._objects = self._known = 0
+
+    def feed(self, lines: Iterable[str]) -> "SoakReader":
+        log = self._log
+        for line in lines:
+            if not line.strip():
+                continue
+            self._written += 1
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(record, dict):
+                continue
+            self._objects += 1
+            kind = record.get("kind")
+            self._known += kind in ("start", "sample", "part", "end")
+            if kind == "start" and log.start is None:
+                log.start = record
+                origin, until = _number(record.get("t")), _number(record.get("end"))
+                self._origin = origin if self._origin is None else self._origin
+                if origin is not None and until is not None and until > origin:
+                    self._width = (until - origin) / TREND_BUCKETS
+            elif kind == "sample" and _number(record.get("t")) is not None:
+                moment = float(record["t"])
+                self._origin = moment if self._origin is None else self._origin
+                log.times.append(moment)
+                log.last = record
+                _reduce(log, self._buckets, record, int(max(0.0, moment - self._origin) // self._width))
+            elif kind == "part":
+                value = record.get("value")
+                log.parts.append(Part(str(record.get("part")), float(record["t0"]), float(record["t1"]),
+                                      float(value) if isinstance(value, (int, float)) else None,
+                                      str(record.get("unit") or ""), record.get("error")))
+            elif kind == "xid":
+                log.xids.append(record)
+            elif kind == "event":
+                log.events.append(record)
+            elif kind == "end":
+                log.end = record
+        return self
+
+    @property
+    def ended(self) -> bool:
+        return self._log.end is not None
+
+    def log(self) -> SoakLog:
+        """What the lines so far say; ParseError for lines that are not a soak supervisor's."""
+        if self._written and not self._objects:
+            raise ParseError("soak samples: no JSON line of the soak supervisor")
+        if self._objects and not self._known:
+            raise ParseError("soak samples: JSON lines, but none of kind start, sample, part or end")
+        series = {key: [(t / n, v / n) for _, (t, v, n) in sorted(found.items())]
+                  for key, found in self._buckets.items() if found}
+        return replace(self._log, torn=self._written - self._objects, series=series)
+
+
+def _number(value: object) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _reduce(log: SoakLog, buckets: dict[str, dict[int, list[float]]], sample: dict, bucket: int) -> None:
+    """One sample into the log's peaks, slowdown reasons and trend buckets."""
+    for gpu, mask in _gpu_values(sample, "reasons").items():
+        if isinstance(mask, int) and mask & FAILING_REASONS:
+            seen = set(log.slowdowns.get(str(gpu), [])) | set(decode_reasons(mask & FAILING_REASONS))
+            log.slowdowns[str(gpu)] = sorted(seen)
+    for key in SAMPLED:
+        if key.startswith("gpus."):
+            values = [v for v in map(_number, _gpu_values(sample, key[5:]).values()) if v is not None]
+            value = max(values) if values else None
+        else:
+            value = _number(sample.get(key))
+        if value is None:
+            continue
+        log.peaks[key] = max(value, log.peaks.get(key, value))
+        total = buckets[key].setdefault(bucket, [0.0, 0.0, 0])
+        total[0] += float(sample["t"])
+        total[1] += value
+        total[2] += 1
 
 
 PARSERS = {"soak": parse_soak}
@@ -600,7 +673,7 @@ def gpu_problems(log: SoakLog) -> list[str]:
     that mean cooling or power delivery fails (runners.burn.FAILING_REASONS), per GPU."""
     problems = [f"GPU {x.get('gpu')}: Xid {x.get('xid')} at {clock_utc(float(x['t']))}" for x in log.xids]
     baseline = (log.start or {}).get("baseline") or {}
-    last = log.samples[-1] if log.samples else {}
+    last = log.last or {}
     for key, what in (("ecc_uncorrected", "uncorrected ECC errors"), ("ecc_corrected", "corrected ECC errors")):
         before, after = _gpu_values(baseline, key), _gpu_values(last, key)
         for gpu, count in sorted(after.items()):
@@ -616,19 +689,15 @@ def gpu_problems(log: SoakLog) -> list[str]:
                 problems.append(f"GPU {gpu}: {new} rows remapped during the soak")
             if len(rows) >= 4 and rows[3]:
                 problems.append(f"GPU {gpu}: a row remap failed")
-    seen: dict[int, set[str]] = {}
-    for sample in log.samples:
-        for gpu, mask in _gpu_values(sample, "reasons").items():
-            if isinstance(mask, int) and mask & FAILING_REASONS:
-                seen.setdefault(gpu, set()).update(decode_reasons(mask & FAILING_REASONS))
-    problems += [f"GPU {gpu}: {', '.join(sorted(names))}" for gpu, names in sorted(seen.items())]
+    slowed = sorted(log.slowdowns.items(), key=lambda item: int(item[0]))
+    problems += [f"GPU {gpu}: {', '.join(names)}" for gpu, names in slowed]
     return problems
 
 
 def link_problems(log: SoakLog) -> list[str]:
     """InfiniBand error counters that rose during the soak, per port."""
     before = ((log.start or {}).get("baseline") or {}).get("ib") or {}
-    after = (log.samples[-1] if log.samples else {}).get("ib") or {}
+    after = (log.last or {}).get("ib") or {}
     problems = []
     for port, counters in sorted(after.items()):
         for name, value in sorted(counters.items()):
@@ -639,33 +708,18 @@ def link_problems(log: SoakLog) -> list[str]:
 
 
 def peak(log: SoakLog, key: str) -> Optional[float]:
-    """The highest reading of a sample field (cpu_temp_c) or of any GPU's (gpus.temp_c)."""
-    values: list[float] = []
-    for sample in log.samples:
-        if key.startswith("gpus."):
-            values += [v for v in _gpu_values(sample, key[5:]).values() if isinstance(v, (int, float))]
-        elif isinstance(sample.get(key), (int, float)):
-            values.append(float(sample[key]))
-    values = [v for v in values if math.isfinite(v)]
-    return max(values) if values else None
+    """The highest reading of a SAMPLED field (cpu_temp_c) or of any GPU's (gpus.temp_c)."""
+    return log.peaks.get(key)
 
 
 def trend(log: SoakLog, key: str, started: float, points: int = 120) -> list[tuple[float, float]]:
-    """(minutes into the soak, value) of a sample field, or of a load part ('part:cpu'), or the
-    hottest/most of the GPUs ('gpus.temp_c'), thinned to about `points` by averaging buckets."""
-    raw: list[tuple[float, float]] = []
+    """(minutes into the soak, value) of a SAMPLED field (its time buckets), or of a load part's
+    rounds ('part:cpu'), thinned to about `points` by averaging neighbours."""
     if key.startswith("part:"):
         raw = [((p.t1 - started) / 60, p.value) for p in sorted(log.parts, key=lambda p: p.t1)
                if p.part == key[5:] and p.value is not None]
     else:
-        for sample in log.samples:
-            if key.startswith("gpus."):
-                values = [v for v in _gpu_values(sample, key[5:]).values() if isinstance(v, (int, float))]
-                value: Optional[float] = max(values) if values else None
-            else:
-                value = sample.get(key) if isinstance(sample.get(key), (int, float)) else None
-            if value is not None:
-                raw.append(((float(sample["t"]) - started) / 60, float(value)))
+        raw = [((moment - started) / 60, value) for moment, value in log.series.get(key, [])]
     if len(raw) <= points:
         return raw
     size = math.ceil(len(raw) / points)

@@ -98,7 +98,7 @@ def soak(acceptance, pytestconfig) -> SoakOutcome:
         raise
     finally:
         run.close()
-    logs = {name: soaking.parse_soak(run.raw_text(name)) for name in plan.nodes if name not in plan.refused}
+    logs = {name: run.log(name) for name in plan.nodes if name not in plan.refused}
     return SoakOutcome(plan, logs, run.states, run_dir, far_below(logs, plan, acceptance.cluster.profile))
 
 
@@ -218,7 +218,7 @@ def test_soak_gpu(soak, node, record, metrics: Metrics):
     if not start.get("gpus"):
         pytest.skip(f"no GPU telemetry on {node}: {start.get('nvml') or 'NVML found no GPU'}")
     problems = soaking.gpu_problems(log)
-    record.note(f"{start['gpus']} GPU(s), {len(log.samples)} samples, {len(log.xids)} Xid event(s)")
+    record.note(f"{start['gpus']} GPU(s), {len(log.times)} samples, {len(log.xids)} Xid event(s)")
     if problems:
         raise SanityFailure(f"{node}: " + "; ".join(problems),
                             action="drain the node and replace the GPU it names (RMA)")

@@ -49,7 +49,7 @@ def test_a_real_cpu_soak_parses_into_its_start_samples_rounds_and_end():
     log = soak.parse_soak((DATA / "local_cpu_soak_node1.jsonl").read_text())
     assert log.start is not None and log.start["kind"] == "start" and log.start["gpus"] == 0
     assert log.end is not None and log.end["reason"] == "end time"
-    assert len(log.samples) >= 10 and all("load1" in s for s in log.samples)
+    assert len(log.times) >= 10 and "load1" in log.last
     cpu = soak.drift(log.parts, "cpu")
     net = soak.drift(log.parts, "net")
     assert cpu is not None and cpu.unit == "bogo-ops/s" and cpu.rounds >= 4 and cpu.failed == 0
@@ -77,6 +77,33 @@ def test_gpu_samples_name_new_xids_ecc_remaps_and_slowdowns_and_quiet_ones_pass(
     problems = " | ".join(soak.gpu_problems(failing))
     assert "Xid 79" in problems and "new uncorrected ECC" in problems
     assert "rows remapped" in problems and "HW thermal slowdown" in problems
+
+
+def day_of_eight_gpus(samples: int) -> list[str]:
+    """The derived H200 sample (tests/data/soak/PROVENANCE.md) for eight GPUs, every 5 s, with
+    GPU 3 hotter from the middle on: derived, for the log's size, not a recording."""
+    lines = (DATA / "derived_h200_burn_nvml_as_soak_samples.jsonl").read_text().splitlines()
+    start, sample = json.loads(lines[0]), json.loads(lines[2])
+    start["end"] = start["t"] + 5 * samples
+    out = [json.dumps(start)]
+    for index in range(samples):
+        gpus = [dict(sample["gpus"][0], gpu=g) for g in range(8)]
+        gpus[3]["temp_c"] = 60 + (20 if index >= samples // 2 else 0)
+        out.append(json.dumps(dict(sample, t=start["t"] + 5 * index, gpus=gpus)))
+    return out
+
+
+def test_a_day_of_samples_is_reduced_as_it_is_read_to_its_peaks_and_trend_buckets():
+    """17,280 samples (a day every 5 s) of eight GPUs: every sample's time is kept, the trend in at
+    most TREND_BUCKETS points, whose mean follows GPU 3's step; the peak is the hottest GPU's."""
+    lines = day_of_eight_gpus(17280)
+    log = soak.SoakReader().feed(lines).log()
+    assert len(log.times) == 17280 and log.last["t"] == log.times[-1]
+    series = log.series["gpus.temp_c"]
+    assert len(series) <= soak.TREND_BUCKETS and log.peaks["gpus.temp_c"] == 80
+    assert series[0][1] == 60 and series[-1][1] == 80
+    assert soak.heartbeat_gaps(log.times, soak.gap_allowed(5)) == []
+    assert len(soak.trend(log, "gpus.temp_c", log.start["t"])) <= 120
 
 
 def test_handover_parse_soak_prints_the_samples_as_json():
@@ -342,7 +369,7 @@ def test_a_node_whose_sshd_stopped_has_its_samples_collected_when_it_is_back(soa
     """node2 answered nothing for about 20 s; its supervisor went on and nothing is missing."""
     log = soak.parse_soak((soaked["run_dir"] / "raw" / "soak" / "node2.jsonl").read_text())
     plan = soak.SoakPlan.load(soaked["run_dir"])
-    assert len(log.samples) >= (plan.duration_s / plan.interval_s) * 0.8
+    assert len(log.times) >= (plan.duration_s / plan.interval_s) * 0.8
 
 
 def test_a_node_whose_link_is_cut_is_named_as_dropped_out(soaked):
