@@ -250,6 +250,33 @@ def test_write_junit_declares_utf8_and_keeps_unicode(tmp_path):
     assert failure.get("message") == "[expectation] température ≥ 90 °C"
 
 
+def as_elementtree_writes_it(document: bytes) -> bytes:
+    root = ET.fromstring(document)
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def test_junit_xml_is_byte_for_byte_what_elementtree_writes(tmp_path):
+    """render_junit writes strings, not a tree: read back and written again by ElementTree, the
+    document is unchanged (escapes, indentation, empty elements, properties, outliers)."""
+    nodes = [f"n{i}" for i in range(1, 6)]
+    tricky = 'a "quoted" <tag> & more\twith a tab\nsecond line, température ≥ 90 °C'
+    stress = [check(node, "stress_ng", metrics=[{"name": "stress_cpu", "value": value, "unit": "bogo-ops/s",
+                                                 "reference": None, "criterion": None, "margin": None, "ok": None}])
+              for node, value in zip(nodes, [100.0, 101.0, 99.0, 100.0, 40.0], strict=True)]
+    entries = stress + [
+        {**check("n1", "reachable", "failed", kind="expectation", message=tricky, log=tricky), "action": tricky},
+        {**check("n2", "reachable", "failed", kind="expectation", message=tricky),
+         "waived": {"owner": "ops@example.com", "reason": tricky}},
+        check("n3", "reachable", "error", message=tricky),
+        check("n4", "reachable", "skipped", message=tricky),
+        *clean("n5")]
+    results = results_of(write_run(tmp_path, entries, (*nodes, "n6")))
+    assert results["outliers"] and any(entry.get("waived") for entry in results["checks"])
+    document = render_junit(results)
+    assert document == as_elementtree_writes_it(document)
+
+
 # results.json
 
 
