@@ -271,7 +271,7 @@ def _entries_at_once(lines: list[bytes]) -> Optional[list[dict]]:
 
 def _entries_line_by_line(path: Path, data: bytes, lines: list[bytes]) -> tuple[list[dict], Optional[TornLine]]:
     """The entries of a ledger with a line that is not a JSON object: an error unless it is the last."""
-    entries = []
+    entries: list[dict] = []
     offset = 0
     for number, line in enumerate(lines, 1):
         last = number == len(lines)
