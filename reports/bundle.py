@@ -23,13 +23,13 @@ import stat
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Optional, Sequence
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from reports import signing
 from reports.files import WriteError, write_atomically
+
+if TYPE_CHECKING:  # imported by `handover verify`, which reads the manifest, not by every rendering
+    from jsonschema import Draft202012Validator
 
 MANIFEST_SCHEMA = "handover.manifest/1"
 MANIFEST_FILE = "manifest.json"
@@ -172,6 +172,8 @@ def read_manifest(path: Path) -> tuple[Optional[dict], str]:
         return None, f"not JSON: {error}"
     errors = list(_validator().iter_errors(document))
     if errors:
+        from jsonschema.exceptions import best_match
+
         worst = best_match(errors)
         where = "/".join(str(part) for part in worst.absolute_path) or "the document"
         message = worst.message if len(worst.message) <= _MESSAGE_WIDTH else worst.message[:_MESSAGE_WIDTH] + "..."
@@ -311,4 +313,6 @@ def _is_text(name: str) -> bool:
 
 @cache
 def _validator() -> Draft202012Validator:
+    from jsonschema import Draft202012Validator
+
     return Draft202012Validator(json.loads(SCHEMA_PATH.read_text(encoding="utf-8")))

@@ -15,11 +15,13 @@ import reprlib
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import jsonschema_rs
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
+
+if TYPE_CHECKING:  # imported when a document is rejected: a tenth of the `handover report` start
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 RESULTS_SCHEMA_FILE = "results.schema.json"
@@ -56,12 +58,16 @@ def _fast_validator(name: str) -> jsonschema_rs.Draft202012Validator:
 
 @cache
 def _validator(name: str) -> Draft202012Validator:
+    from jsonschema import Draft202012Validator
+
     return Draft202012Validator(_schema(name))
 
 
 def _validate(name: str, document: object, source: str) -> None:
     if _fast_validator(name).is_valid(document):
         return
+    from jsonschema.exceptions import best_match
+
     errors = list(_validator(name).iter_errors(document))
     if errors:
         error = best_match(_discriminated(errors) or errors)
