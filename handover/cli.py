@@ -91,6 +91,7 @@ def _report(args) -> int:
     from reports.files import WriteError
     from reports.ledger import LedgerError, read_ledger, torn_warning
     from reports.render import render_run
+    from reports.verdict import terminal_summary
 
     try:
         record = read_ledger(args.run_dir)  # not a run directory: say so before a key is created
@@ -103,10 +104,8 @@ def _report(args) -> int:
     except (LedgerError, signing.SigningError, WriteError) as error:
         return fail(str(error))
     print(f"verdict: {rendered.verdict.headline}")
-    for reason in rendered.verdict.reasons:
-        print(f"  - {reason}")
-    for warning in rendered.verdict.warnings:
-        print(f"  - warning, an outlier: {warning}")
+    for line in terminal_summary(rendered.verdict):
+        print(line)
     print(f"report: {rendered.report}")
     print(f"signed by {key.fingerprint}")
     return 0

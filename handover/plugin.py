@@ -23,12 +23,12 @@ from handover.recorder import SUITES_DIR, Recorder, test_id
 from handover.session import BUSY_NODES, AcceptanceSession, SessionError
 from inventory.loader import InventoryError, load_inventory
 from reports.ledger import LedgerError, read_ledger
+from reports.verdict import terminal_summary
 from runners import soak
 from runners.fanout import Progress
 from runners.soak import SOAK_FILE
 
 PROGRESS_EVERY_S = 15  # without a terminal (CI logs), one progress line this often
-REASONS_SHOWN = 20
 STOPPED = "handover: the run stopped: a run file could not be written (see above)"
 
 MARKERS = {
@@ -315,13 +315,8 @@ class SessionHooks:
             verdict.status, {"yellow": True})
         terminalreporter.section("handover", sep="=", bold=True)
         terminalreporter.write_line(f"verdict: {verdict.headline}", bold=True, **colour)
-        for reason in verdict.reasons[:REASONS_SHOWN]:
-            terminalreporter.write_line(f"  - {reason}")
-        if len(verdict.reasons) > REASONS_SHOWN:
-            terminalreporter.write_line(
-                f"  ... and {len(verdict.reasons) - REASONS_SHOWN} more (see the report)")
-        for warning in verdict.warnings[:REASONS_SHOWN]:
-            terminalreporter.write_line(f"  - warning, an outlier: {warning}")
+        for line in terminal_summary(verdict):
+            terminalreporter.write_line(line)
         terminalreporter.write_line(f"report: {rendered.report}")
         terminalreporter.write_line(f"signed by {self.session.key.fingerprint}; check with: "
                                     f"handover verify {self.session.run_dir}")

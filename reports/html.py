@@ -62,7 +62,7 @@ FLEET_WORST = 10  # a fleet's metric table: the failures and outliers, and this 
 BANNER_REASONS = 8
 BANNER_WARNINGS = 5
 NODE_REASONS = 8  # a node's reasons in the attention table (an unreachable node has one per check)
-BANNER_CHARS = 240  # a reason naming forty checks is cut in the banner, whole in the list below
+BANNER_CHARS = 240  # a long reason is cut in the banner, whole in the list below
 SIGNATURE_NAMESPACE = "handover"
 
 _SHELL_SAFE = re.compile(r"[A-Za-z0-9@._+/=:-]+")

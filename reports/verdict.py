@@ -19,6 +19,8 @@ NOT_CERTIFIED = "NOT CERTIFIED"
 INCOMPLETE = "INCOMPLETE"
 
 FAILED_OUTCOMES = ("failed", "error")
+CHECKS_NAMED = 5  # a reason for checks that failed alike names this many, then counts the rest
+REASONS_SHOWN = 20  # reasons (and as many warnings) a terminal shows below the headline; the report has all
 
 
 @dataclass
@@ -82,7 +84,7 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
                 if entry.get("node"):
                     per_node[entry["node"]]["failed"].append(miss)
 
-    failures[:0] = [f"{where}: {', '.join(names)} failed ({kind}): {message}"
+    failures[:0] = [f"{where}: {_named(names)} failed ({kind}): {message}"
                     for (where, kind, message), names in failed_alike.items()]
     warnings = []
     for outlier in outliers:
@@ -158,6 +160,28 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
                + (f", {waived_count} failure(s) waived" if waived_count else ""))
     return Verdict(CERTIFIED, [summary, *waived_reasons], node_rows, untested, cluster_checks, waived_count,
                    warnings)
+
+
+def terminal_summary(verdict: Verdict, shown: int = REASONS_SHOWN) -> list[str]:
+    """The lines below the headline in a terminal (pytest's summary, `handover report`): the
+    first `shown` reasons and warnings, each then counting the ones left to the report."""
+    lines = [f"  - {reason}" for reason in verdict.reasons[:shown]]
+    if len(verdict.reasons) > shown:
+        lines.append(f"  ... and {len(verdict.reasons) - shown} more (see the report)")
+    lines += [f"  - warning, an outlier: {warning}" for warning in verdict.warnings[:shown]]
+    if len(verdict.warnings) > shown:
+        lines.append(f"  ... and {len(verdict.warnings) - shown} more warnings (see the report)")
+    return lines
+
+
+def _named(checks: list[str]) -> str:
+    """The checks as a reason names them: all up to CHECKS_NAMED, then the first few and a count
+    ("a, b, c, d, e and 39 more checks"): an unreachable node fails every check, and a line
+    naming them all buries the reasons after it. The node's own reasons keep each check."""
+    if len(checks) <= CHECKS_NAMED:
+        return ", ".join(checks)
+    more = len(checks) - CHECKS_NAMED
+    return f"{', '.join(checks[:CHECKS_NAMED])} and {more} more check{'s' if more != 1 else ''}"
 
 
 def outlier_line(outlier: dict) -> str:

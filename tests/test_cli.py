@@ -6,7 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_verdict import check, header, node_checks, write_run
+
 from reports.ledger import LEDGER_FILE, LEDGER_SCHEMA
+from reports.verdict import REASONS_SHOWN
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,6 +74,28 @@ def test_report_of_a_ledger_torn_in_the_middle_is_one_line_naming_file_and_line(
     report = handover("report", run_dir)
     assert report.returncode == 2
     assert report.stderr.splitlines() == [f"handover: {run_dir / LEDGER_FILE}:2: not a JSON object"]
+
+
+def test_report_prints_the_verdict_as_pytest_does_the_first_reasons_then_a_count(tmp_path, sign_key):
+    """22 unreachable nodes, each one reason naming five of its seven checks: the terminal shows
+    the first REASONS_SHOWN reasons and counts the rest, which results.json has in full."""
+    nodes = [f"n{number:02d}" for number in range(1, 24)]
+    names = ["reachable", "memory", "cpu", "os", "kernel", "disk", "gpu"]
+    entries = [check(node, name, "failed", kind="unreachable", message=f"{node} unreachable: no answer")
+               for node in nodes[1:] for name in names]
+    run_dir = write_run(tmp_path, [*node_checks(nodes[0]), *entries, check(None, "uniformity")],
+                        head=header(nodes))
+    done = handover("report", run_dir, "--sign-key", sign_key)
+    assert done.returncode == 0, done.stderr
+    reasons = json.loads((run_dir / "results.json").read_text())["verdict"]["reasons"]
+    assert len(reasons) == 22
+    assert reasons[0] == "n02: reachable, memory, cpu, os, kernel and 2 more checks failed (unreachable): " \
+                         "n02 unreachable: no answer"
+    lines = done.stdout.splitlines()
+    assert lines[0] == "verdict: NOT CERTIFIED"
+    assert lines[1:REASONS_SHOWN + 2] == [f"  - {reason}" for reason in reasons[:REASONS_SHOWN]] + [
+        f"  ... and {22 - REASONS_SHOWN} more (see the report)"]
+    assert lines[REASONS_SHOWN + 2] == f"report: {run_dir / 'report.html'}"
 
 
 def test_usage_errors_exit_2():

@@ -15,7 +15,7 @@ from handover.session import run_header
 from inventory.loader import load_inventory
 from reports.ledger import Ledger, now_iso, read_ledger
 from reports.results import build_results
-from reports.verdict import CERTIFIED, INCOMPLETE, NOT_CERTIFIED, Verdict, judge
+from reports.verdict import CERTIFIED, INCOMPLETE, NOT_CERTIFIED, REASONS_SHOWN, Verdict, judge, terminal_summary
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = "suites/test_system.py"
@@ -174,6 +174,33 @@ def test_checks_that_failed_alike_on_a_node_are_one_reason(tmp_path):
     verdict = verdict_of(write_run(tmp_path, entries))
     assert verdict.reasons == [f"n2: reachable, memory, cpu failed (unreachable): {down}"]
     assert len(node_row(verdict, "n2")["reasons"]) == 3  # the node table keeps each check
+
+
+@pytest.mark.parametrize("count, named", [
+    (5, "reachable, memory, cpu, os, kernel"),
+    (6, "reachable, memory, cpu, os, kernel and 1 more check"),
+    (8, "reachable, memory, cpu, os, kernel and 3 more checks")])
+def test_a_reason_for_many_checks_that_failed_alike_names_the_first_few_and_counts_the_rest(
+        tmp_path, count, named):
+    down = "n2 unreachable: no answer within the connect timeout (10 s)"
+    names = ["reachable", "memory", "cpu", "os", "kernel", "disk", "gpu", "fabric"][:count]
+    entries = [*node_checks("n1"), *(check("n2", name, "failed", kind="unreachable", message=down) for name in names),
+               check(None, "uniformity")]
+    verdict = verdict_of(write_run(tmp_path, entries))
+    assert verdict.reasons == [f"n2: {named} failed (unreachable): {down}"]
+    assert len(node_row(verdict, "n2")["reasons"]) == count  # the node table keeps each check
+
+
+def test_the_terminal_summary_shows_the_first_reasons_and_warnings_and_counts_the_rest():
+    reasons = [f"n{i}: memory failed (performance): slow" for i in range(1, 26)]
+    warnings = [f"n{i}: stress_ng stress_cpu = 40 bogo-ops/s, 60% below the median" for i in range(1, 24)]
+    lines = terminal_summary(Verdict(NOT_CERTIFIED, reasons, nodes=[], warnings=warnings))
+    assert lines == ([f"  - {reason}" for reason in reasons[:REASONS_SHOWN]]
+                     + [f"  ... and {25 - REASONS_SHOWN} more (see the report)"]
+                     + [f"  - warning, an outlier: {warning}" for warning in warnings[:REASONS_SHOWN]]
+                     + [f"  ... and {23 - REASONS_SHOWN} more warnings (see the report)"])
+    assert terminal_summary(Verdict(CERTIFIED, ["all 3 checks passed on 1 node(s)"], nodes=[])) == [
+        "  - all 3 checks passed on 1 node(s)"]
 
 
 def test_a_failure_without_a_kind_is_called_an_error(tmp_path):
