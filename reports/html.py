@@ -36,6 +36,7 @@ from reports.files import write_atomically
 from reports.results import RESULTS_FILE
 from reports.retest import addendum_view
 from reports.soak_view import SoakTable, soak_table
+from reports.verdict import FLEET_NODES
 
 REPORT_FILE = "report.html"
 SIGNED_FILES = (RESULTS_FILE, REPORT_FILE)  # signed as they are rendered
@@ -54,9 +55,8 @@ VERDICT_CLASSES = {"CERTIFIED": "certified", "NOT CERTIFIED": "not-certified",
                    "INCOMPLETE": "incomplete"}
 CLUSTER_ROW = "cluster"
 TOOLTIP_CHARS = 400
-# Above this many nodes the report summarises: alike nodes share a matrix row, metrics are
-# histograms with their worst nodes listed; every node's detail is still a search away.
-FLEET_NODES = 64
+# Above FLEET_NODES nodes (reports.verdict) the report summarises: alike nodes share a matrix
+# row, metrics are histograms with their worst nodes listed; every node's detail is a search away.
 OUTLIERS_NAMED = 6  # a metric's outliers named above its chart; the rest are in the outliers table
 FLEET_WORST = 10  # a fleet's metric table: the failures and outliers, and this many worst margins
 BANNER_REASONS = 8

@@ -20,6 +20,9 @@ INCOMPLETE = "INCOMPLETE"
 
 FAILED_OUTCOMES = ("failed", "error")
 CHECKS_NAMED = 5  # a reason for checks that failed alike names this many, then counts the rest
+# Beyond this many nodes a run is a fleet: the report summarises (reports.html), and nodes whose
+# reasons say the same but for their name share one reason, naming them by hostlist.
+FLEET_NODES = 64
 REASONS_SHOWN = 20  # reasons (and as many warnings) a terminal shows below the headline; the report has all
 
 
@@ -84,8 +87,8 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
                 if entry.get("node"):
                     per_node[entry["node"]]["failed"].append(miss)
 
-    failures[:0] = [f"{where}: {_named(names)} failed ({kind}): {message}"
-                    for (where, kind, message), names in failed_alike.items()]
+    failures[:0] = _alike([(where, f"{_named(names)} failed ({kind}): {message}")
+                           for (where, kind, message), names in failed_alike.items()], fleet=len(nodes) > FLEET_NODES)
     warnings = []
     for outlier in outliers:
         line = outlier_line(outlier)
@@ -109,12 +112,14 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
         by_node: dict[str, list[dict]] = {}
         for entry in entries:
             by_node.setdefault(entry.get("node"), []).append(entry)
+        not_done = []
         for node in nodes:
             reasons = [_not_done(e) for e in by_node.get(node, [])] or \
                 [f"mandatory check {check!r} has no result"]
             for reason in filter(None, reasons):
                 per_node[node]["incomplete"].append(reason)
-                incomplete.append(f"{node}: {reason}")
+                not_done.append((node, reason))
+        incomplete += _alike(not_done, fleet=len(nodes) > FLEET_NODES)
 
     done_ids = {entry["test_id"] for entry in checks}
     missing = [test_id for test_id in planned if test_id not in done_ids]
@@ -171,6 +176,23 @@ def terminal_summary(verdict: Verdict, shown: int = REASONS_SHOWN) -> list[str]:
     lines += [f"  - warning, an outlier: {warning}" for warning in verdict.warnings[:shown]]
     if len(verdict.warnings) > shown:
         lines.append(f"  ... and {len(verdict.warnings) - shown} more warnings (see the report)")
+    return lines
+
+
+def _alike(reasons: list[tuple[str, str]], fleet: bool) -> list[str]:
+    """'node: reason' for each (node, reason); in a fleet, the nodes whose reasons are the same
+    but for their own name share one, in first-seen order: 'gpu[0034,0134] (2 nodes): peermem
+    failed (expectation): gpu0034: ...', the first node's words standing for all."""
+    if not fleet:
+        return [f"{where}: {reason}" for where, reason in reasons]
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for where, reason in reasons:
+        groups.setdefault(reason.replace(where, "\0"), []).append((where, reason))
+    lines = []
+    for members in groups.values():
+        names = [where for where, _ in members]
+        who = _compress(names) + (f" ({len(names)} nodes)" if len(names) > 1 else "")
+        lines.append(f"{who}: {members[0][1]}")
     return lines
 
 

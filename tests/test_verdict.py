@@ -191,6 +191,37 @@ def test_a_reason_for_many_checks_that_failed_alike_names_the_first_few_and_coun
     assert len(node_row(verdict, "n2")["reasons"]) == count  # the node table keeps each check
 
 
+def test_in_a_fleet_nodes_that_failed_alike_share_one_reason_named_by_their_hostlist(tmp_path):
+    """70 nodes (a fleet: more than FLEET_NODES): three failed memory the same way but for their
+    own name, two are unreachable, one failed otherwise, and memory never ran on two others; each
+    node's own reasons are kept whole."""
+    nodes = [f"gpu{i:04d}" for i in range(1, 71)]
+    slow = {"gpu0003", "gpu0013", "gpu0023"}
+    down = {"gpu0040", "gpu0041"}
+    entries = []
+    for node in nodes:
+        if node in slow:
+            entries += [check(node, "reachable"), check(node, "cpu", metrics=[metric("cpu_cores", 16, "cores")]),
+                        check(node, "memory", "failed", kind="expectation", message=f"{node}: 8 DIMMs, not 16")]
+        elif node in down:
+            entries += [check(node, name, "failed", kind="unreachable", message=f"{node} unreachable: refused")
+                        for name in ("reachable", "memory", "cpu")]
+        elif node == "gpu0050":
+            entries += [*node_checks(node)[:2], check(node, "cpu", "failed", kind="sanity", message="lscpu failed")]
+        elif node in ("gpu0060", "gpu0061"):
+            entries += [node_checks(node)[0], node_checks(node)[2]]
+        else:
+            entries += node_checks(node)
+    entries.append(check(None, "uniformity"))
+    verdict = verdict_of(write_run(tmp_path, entries, head=header(nodes)))
+    assert verdict.reasons[:4] == [
+        "gpu[0003,0013,0023] (3 nodes): memory failed (expectation): gpu0003: 8 DIMMs, not 16",
+        "gpu[0040-0041] (2 nodes): reachable, memory, cpu failed (unreachable): gpu0040 unreachable: refused",
+        "gpu0050: cpu failed (sanity): lscpu failed",
+        "gpu[0060-0061] (2 nodes): mandatory check 'memory' has no result"]
+    assert node_row(verdict, "gpu0013")["reasons"] == ["gpu0013: memory failed (expectation): gpu0013: 8 DIMMs, not 16"]
+
+
 def test_the_terminal_summary_shows_the_first_reasons_and_warnings_and_counts_the_rest():
     reasons = [f"n{i}: memory failed (performance): slow" for i in range(1, 26)]
     warnings = [f"n{i}: stress_ng stress_cpu = 40 bogo-ops/s, 60% below the median" for i in range(1, 24)]
