@@ -98,12 +98,15 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
         else:
             warnings.append(line)
 
+    selected = {check_of(test_id) for test_id in planned}
     for check in mandatory:
         entries = by_check.get(check, [])
         if not entries:
-            incomplete.append(f"mandatory check {check!r} has no result")
+            why = (f"mandatory check {check!r} has no result" if check in selected or not planned else
+                   f"mandatory check {check!r} has no result: -m/-k did not select it (a delivery's run needs it)")
+            incomplete.append(why)
             for node in nodes:
-                per_node[node]["incomplete"].append(f"mandatory check {check!r} has no result")
+                per_node[node]["incomplete"].append(why)
             continue
         cluster_wide = [e for e in entries if e.get("node") is None]
         if cluster_wide:
@@ -194,6 +197,12 @@ def _alike(reasons: list[tuple[str, str]], fleet: bool) -> list[str]:
         who = _compress(names) + (f" ({len(names)} nodes)" if len(names) > 1 else "")
         lines.append(f"{who}: {members[0][1]}")
     return lines
+
+
+def check_of(test_id: str) -> str:
+    """The check a pytest id runs: its test function's name without 'test_' (memory for
+    suites/test_system.py::test_memory[gpu017])."""
+    return test_id.rpartition("::")[2].partition("[")[0].removeprefix("test_")
 
 
 def _named(checks: list[str]) -> str:

@@ -290,11 +290,20 @@ def test_a_skipped_check_that_is_not_mandatory_does_not_block(tmp_path):
 
 def test_a_mandatory_check_without_any_result_is_incomplete(tmp_path):
     entries = [e for e in clean_run() if e["check"] != "memory"]
-    verdict = verdict_of(write_run(tmp_path, entries))
+    verdict = verdict_of(write_run(tmp_path, entries, planned=clean_run(), end=None))
     assert verdict.status == INCOMPLETE
-    assert verdict.reasons == ["mandatory check 'memory' has no result"]
+    assert "mandatory check 'memory' has no result" in verdict.reasons
     assert verdict.gate_failed is False
     assert [node_row(verdict, n)["status"] for n in NODES] == ["incomplete", "incomplete"]
+
+
+def test_a_mandatory_check_the_selection_left_out_says_so(tmp_path):
+    """-m soak alone, say: the run is incomplete for a delivery, and the reason says why."""
+    entries = [e for e in clean_run() if e["check"] != "memory"]
+    verdict = verdict_of(write_run(tmp_path, entries))
+    assert verdict.status == INCOMPLETE
+    assert verdict.reasons == ["mandatory check 'memory' has no result: -m/-k did not select it "
+                               "(a delivery's run needs it)"]
 
 
 def test_a_mandatory_check_missing_on_one_node_names_that_node(tmp_path):
@@ -451,7 +460,8 @@ def test_interrupted_untested_and_unplanned_reasons_together(tmp_path):
                                    "1 node(s) without any result: n2"]
     assert "3 planned check(s) have no result, e.g. " \
            f"{MODULE}::test_reachable[n2]" in verdict.reasons
-    assert "mandatory check 'uniformity' has no result" in verdict.reasons
+    assert ("mandatory check 'uniformity' has no result: -m/-k did not select it (a delivery's run needs it)"
+            in verdict.reasons)
 
 
 # Re-runs
