@@ -203,9 +203,8 @@ class Supervisor:
 
     @staticmethod
     def iperf3_figure(code, stdout, stderr):
-        try:
-            document = json.loads(stdout[stdout.find("{"):])
-        except ValueError:
+        document = json_document(stdout)
+        if document is None:
             return None, "Gbit/s", last_line(stderr or stdout) or "iperf3 exited %s" % code
         if document.get("error"):
             return None, "Gbit/s", str(document["error"])
@@ -246,9 +245,8 @@ class Supervisor:
     @staticmethod
     def io_figure(code, stdout, stderr):
         """Read plus write bytes per second of the round, in MB/s."""
-        try:
-            document = json.loads(stdout[stdout.find("{"):])
-        except ValueError:
+        document = json_document(stdout)
+        if document is None:
             return None, "MB/s", last_line(stderr or stdout) or "fio exited %s" % code
         jobs = [job for job in document.get("jobs") or [] if isinstance(job, dict)]
         failed = [job for job in jobs if job.get("error")]
@@ -332,9 +330,8 @@ class Supervisor:
 
     @staticmethod
     def gpu_figure(code, stdout, stderr):
-        try:
-            document = json.loads(stdout[stdout.find("{"):])
-        except ValueError:
+        document = json_document(stdout)
+        if document is None:
             return None, "TFLOP/s", last_line(stderr or stdout) or "gpu burn exited %s" % code
         if document.get("available") is False:
             return None, "TFLOP/s", document.get("reason") or "no GPU"
@@ -495,6 +492,15 @@ class Supervisor:
         self.out.close()
         self.remove_io()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def json_document(text):
+    """The JSON object a tool printed (after any log lines before it); None for none."""
+    try:
+        document = json.loads(text[text.find("{"):])
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
 
 
 def last_line(text):
