@@ -474,7 +474,8 @@ def test_a_soaks_load_holds_its_node_and_an_uncollected_soak_removes_itself_at_i
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     node = ns_inventory(cluster, tmp_path / "cluster.yaml").nodes[0]
-    plan = soak.new_plan([node], [ScratchPath(str(scratch))], 6, soak.parse_mix("cpu=0,gpu=0,interval_s=1"))
+    # 20 s of load: the supervisor's start and two lock tries must fit before its end on a busy machine
+    plan = soak.new_plan([node], [ScratchPath(str(scratch))], 20, soak.parse_mix("cpu=0,gpu=0,interval_s=1"))
     transport = make_transport(node)
     try:
         assert soak.start(transport, plan, tmp_path, linger_s=4).ok
