@@ -88,10 +88,13 @@ def soak_table(results: dict, shown: Optional[int] = None) -> Optional[SoakTable
         return None
     def cell(value, unit: str) -> str:
         return "" if not isinstance(value, (int, float)) else f"{value:g}{' ' + unit if unit else ''}"
+    nodes = [row for row in section.get("nodes") or [] if isinstance(row, dict)]
+    # A figure no node has (no GPU, no InfiniBand, no shared scratch) is no column.
+    columns = [column for column in COLUMNS if any(isinstance(row.get(column[0]), (int, float)) for row in nodes)]
     rows = [SoakRow(node=str(row.get("node")), status=str(row.get("status")), failed=", ".join(row.get("failed") or []),
                     reasons=[str(reason) for reason in row.get("reasons") or []],
-                    figures=[cell(row.get(key), unit) for key, _, unit in COLUMNS])
-            for row in section.get("nodes") or [] if isinstance(row, dict)]
+                    figures=[cell(row.get(key), unit) for key, _, unit in columns])
+            for row in nodes]
     kept = len(rows) if shown is None else sum(row.status == "failed" for row in rows) + shown
-    return SoakTable([label for _, label, _ in COLUMNS], rows[:kept], [str(t) for t in section.get("trends") or []],
+    return SoakTable([label for _, label, _ in columns], rows[:kept], [str(t) for t in section.get("trends") or []],
                      left_out=max(0, len(rows) - kept))

@@ -406,6 +406,10 @@ def test_a_fleets_soak_table_lists_the_failed_nodes_then_a_few_more():
                                                 "gpu0005", "gpu0006"]
     assert table.left_out == 93
     assert len(soak_table(section).rows) == 100 and soak_table(section).left_out == 0
+    assert table.columns == []  # no node has a figure: no GPU, rail or shared scratch column either
+    passed[0].update(cpu_retained_pct=97.5, samples=10)
+    assert soak_table(section).columns == ["CPU kept", "samples"]
+    assert soak_table(section).rows[2].figures == ["97.5 %", "10"]
 
 
 def test_a_second_soak_is_refused_where_one_runs_and_stopping_it_mid_run_is_judged_as_far_as_it_got(soaked):
