@@ -25,7 +25,7 @@ KIT = Path(__file__).resolve().parent
 CLUSTER = "device-proof"
 PROFILE = "h200-sxm-8gpu"
 DEPTHS = {"quick": "quick", "full": "full", "all": None}  # the -m marker of each depth; all: none
-SOAK_CHECKS = ("soak_heartbeat", "soak_load", "soak_gpu", "soak_links")
+SOAK_CHECKS = ("soak_heartbeat", "soak_load", "soak_ib", "soak_io", "soak_gpu", "soak_links")
 
 # What one H200 on its own cannot be, against the eight-GPU HGX profile: (fact, value, reason).
 ONE_GPU = (

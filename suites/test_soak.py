@@ -33,6 +33,8 @@ PARTS = {"cpu": ("stress-ng CPU", "bogo-ops/s", "soak_cpu_rate"),
          "ib": ("ib_write_bw to its peer (slowest rail)", "Gbit/s", "soak_ib_gbps"),
          "io": ("fio on the shared scratch", "MB/s", "soak_io_mbps"),
          "gpu": ("GPU burn (slowest GPU)", "TFLOP/s", "soak_gpu_tflops")}
+LOAD_PARTS = ("cpu", "net", "gpu")  # soak_load's; ib and io run only where there are rails and a shared scratch
+PART_TOOLS = {"cpu": "stress-ng", "net": "iperf3", "ib": "ib_write_bw", "io": "fio"}  # the GPU burn is torch's
 PEER_PARTS = ("net", "ib")  # rounds to the ring peer: not held against a node after the peer dropped out
 TREND_NODES = 8  # up to this many nodes, a line each; above, the worst of them and the median of all
 WORST_SHOWN = 5
@@ -52,7 +54,7 @@ class SoakOutcome:
     logs: dict[str, soaking.SoakLog]
     states: dict[str, soaking.NodeState]
     run_dir: Path
-    far_below: dict[str, list[str]]  # node -> its figures the outlier rule names
+    far_below: dict[str, list[tuple[str, str]]]  # node -> (part, why) of its figures the outlier rule names
 
     def dropped(self, node: str) -> Optional[str]:
         """Why a node's samples end before the soak does: the harness's and the samples' view."""
@@ -102,7 +104,7 @@ def soak(acceptance, pytestconfig) -> SoakOutcome:
     return SoakOutcome(plan, logs, run.states, run_dir, far_below(logs, plan, acceptance.cluster.profile))
 
 
-def far_below(logs: dict[str, soaking.SoakLog], plan: soaking.SoakPlan, profile) -> dict[str, list[str]]:
+def far_below(logs: dict[str, soaking.SoakLog], plan: soaking.SoakPlan, profile) -> dict[str, list[tuple[str, str]]]:
     """Each node's load figures (median of its rounds) that sit far below its peers', by the
     results' outlier rule (reports.results.outliers) and the profile's outliers: settings."""
     entries = []
@@ -114,11 +116,12 @@ def far_below(logs: dict[str, soaking.SoakLog], plan: soaking.SoakPlan, profile)
             if figure is not None:
                 rows.append({"name": metric, "value": figure.median, "unit": unit})
         entries.append({"check": "soak_load", "node": name, "metrics": rows})
-    found: dict[str, list[str]] = {}
+    part_of = {metric: part for part, (_, _, metric) in PARTS.items()}
+    found: dict[str, list[tuple[str, str]]] = {}
     for outlier in outliers(entries, profile.outliers):
-        found.setdefault(outlier["node"], []).append(
+        found.setdefault(outlier["node"], []).append((part_of[outlier["metric"]], (
             f"{outlier['metric']} {outlier['value']:.3g} {outlier['unit']} is {-outlier['deviation']:.0%} below "
-            f"its peers' median {outlier['median']:.3g} ({outlier['rule']})")
+            f"its peers' median {outlier['median']:.3g} ({outlier['rule']})")))
     return found
 
 
@@ -165,13 +168,55 @@ def test_soak_heartbeat(soak, node, record, metrics: Metrics):
 
 
 @pytest.mark.hardware
-def test_soak_load(soak, node, record, metrics: Metrics):
-    """The node's load held: rounds that ran, first against last quarter, against its peers."""
+def test_soak_load(soak, node, record, metrics: Metrics, acceptance):
+    """The node's load held: stress-ng, iperf3 to its peer and the GPU burn, each round that ran,
+    first against last quarter, against its peers."""
+    log = log_of(soak, node)
+    versions = (log.start or {}).get("tools") or {}
+    for part in dict.fromkeys(p.part for p in log.parts):
+        if PART_TOOLS.get(part) in versions:
+            acceptance.record_tool(node, PART_TOOLS[part], versions[PART_TOOLS[part]])
+    temperature = soaking.peak(log, "cpu_temp_c")
+    events = [f"{len(log.events)} supervisor event(s), the last: {log.events[-1].get('event')}"] if log.events else []
+    judge_parts(soak, node, LOAD_PARTS, record, metrics, notes_after=events,  # the supervisor's own troubles
+                extra={"soak_cpu_temp_max": (temperature, "°C")} if temperature is not None else {})
+
+
+@pytest.mark.network
+def test_soak_ib(soak, node, record, metrics: Metrics):
+    """ib_write_bw on every rail to the same rail of its peer held (the slowest rail each round)."""
+    log = log_of(soak, node)
+    if not soak.plan.mix.get("ib", 1):
+        pytest.skip("the soak's mix leaves ib_write_bw out (ib=0)")
+    if log.start is not None and not log.start.get("rails"):
+        pytest.skip(f"no active InfiniBand port on {node}")
+    if soak.plan.nodes[node].peer is None:
+        pytest.skip("a soak of one node: no peer to send to")
+    judge_parts(soak, node, ("ib",), record, metrics)
+
+
+@pytest.mark.storage
+def test_soak_io(soak, node, record, metrics: Metrics):
+    """fio on the node's folder of the shared scratch path held, first against last quarter."""
+    log_of(soak, node)  # a node without a soak fails here, with why
+    if not soak.plan.mix.get("io", 1):
+        pytest.skip("the soak's mix leaves fio out (io=0)")
+    if soak.plan.nodes[node].io_dir is None:
+        pytest.skip("no shared scratch path declared: the soak's storage load runs only there")
+    judge_parts(soak, node, ("io",), record, metrics)
+
+
+def judge_parts(soak: SoakOutcome, node: str, parts: tuple[str, ...], record, metrics: Metrics,
+                extra: Optional[dict] = None, notes_after: Optional[list[str]] = None) -> None:
+    """These load parts' rounds on the node: rounds that failed, first against last quarter,
+    against its peers (the outlier rule), against the profile's soak_* bands. extra: more figures
+    to judge with them; notes_after: more words for the note."""
     log = log_of(soak, node)
     lost_peer = peer_lost_at(node, soak.logs, soak.plan)
     figures: dict[str, tuple[Optional[float], str]] = {}
     failed, notes = [], []
-    for part, (what, unit, metric) in PARTS.items():
+    for part in parts:
+        what, unit, metric = PARTS[part]
         until = lost_peer if part in PEER_PARTS else None
         figure = soaking.drift(log.parts, part, until=until)
         errors = [p for p in log.parts if p.part == part and p.value is None and (until is None or p.t1 <= until)]
@@ -182,18 +227,15 @@ def test_soak_load(soak, node, record, metrics: Metrics):
         figures[metric] = (round(figure.median, 3), unit)
         figures[metric.rsplit("_", 1)[0] + "_retained"] = (round(figure.retained_pct, 1), "%")
         notes.append(f"{what} {figure.first:.3g} -> {figure.last:.3g} {unit} over {figure.rounds} rounds")
+    peered = " and ".join(PART_TOOLS[part] for part in parts if part in PEER_PARTS)
     peer = soak.plan.nodes[node].peer
-    if peer in soak.plan.refused:
-        notes.append(f"iperf3 and ib_write_bw not judged: its peer {peer} runs no soak")
-    elif lost_peer is not None:
-        notes.append(f"iperf3 and ib_write_bw rounds after {soaking.clock_utc(lost_peer)} not judged: "
+    if peered and peer in soak.plan.refused:
+        notes.append(f"{peered} not judged: its peer {peer} runs no soak")
+    elif peered and lost_peer is not None:
+        notes.append(f"{peered} rounds after {soaking.clock_utc(lost_peer)} not judged: "
                      f"its peer {peer} dropped out then")
-    if log.events:  # the supervisor's own troubles: a server that had to be restarted, no Xid watch
-        notes.append(f"{len(log.events)} supervisor event(s), the last: {log.events[-1].get('event')}")
-    temperature = soaking.peak(log, "cpu_temp_c")
-    if temperature is not None:
-        figures["soak_cpu_temp_max"] = (temperature, "°C")
-    record.note("; ".join(notes) or "no load part gave two figures")
+    figures.update(extra or {})
+    record.note("; ".join(notes + (notes_after or [])) or "no load part gave two figures")
     dropped = soak.dropped(node)
     if dropped and not figures:
         raise NodeUnreachable(f"{node} dropped out of the soak before a load round gave a figure: {dropped}")
@@ -201,13 +243,13 @@ def test_soak_load(soak, node, record, metrics: Metrics):
         raise SanityFailure(f"{node}: " + "; ".join(failed))
     if not figures:
         raise SanityFailure(f"{node}: no load round of the soak gave a figure")
+    below = [why for part, why in soak.far_below.get(node, []) if part in parts]
     try:
         metrics.judge(**figures)
     except PerformanceFailure as miss:
-        below = soak.far_below.get(node)
         raise PerformanceFailure(f"{miss}; {'; '.join(below)}" if below else str(miss)) from None
-    if soak.far_below.get(node):
-        raise PerformanceFailure(f"{node}: " + "; ".join(soak.far_below[node]))
+    if below:
+        raise PerformanceFailure(f"{node}: " + "; ".join(below))
 
 
 @pytest.mark.hardware

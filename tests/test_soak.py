@@ -358,11 +358,19 @@ def test_the_same_command_reattaches_and_the_run_has_samples_of_the_whole_period
         load = entry(results, "soak_load", name)
         measured = {m["name"] for m in load["metrics"]}
         # node3 sent to node4, whose link was cut at the start of the re-attached run
-        wanted = {"soak_cpu_rate", "soak_io_mbps", "soak_io_retained"}
-        wanted |= {"soak_net_gbps"} if name != "node3" else set()
-        assert measured >= wanted, load
-        io_rate = next(m["value"] for m in load["metrics"] if m["name"] == "soak_io_mbps")
-        assert 0 < io_rate <= 2.5, load  # fio --rate=1m: 1 MB/s each way
+        assert measured >= ({"soak_cpu_rate"} if name == "node3" else {"soak_cpu_rate", "soak_net_gbps"}), load
+        io = entry(results, "soak_io", name)
+        io_rate = {m["name"]: m["value"] for m in io["metrics"]}
+        assert io["outcome"] == "passed" and 0 < io_rate["soak_io_mbps"] <= 2.5, io  # fio --rate=1m: 1 MB/s each way
+        assert io_rate["soak_io_retained"] >= 50, io
+        rails = entry(results, "soak_ib", name)
+        assert rails["outcome"] == "skipped" and rails["message"] == f"no active InfiniBand port on {name}", rails
+
+
+def test_the_loads_tools_and_their_versions_are_in_the_provenance(soaked):
+    tools = {(t["node"], t["tool"]): t["version"] for t in results_of(soaked["run_dir"])["run"]["tools"]}
+    stress = subprocess.run(["stress-ng", "--version"], capture_output=True, text=True).stdout
+    assert tools[("node1", "stress-ng")] in stress and {("node1", "iperf3"), ("node1", "fio")} <= set(tools), tools
 
 
 def test_a_node_whose_sshd_stopped_has_its_samples_collected_when_it_is_back(soaked):

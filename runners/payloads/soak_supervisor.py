@@ -49,6 +49,11 @@ IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_e
                "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
                "excessive_buffer_overrun_errors")
 STRIPPED = ("HANDOVER_LEASE", "HANDOVER_TAG")  # the connection's: the soak carries its own tag
+# The load's tools and how each says its version (stress-ng, version 0.15.06 (...); iperf 3.12
+# (cJSON ...); fio-3.33; Version: 6.06), for the report's provenance.
+TOOL_VERSIONS = {"stress-ng": ["stress-ng", "--version"], "iperf3": ["iperf3", "--version"],
+                 "fio": ["fio", "--version"], "ib_write_bw": ["ib_write_bw", "--version"]}
+VERSION = re.compile(r"\d+(?:\.\d+)+")
 STRESS_RATE = re.compile(r"^\s*bogo-ops-per-second-real-time:\s*([0-9.eE+-]+)", re.M)
 STRESS_NAME = re.compile(r"^\s*-\s*stressor:\s*(\S+)", re.M)
 
@@ -420,6 +425,7 @@ class Supervisor:
                     "peer": self.config.get("peer"), "boot_id": read("/proc/sys/kernel/random/boot_id"),
                     "cpus": os.cpu_count(), "gpus": len(self.gpus), "nvml": nvml_missing,
                     "rails": ["%s/%s" % (device, port) for device, port, _ in self.rails],
+                    "tools": tool_versions(),
                     "baseline": self.sample()})
         threads = []
         if int(self.mix.get("cpu", 1)):
@@ -492,6 +498,19 @@ class Supervisor:
         self.out.close()
         self.remove_io()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def tool_versions():
+    """{tool: version} of the load's tools this node has ('unknown' when it says none)."""
+    found = {}
+    for tool, argv in TOOL_VERSIONS.items():
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        match = VERSION.search(done.stdout + done.stderr)
+        found[tool] = match.group(0) if match else "unknown"
+    return found
 
 
 def json_document(text):
