@@ -490,6 +490,7 @@ class Part:
 # read, so a day of samples from eight GPUs (30 MB of lines) holds about a megabyte, not a hundred.
 SAMPLED = ("cpu_temp_c", "gpus.temp_c", "gpus.power_w")  # gpus.*: the highest of the node's GPUs
 TREND_BUCKETS = 240
+GPU_LOST = "GPU is lost"  # what pynvml's NVMLError_GpuIsLost says, as a sample's `errors` keep it
 
 
 @dataclass
@@ -508,6 +509,7 @@ class SoakLog:
     last: Optional[dict] = None
     peaks: dict[str, float] = field(default_factory=dict)
     slowdowns: dict[str, list[str]] = field(default_factory=dict)  # GPU -> failing slowdown reasons seen
+    lost: dict[str, float] = field(default_factory=dict)  # GPU -> the first sample NVML could not reach it
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (epoch s, mean) per bucket
 
 
@@ -587,11 +589,14 @@ def _number(value: object) -> Optional[float]:
 
 
 def _reduce(log: SoakLog, buckets: dict[str, dict[int, list[float]]], sample: dict, bucket: int) -> None:
-    """One sample into the log's peaks, slowdown reasons and trend buckets."""
+    """One sample into the log's peaks, slowdown reasons, lost GPUs and trend buckets."""
     for gpu, mask in _gpu_values(sample, "reasons").items():
         if isinstance(mask, int) and mask & FAILING_REASONS:
             seen = set(log.slowdowns.get(str(gpu), [])) | set(decode_reasons(mask & FAILING_REASONS))
             log.slowdowns[str(gpu)] = sorted(seen)
+    for gpu, errors in _gpu_values(sample, "errors").items():
+        if isinstance(errors, dict) and GPU_LOST in errors.values():
+            log.lost.setdefault(str(gpu), float(sample["t"]))
     for key in SAMPLED:
         if key.startswith("gpus."):
             values = [v for v in map(_number, _gpu_values(sample, key[5:]).values()) if v is not None]
@@ -669,9 +674,12 @@ def _gpu_values(sample: dict, key: str) -> dict[int, object]:
 
 
 def gpu_problems(log: SoakLog) -> list[str]:
-    """New Xids, new ECC errors and row remaps against the soak's start, and the slowdown reasons
-    that mean cooling or power delivery fails (runners.burn.FAILING_REASONS), per GPU."""
-    problems = [f"GPU {x.get('gpu')}: Xid {x.get('xid')} at {clock_utc(float(x['t']))}" for x in log.xids]
+    """A GPU NVML lost, new Xids, new ECC errors and row remaps against the soak's start, and the
+    slowdown reasons that mean cooling or power delivery fails (runners.burn.FAILING_REASONS), per GPU."""
+    problems = [f"GPU {gpu}: NVML lost it at {clock_utc(moment)} ({GPU_LOST}): fallen off the bus"
+                for gpu, moment in sorted(log.lost.items(), key=lambda item: int(item[0]))]
+    problems += [f"{'a GPU' if x.get('gpu') is None else 'GPU %s' % x['gpu']}: Xid {x.get('xid')} "
+                 f"at {clock_utc(float(x['t']))}" for x in log.xids]
     baseline = (log.start or {}).get("baseline") or {}
     last = log.last or {}
     for key, what in (("ecc_uncorrected", "uncorrected ECC errors"), ("ecc_corrected", "corrected ECC errors")):

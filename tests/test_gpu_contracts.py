@@ -29,7 +29,8 @@ pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra
 torch = pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
 
 PAYLOADS_DIR = Path(payloads.__file__).resolve().parent
-GPU_PAYLOADS = ("gpu_facts", "gpu_burn", "gpu_bandwidth", "gemm_fft", "collectives", "train_gpt")
+TORCH_PAYLOADS = ("gpu_burn", "gpu_bandwidth", "gemm_fft", "collectives", "train_gpt")
+GPU_PAYLOADS = ("gpu_facts", "soak_supervisor", *TORCH_PAYLOADS)  # the soak's telemetry and Xid watch: NVML
 TORCH_SPACES = (("torch", "cuda"), ("torch", "distributed"), ("torch", "backends", "cuda"))
 EXPECT_NOTHING = Expectations()
 FAILURE_WORDS = ("Traceback", "NameError", "ImportError", "AttributeError", "TypeError")
@@ -70,8 +71,11 @@ class Uses(ast.NodeVisitor):
         self.aliases: dict[str, str] = {"torch": "torch", "pynvml": "pynvml"}
         self.paths: dict[str, int] = {}  # dotted path -> first line
         self.calls: list[NvmlCall] = []
-        for node in ast.walk(tree):  # aliases first: a function may use one defined below it
-            self._alias(node)
+        known = -1
+        while known != len(self.aliases):  # aliases first, to a fixed point: `nvml = self.nvml` may
+            known = len(self.aliases)      # come before the `self.nvml = pynvml` it rests on
+            for node in ast.walk(tree):
+                self._alias(node)
         self.visit(tree)
 
     def _alias(self, node: ast.AST) -> None:
@@ -157,6 +161,9 @@ def test_the_parser_finds_the_names_the_payloads_use():
     assert any(c.function == "nvmlDeviceGetTotalEccErrors" and c.positional == 3 for c in facts.calls)
     assert any(c.function == "nvmlDeviceGetTemperature" and c.positional == 2 for c in facts.calls)
     assert "pynvml.nvmlDeviceGetUtilizationRates" in USES["train_gpt"].paths  # self._nvml = pynvml
+    soak = USES["soak_supervisor"]  # nvml = self.nvml, where self.nvml = pynvml comes later
+    assert {"pynvml.nvmlEventSetWait", "pynvml.NVMLError_Timeout", "pynvml.nvmlDeviceGetRemappedRows"} <= set(soak.paths)
+    assert any(c.function == "nvmlDeviceRegisterEvents" and c.positional == 3 for c in soak.calls)
     assert "torch.distributed.all_reduce" in USES["collectives"].paths  # import ... as dist
     assert "torch.cuda.Event" in USES["gemm_fft"].paths  # self.torch.cuda.Event
     assert {"torch.cuda.device", "torch.cuda.current_stream"} <= set(bandwidth.paths)
@@ -190,7 +197,7 @@ def test_every_torch_cuda_and_distributed_name_exists_in_torch(payload, path, li
         pytest.fail(f"{payload}.py:{line}: {path} is not in torch {torch.__version__}: {exc}")
 
 
-@pytest.mark.parametrize("payload", GPU_PAYLOADS)
+@pytest.mark.parametrize("payload", TORCH_PAYLOADS)
 def test_every_gpu_payload_sets_the_pci_bus_device_order_before_importing_torch(payload):
     """CUDA's default order (fastest first) need not be NVML's: with CUDA_DEVICE_ORDER=PCI_BUS_ID
     set before torch starts CUDA, "GPU 3" is the same physical GPU in every check."""

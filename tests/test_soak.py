@@ -11,6 +11,7 @@ tests/data/soak/ (PROVENANCE.md says how each file was made).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -77,6 +78,96 @@ def test_gpu_samples_name_new_xids_ecc_remaps_and_slowdowns_and_quiet_ones_pass(
     problems = " | ".join(soak.gpu_problems(failing))
     assert "Xid 79" in problems and "new uncorrected ECC" in problems
     assert "rows remapped" in problems and "HW thermal slowdown" in problems
+
+
+def test_a_gpu_nvml_lost_mid_soak_is_named_with_the_time_it_fell_off():
+    """From the derived H200 samples: from the middle on, GPU 0's every read fails as the
+    supervisor writes it when NVML raises NVMLError_GpuIsLost (its text from nvidia-ml-py itself)."""
+    pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra (make test installs it)")
+    lost = str(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST))
+    lines = (DATA / "derived_h200_burn_nvml_as_soak_samples.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    samples = [r for r in records if r["kind"] == "sample"]
+    fell = samples[len(samples) // 2]
+    for record in samples[len(samples) // 2:]:
+        record["gpus"] = [{"gpu": 0, "errors": dict.fromkeys(("temp_c", "power_w", "reasons"), lost)}]
+    log = soak.parse_soak("\n".join(json.dumps(r) for r in records))
+    assert log.lost == {"0": fell["t"]}
+    assert soak.gpu_problems(log)[0] == (f"GPU 0: NVML lost it at {soak.clock_utc(fell['t'])} "
+                                         "(GPU is lost): fallen off the bus")
+
+
+def test_an_xid_event_is_given_to_the_gpu_whose_handle_it_names():
+    """NVML's event data holds a new ctypes pointer to the device, never == to the handle kept:
+    the supervisor matches the addresses (nvidia-ml-py's own structures, no driver needed)."""
+    pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra (make test installs it)")
+    devices = [pynvml.struct_c_nvmlDevice_t() for _ in range(3)]
+    supervisor = Supervisor.__new__(Supervisor)
+    supervisor.gpus = [ctypes.cast(ctypes.pointer(device), pynvml.c_nvmlDevice_t) for device in devices]
+    event = pynvml.c_nvmlEventData_t()
+    event.device, event.eventData = ctypes.cast(ctypes.pointer(devices[2]), pynvml.c_nvmlDevice_t), 79
+    assert event.device != supervisor.gpus[2]  # why the addresses are compared
+    assert supervisor.gpu_of(event.device) == 2 and supervisor.gpu_of(pynvml.c_nvmlDevice_t()) is None
+
+
+def test_without_a_driver_the_telemetry_and_the_xid_watch_say_why_in_their_lines(tmp_path):
+    """The supervisor's NVML reads on this machine (nvidia-ml-py, no libnvidia-ml): each field of a
+    GPU's sample keeps NVML's error, and the Xid watch ends with one event line saying why."""
+    pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra (make test installs it)")
+    (tmp_path / "config.json").write_text(json.dumps({"mix": {}, "end": 0}))
+    supervisor = Supervisor(str(tmp_path))
+    supervisor.nvml, supervisor.gpus = pynvml, [pynvml.c_nvmlDevice_t()]
+    sample = supervisor.gpu_sample(0, supervisor.gpus[0])
+    assert set(sample["errors"]) == {"temp_c", "power_w", "sm_mhz", "mem_mhz", "reasons", "ecc_uncorrected",
+                                     "ecc_corrected", "remap"} and set(sample["errors"].values()) == {"Uninitialized"}
+    supervisor.watch_xids()
+    supervisor.out.close()
+    lines = [json.loads(line) for line in (tmp_path / soak_supervisor.SAMPLES).read_text().splitlines()]
+    assert [line["event"] for line in lines] == ["no Xid events: Uninitialized"]
+
+
+class ScriptedEvents:
+    """A stand-in for the driver's event set, which no machine here has: nvidia-ml-py's own
+    functions and errors, but nvmlEventSetWait answers from a script, then ends the watch."""
+
+    def __init__(self, pynvml, script, supervisor):
+        self.pynvml, self.script, self.supervisor = pynvml, list(script), supervisor
+
+    def __getattr__(self, name):
+        return getattr(self.pynvml, name)
+
+    def nvmlEventSetCreate(self):
+        return "events"
+
+    def nvmlDeviceRegisterEvents(self, handle, types, events):
+        assert types == self.pynvml.nvmlEventTypeXidCriticalError and events == "events"
+
+    def nvmlEventSetWait(self, events, timeout_ms):
+        if not self.script:
+            self.supervisor.stop("end time")
+            raise self.pynvml.NVMLError(self.pynvml.NVML_ERROR_TIMEOUT)
+        answer = self.script.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_the_xid_watch_waits_through_timeouts_and_names_a_failing_wait_once(tmp_path):
+    pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra (make test installs it)")
+    (tmp_path / "config.json").write_text(json.dumps({"mix": {}, "end": 0}))
+    supervisor = Supervisor(str(tmp_path))
+    device = pynvml.struct_c_nvmlDevice_t()
+    supervisor.gpus = [pynvml.c_nvmlDevice_t(), ctypes.cast(ctypes.pointer(device), pynvml.c_nvmlDevice_t)]
+    event = pynvml.c_nvmlEventData_t()
+    event.device, event.eventData = ctypes.cast(ctypes.pointer(device), pynvml.c_nvmlDevice_t), 79
+    timeout, lost = (pynvml.NVMLError(code) for code in (pynvml.NVML_ERROR_TIMEOUT, pynvml.NVML_ERROR_GPU_IS_LOST))
+    supervisor.nvml = ScriptedEvents(pynvml, [timeout, timeout, lost, lost, event], supervisor)
+    supervisor.watch_xids()
+    supervisor.out.close()
+    lines = [json.loads(line) for line in (tmp_path / soak_supervisor.SAMPLES).read_text().splitlines()]
+    assert [(line["kind"], line.get("event") or line.get("xid")) for line in lines] == \
+        [("event", "Xid wait: GPU is lost"), ("xid", 79)]
+    assert lines[1]["gpu"] == 1
 
 
 def day_of_eight_gpus(samples: int) -> list[str]:

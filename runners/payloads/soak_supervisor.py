@@ -20,6 +20,7 @@ appears, it ends its load and writes an `end` line. It then waits for DIR/collec
 has copied everything), or the hard bound `linger_s` after the end, removes DIR and exits.
 Standard library only; pynvml is used where the node's Python has it.
 """
+import ctypes
 import fcntl
 import json
 import os
@@ -385,7 +386,8 @@ class Supervisor:
         return sample
 
     def watch_xids(self):
-        """NVML's critical Xid events, each an `xid` line as it happens."""
+        """NVML's critical Xid events, each an `xid` line as it happens. A wait that fails other
+        than by its timeout (the GPU is lost) is an `event` line once, then tried each second."""
         nvml = self.nvml
         try:
             events = nvml.nvmlEventSetCreate()
@@ -394,13 +396,27 @@ class Supervisor:
         except Exception as exc:
             self.write({"kind": "event", "t": round(time.time(), 3), "event": "no Xid events: %s" % exc})
             return
+        failed = None
         while not self.stopping.is_set():
             try:
                 data = nvml.nvmlEventSetWait(events, 1000)
-            except Exception:  # the timeout raises NVML_ERROR_TIMEOUT
+            except nvml.NVMLError_Timeout:
+                continue
+            except Exception as exc:
+                if str(exc) != failed:
+                    failed = str(exc)
+                    self.write({"kind": "event", "t": round(time.time(), 3), "event": "Xid wait: %s" % exc})
+                self.stopping.wait(1)
                 continue
             self.write({"kind": "xid", "t": round(time.time(), 3), "xid": int(data.eventData),
-                        "gpu": next((i for i, h in enumerate(self.gpus) if h == data.device), None)})
+                        "gpu": self.gpu_of(data.device)})
+
+    def gpu_of(self, device):
+        """The index of the GPU an event names. NVML hands back a new ctypes pointer to the
+        device, which never equals (==) the handle kept: the addresses are compared."""
+        address = ctypes.cast(device, ctypes.c_void_p).value
+        return next((i for i, handle in enumerate(self.gpus)
+                     if address is not None and ctypes.cast(handle, ctypes.c_void_p).value == address), None)
 
     def sample(self):
         record = {"kind": "sample", "t": round(time.time(), 3), "load1": load1(),
