@@ -82,7 +82,8 @@ def add_soak_options(group) -> None:
                          "the same command again re-attaches to a soak still running")
     group.addoption("--soak-mix", metavar="KEY=VALUE,...",
                     help="the soak's load mix: cpu, cpu_workers (0: every CPU), cpu_load (%%), vm_workers, "
-                         "vm_bytes, net_rate (iperf3 -b), gpu, round_s, interval_s")
+                         "vm_bytes, net_rate (iperf3 -b), ib, gpu, io, io_size, io_rate, round_s, gpu_round_s, "
+                         "interval_s")
     group.addoption("--soak-attach", metavar="RUN_DIR",
                     help="re-attach to the soak RUN_DIR started: collect what the nodes recorded, follow it "
                          "to the end and judge it")

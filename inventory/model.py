@@ -15,9 +15,12 @@ SCRATCH_KINDS = ("local", "shared")
 # on a 1 GiB file per node where a shared scratch path is declared; one figure a minute.
 SOAK_MIX_DEFAULTS: dict[str, object] = {"cpu": 1, "cpu_workers": 0, "cpu_load": 50, "vm_workers": 1,
                                         "vm_bytes": "10%", "net_rate": "0", "ib": 1, "gpu": 1, "io": 1,
-                                        "io_size": "1G", "io_rate": "0", "round_s": 60, "interval_s": 5}
+                                        "io_size": "1G", "io_rate": "0", "round_s": 60, "gpu_round_s": 300,
+                                        "interval_s": 5}
 SOAK_MIX_COUNTS = ("cpu", "cpu_workers", "cpu_load", "vm_workers", "ib", "gpu", "io")  # integers
-SOAK_MIX_SECONDS = ("round_s", "interval_s")  # positive numbers; the other keys are text (sizes, rates)
+# positive numbers; the other keys are text (sizes, rates). A GPU burn round restarts torch and
+# remakes its inputs, seconds with the GPUs idle: its rounds are longer, so the GPUs stay loaded.
+SOAK_MIX_SECONDS = ("round_s", "gpu_round_s", "interval_s")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from runners import payloads
 from runners.nvml import Gpu, GpuFacts
@@ -388,18 +388,26 @@ def throttle_problems(gpu: GpuBurn) -> list[str]:
     return problems
 
 
-def digest_problems(gpus: list[GpuBurn]) -> tuple[Optional[str], list[str]]:
-    """(reference digest, problems): the majority digest over every GPU and window is the reference;
-    a GPU with any other digest computed wrong bits (silent data corruption)."""
-    counts = Counter(digest for gpu in gpus for _, digest in gpu.digests)
+def majority_digest(counts: Counter, gpus: Iterable[object]) -> tuple[Optional[str], list[str]]:
+    """(the digest most checks gave, []), or (None, [why]) when two digests tie for most: the
+    reference the same GEMM on the same inputs should give on every GPU of a node."""
     if not counts:
         return None, []
     ranked = counts.most_common(2)
     if len(ranked) == 2 and ranked[0][1] == ranked[1][1]:
         return None, [f"no majority result digest: {len(counts)} different digests in "
-                      f"{sum(counts.values())} checks across GPUs {', '.join(str(g.index) for g in gpus)} "
+                      f"{sum(counts.values())} checks across GPUs {', '.join(map(str, gpus))} "
                       "(silent data corruption on at least one GPU)"]
-    reference = ranked[0][0]
+    return ranked[0][0], []
+
+
+def digest_problems(gpus: list[GpuBurn]) -> tuple[Optional[str], list[str]]:
+    """(reference digest, problems): the majority digest over every GPU and window is the reference;
+    a GPU with any other digest computed wrong bits (silent data corruption)."""
+    reference, tie = majority_digest(Counter(digest for gpu in gpus for _, digest in gpu.digests),
+                                     (gpu.index for gpu in gpus))
+    if reference is None:
+        return None, tie
     problems = []
     for gpu in gpus:
         bad = [window for window, digest in gpu.digests if digest != reference]

@@ -19,13 +19,14 @@ import re
 import secrets
 import statistics
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from inventory.model import SOAK_MIX_COUNTS, SOAK_MIX_DEFAULTS, SOAK_MIX_SECONDS, Node, ScratchPath
 from reports.files import write_atomically
-from runners.burn import FAILING_REASONS, decode_reasons
+from runners.burn import FAILING_REASONS, decode_reasons, majority_digest
 from runners.fanout import Progress, fan_out
 from runners.node_lock import SoakHolder
 from runners.parsing import ParseError
@@ -491,6 +492,8 @@ class Part:
 SAMPLED = ("cpu_temp_c", "gpus.temp_c", "gpus.power_w")  # gpus.*: the highest of the node's GPUs
 TREND_BUCKETS = 240
 GPU_LOST = "GPU is lost"  # what pynvml's NVMLError_GpuIsLost says, as a sample's `errors` keep it
+DIGESTS_KEPT = 32  # distinct result digests kept per GPU; a corrupting GPU's further ones are only counted
+OTHER_DIGESTS = "other digests"
 
 
 @dataclass
@@ -510,6 +513,7 @@ class SoakLog:
     peaks: dict[str, float] = field(default_factory=dict)
     slowdowns: dict[str, list[str]] = field(default_factory=dict)  # GPU -> failing slowdown reasons seen
     lost: dict[str, float] = field(default_factory=dict)  # GPU -> the first sample NVML could not reach it
+    digests: dict[str, dict[str, int]] = field(default_factory=dict)  # GPU -> the burn's result digest -> checks
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (epoch s, mean) per bucket
 
 
@@ -561,6 +565,7 @@ class SoakReader:
                 log.parts.append(Part(str(record.get("part")), float(record["t0"]), float(record["t1"]),
                                       float(value) if isinstance(value, (int, float)) else None,
                                       str(record.get("unit") or ""), record.get("error")))
+                _count_digests(log.digests, record.get("digests"))
             elif kind == "xid":
                 log.xids.append(record)
             elif kind == "event":
@@ -582,6 +587,21 @@ class SoakReader:
         series = {key: [(t / n, v / n) for _, (t, v, n) in sorted(found.items())]
                   for key, found in self._buckets.items() if found}
         return replace(self._log, torn=self._written - self._objects, series=series)
+
+
+def _count_digests(kept: dict[str, dict[str, int]], digests: object) -> None:
+    """A GPU burn round's {gpu: {digest: checks}} added to the log's tallies."""
+    if not isinstance(digests, dict):
+        return
+    for gpu, tally in digests.items():
+        if not isinstance(tally, dict):
+            continue
+        mine = kept.setdefault(str(gpu), {})
+        for digest, checks in tally.items():
+            if not isinstance(checks, int):
+                continue
+            key = digest if digest in mine or len(mine) < DIGESTS_KEPT else OTHER_DIGESTS
+            mine[key] = mine.get(key, 0) + checks
 
 
 def _number(value: object) -> Optional[float]:
@@ -699,6 +719,26 @@ def gpu_problems(log: SoakLog) -> list[str]:
                 problems.append(f"GPU {gpu}: a row remap failed")
     slowed = sorted(log.slowdowns.items(), key=lambda item: int(item[0]))
     problems += [f"GPU {gpu}: {', '.join(names)}" for gpu, names in slowed]
+    return problems + digest_problems(log)
+
+
+def digest_problems(log: SoakLog) -> list[str]:
+    """The burn's silent-corruption check over the whole soak: every GPU of the node multiplies the
+    same inputs all the time, so every result digest should be the one most checks gave."""
+    gpus = sorted(log.digests, key=lambda gpu: int(gpu) if gpu.isdigit() else -1)
+    counts: Counter = Counter()
+    for tally in log.digests.values():
+        counts.update({digest: checks for digest, checks in tally.items() if digest != OTHER_DIGESTS})
+    reference, tie = majority_digest(counts, gpus)
+    if reference is None:
+        return tie
+    problems = []
+    for gpu in gpus:
+        checks = sum(log.digests[gpu].values())
+        wrong = checks - log.digests[gpu].get(reference, 0)
+        if wrong:
+            problems.append(f"GPU {gpu}: result differs bit for bit from the reference in {wrong} of "
+                            f"{checks} checks during the soak: silent data corruption")
     return problems
 
 

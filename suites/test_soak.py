@@ -8,7 +8,8 @@ The first check starts the soak on every node (runners.soak) and follows it to t
 samples into raw/soak/ as they come; a re-run attaches to the soak its run directory holds. Then
 each node is judged from its samples: did it report throughout (heartbeat, dropped out), did its
 load hold (first against last rounds, against its peers by the outlier rule, against the profile's
-soak_* bands), did a GPU log an Xid, new ECC errors or row remaps, or slow down for heat or power,
+soak_* bands), did a GPU fall off the bus, log an Xid, new ECC errors or row remaps, slow down for
+heat or power, or compute a result that differs from its node's (silent data corruption),
 did a link's error counters rise. The trends (temperature, power, throughput against time) go into
 the report, worst nodes first.
 """
@@ -254,7 +255,8 @@ def judge_parts(soak: SoakOutcome, node: str, parts: tuple[str, ...], record, me
 
 @pytest.mark.hardware
 def test_soak_gpu(soak, node, record, metrics: Metrics):
-    """No Xid, no new ECC error or row remap, no thermal or power slowdown on any GPU."""
+    """No GPU lost, no Xid, no new ECC error or row remap, no thermal or power slowdown, and every
+    burn result bit for bit the node's reference (no silent data corruption) on any GPU."""
     log = log_of(soak, node)
     start = log.start or {}
     if not start.get("gpus"):

@@ -126,6 +126,41 @@ def test_without_a_driver_the_telemetry_and_the_xid_watch_say_why_in_their_lines
     assert [line["event"] for line in lines] == ["no Xid events: Uninitialized"]
 
 
+def burn_round(t0: float, document: dict) -> dict:
+    """A `part` line as the supervisor writes it for one GPU burn round of `document`."""
+    value, unit, error, more = Supervisor.gpu_figure(0, json.dumps(document), "")
+    return {"kind": "part", "part": "gpu", "t0": t0, "t1": t0 + 60, "value": value, "unit": unit,
+            "exit": 0, "error": error, **more}
+
+
+def test_a_gpu_whose_result_digest_differs_during_the_soak_is_silent_data_corruption():
+    """Rounds of the real CPU burn's JSON (one device, 31 checks of one digest) for GPUs 0-2; in
+    one round GPU 2's digest is changed in two checks (derived here: no corrupting GPU recorded)."""
+    burn = json.loads((DATA / "local_gpu_burn_device_cpu.json").read_text())
+    start = json.loads((DATA / "derived_h200_burn_nvml_as_soak_samples.jsonl").read_text().splitlines()[0])
+    three = dict(burn, gpus=[dict(burn["gpus"][0], index=index) for index in range(3)])
+    corrupt = json.loads(json.dumps(three))
+    for check in corrupt["gpus"][2]["digests"][5:7]:
+        check["digest"] = "00000000deadbeef" * 2
+    quiet = soak.parse_soak("\n".join(json.dumps(r) for r in (start, burn_round(1, three), burn_round(61, three))))
+    assert quiet.digests["2"] == {"ffffffffffeef1aaffffffff751120b5": 62} and soak.digest_problems(quiet) == []
+    log = soak.parse_soak("\n".join(json.dumps(r) for r in (start, burn_round(1, three), burn_round(61, corrupt))))
+    assert soak.gpu_problems(log) == ["GPU 2: result differs bit for bit from the reference in 2 of 62 checks "
+                                      "during the soak: silent data corruption"]
+
+
+def test_a_gpu_that_corrupts_every_result_differently_holds_a_bounded_tally():
+    """A GPU giving a new wrong digest each check for a day must not grow its node's log: past
+    DIGESTS_KEPT distinct digests they are only counted, and all of them count as wrong."""
+    good = "ffffffffffeef1aaffffffff751120b5"
+    rounds = [{"kind": "part", "part": "gpu", "t0": i, "t1": i + 1, "value": 1.0, "unit": "TFLOP/s",
+               "digests": {"0": {good: 10}, "1": {f"{i:032x}": 10}}} for i in range(200)]
+    log = soak.SoakReader().feed(json.dumps(r) for r in rounds).log()
+    assert len(log.digests["1"]) == soak.DIGESTS_KEPT + 1
+    assert soak.digest_problems(log) == ["GPU 1: result differs bit for bit from the reference in 2000 of 2000 "
+                                         "checks during the soak: silent data corruption"]
+
+
 class ScriptedEvents:
     """A stand-in for the driver's event set, which no machine here has: nvidia-ml-py's own
     functions and errors, but nvmlEventSetWait answers from a script, then ends the watch."""
@@ -263,8 +298,9 @@ def test_the_supervisor_reads_its_rounds_figures_from_real_tool_outputs():
                                    Path(f"{no_device}.stderr.txt").read_text())
     assert missing[0] is None and "Unable to find the Infiniband/RoCE device" in missing[2]
     burn = (DATA / "local_gpu_burn_device_cpu.json").read_text()
-    tflops, unit, error = Supervisor.gpu_figure(0, burn, "")
+    tflops, unit, error, more = Supervisor.gpu_figure(0, burn, "")
     assert tflops > 0 and unit == "TFLOP/s" and error is None
+    assert more == {"digests": {"0": {"ffffffffffeef1aaffffffff751120b5": 31}}}  # 31 checks, one result
     broken = json.loads(burn)
     broken["gpus"][0]["error"] = "CUDA error: an illegal memory access was encountered"  # derived: one GPU failed
     assert "illegal memory access" in Supervisor.gpu_figure(1, json.dumps(broken), "")[2]

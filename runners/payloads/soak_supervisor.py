@@ -155,16 +155,17 @@ class Supervisor:
                 self.children.discard(child)
         return (None if self.stopping.is_set() and child.returncode != 0 else child.returncode), stdout, stderr
 
-    def rounds(self, part, measure, pause_s=0.0):
-        """Rounds of measure(seconds) -> (exit, value, unit, error) until the end, each a `part` line."""
-        round_s = float(self.mix.get("round_s", 60))
+    def rounds(self, part, measure, pause_s=0.0, round_key="round_s"):
+        """Rounds of measure(seconds) -> (exit, value, unit, error[, more]) until the end, each a
+        `part` line (with `more`'s keys: the GPU burn's result digests)."""
+        round_s = float(self.mix.get(round_key, 60))
         retrying_since = None
         while not self.stopping.wait(pause_s):
             seconds = min(round_s, self.remaining())
             if seconds < max(1.0, round_s / 2):
                 return  # a short last round would not compare with the others
             began = time.time()
-            code, value, unit, error = measure(int(seconds))
+            code, value, unit, error, *more = measure(int(seconds))
             if code is None and self.stopping.is_set():
                 return  # cut short by the end: not a round
             ended = time.time()
@@ -176,11 +177,12 @@ class Supervisor:
             retrying_since = None
             if error and self.stopping.wait(ERROR_HOLD_S):
                 return  # it failed as the soak ended: the peer's side had already stopped
-            self.write({"kind": "part", "part": part, "t0": round(began, 3), "t1": round(ended, 3),
-                        "value": value, "unit": unit, "exit": code, "error": error})
+            line = {"kind": "part", "part": part, "t0": round(began, 3), "t1": round(ended, 3),
+                    "value": value, "unit": unit, "exit": code, "error": error}
+            self.write(dict(line, **(more[0] if more else {})))
 
-    def part(self, name, measure):
-        return threading.Thread(target=self.rounds, args=(name, measure))
+    def part(self, name, measure, round_key="round_s"):
+        return threading.Thread(target=self.rounds, args=(name, measure), kwargs={"round_key": round_key})
 
     def tool(self, argv_of, figure_of):
         """measure() of a part that is one command a round, read by figure_of(exit, stdout, stderr)."""
@@ -336,18 +338,27 @@ class Supervisor:
 
     @staticmethod
     def gpu_figure(code, stdout, stderr):
+        """The slowest GPU's median window, and each GPU's result digests counted ({"digests":
+        {gpu: {digest: times}}}, a few bytes a round) for the harness's silent-corruption check."""
         document = json_document(stdout)
         if document is None:
             return None, "TFLOP/s", last_line(stderr or stdout) or "gpu burn exited %s" % code
         if document.get("available") is False:
             return None, "TFLOP/s", document.get("reason") or "no GPU"
         gpus = [gpu for gpu in document.get("gpus") or [] if isinstance(gpu, dict)]
+        digests = {}
+        for gpu in gpus:
+            tally = digests.setdefault(str(gpu.get("index")), {})
+            for check in gpu.get("digests") or []:
+                if isinstance(check, dict) and isinstance(check.get("digest"), str):
+                    tally[check["digest"]] = tally.get(check["digest"], 0) + 1
+        more = {"digests": digests}
         failed = ["GPU %s: %s" % (gpu.get("index"), gpu["error"]) for gpu in gpus if gpu.get("error")]
         windows = [gpu.get("gemm_tflops_windows") or [] for gpu in gpus]
         rates = [sorted(w)[len(w) // 2] for w in windows if w]
         if code != 0 or failed or not rates:
-            return None, "TFLOP/s", "; ".join(failed) or last_line(stderr) or "gpu burn gave no windows"
-        return min(rates), "TFLOP/s", None  # the slowest GPU's median window
+            return None, "TFLOP/s", "; ".join(failed) or last_line(stderr) or "gpu burn gave no windows", more
+        return min(rates), "TFLOP/s", None, more
 
     # -- telemetry ------------------------------------------------------------------------------
 
@@ -457,7 +468,7 @@ class Supervisor:
         if self.rails and self.config.get("peer_address"):
             threads.append(threading.Thread(target=self.delayed_ib_client))
         if self.gpus and int(self.mix.get("gpu", 1)) and os.path.exists(os.path.join(self.dir, "gpu_burn.py")):
-            threads.append(self.part("gpu", self.tool(self.gpu_argv, self.gpu_figure)))
+            threads.append(self.part("gpu", self.tool(self.gpu_argv, self.gpu_figure), round_key="gpu_round_s"))
             threads.append(threading.Thread(target=self.watch_xids))
         for thread in threads:
             thread.daemon = True
