@@ -60,6 +60,9 @@ HEADLINE = (
 )
 
 
+PROOF_SOAK_MIX = "gpu_round_s=60"
+
+
 class ProofError(Exception):
     """A step of the proof that cannot go on; str() is one line."""
 
@@ -87,11 +90,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def selection(depth: str, soak: Optional[str]) -> list[str]:
     """pytest's options for a depth, with the soak beside it when one is asked for (a soak alone
-    would leave the mandatory checks without results: INCOMPLETE)."""
+    would leave the mandatory checks without results: INCOMPLETE). A proof's soak lasts minutes:
+    GPU burn rounds of a minute (not the 5 of a delivery's) give its trend and drift their points;
+    a --soak-mix after -- overrides it."""
     marker = DEPTHS[depth]
     if soak is None:
         return ["-m", marker] if marker else []
-    return (["-m", f"{marker} or soak"] if marker else []) + ["--soak-duration", soak]
+    return (["-m", f"{marker} or soak"] if marker else []) + ["--soak-duration", soak,
+                                                              "--soak-mix", PROOF_SOAK_MIX]
 
 
 def prove(out: Path, depth: str, no_gpu: bool, pytest_args: list[str]) -> int:

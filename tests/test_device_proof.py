@@ -171,8 +171,9 @@ def test_headline_figures_beside_the_recorded_h200():
 
 def test_a_soak_beside_a_depth_selects_both_and_sets_its_duration():
     assert prove.selection("quick", None) == ["-m", "quick"] and prove.selection("all", None) == []
-    assert prove.selection("full", "3m") == ["-m", "full or soak", "--soak-duration", "3m"]
-    assert prove.selection("all", "90s") == ["--soak-duration", "90s"]
+    mix = ["--soak-mix", "gpu_round_s=60"]  # a proof's soak of minutes: rounds of a minute
+    assert prove.selection("full", "3m") == ["-m", "full or soak", "--soak-duration", "3m", *mix]
+    assert prove.selection("all", "90s") == ["--soak-duration", "90s", *mix]
 
 
 def test_the_summary_lists_the_soaks_checks_and_trends():
