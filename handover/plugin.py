@@ -97,9 +97,11 @@ def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
     """--soak-stop ends a soak and pytest with it; a soak to attach to becomes the run resumed."""
     option = config.option
     try:
+        mix = soak.parse_mix(option.soak_mix)
         if option.soak_duration:
-            soak.parse_duration(option.soak_duration)
-        soak.parse_mix(option.soak_mix)
+            short = soak.too_short(soak.parse_duration(option.soak_duration), mix)
+            if short:
+                raise soak.SoakError(short)
         if option.soak_stop:
             return stop_soak(Path(option.soak_stop), option.inventory)
     except soak.SoakError as error:

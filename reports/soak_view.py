@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-SOAK_CHECKS = ("soak_heartbeat", "soak_load", "soak_ib", "soak_io", "soak_gpu", "soak_links")
+SOAK_CHECKS = ("soak_heartbeat", "soak_load", "soak_ib", "soak_io", "soak_gpu", "soak_kernel_log", "soak_links")
 FIGURES = {"soak_cpu_retained": "cpu_retained_pct", "soak_net_retained": "net_retained_pct",
            "soak_ib_retained": "ib_retained_pct", "soak_io_retained": "io_retained_pct",
            "soak_gpu_retained": "gpu_retained_pct", "soak_cpu_temp_max": "cpu_temp_max_c",

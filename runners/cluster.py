@@ -3,7 +3,8 @@
 The first check that needs a step (say, system facts) runs it on every selected node at once;
 every per-node test then reads its node's entry. So 32 nodes cost about what one costs.
 A node found unreachable (its transport's `loss`) is not tried again: its later steps are
-unreachable at once, with the time and reason it was lost.
+unreachable at once, with the time and reason it was lost (unless a caller that saw it answer
+since says so: `reconnect`).
 
 Where Slurm runs the work (`transport: slurm` or `launch: {engine: slurm}`) and the harness is
 not inside an allocation (SLURM_JOB_ID), the session asks for one before its first command, on
@@ -133,6 +134,15 @@ class ClusterRun:
             self._steps[step] = {name: results[name] for name in transports}
             self._taken[step] = time.time()
         return self._steps[step]
+
+    def reconnect(self, node: str) -> None:
+        """Try a lost node afresh in the steps to come: for a caller that has seen it answer since
+        (a soak's collection, hours after a blip). Steps already gathered keep their results."""
+        with self._lock:
+            transport = self._transports.get(node)
+            if transport is not None and transport.loss is not None:
+                transport.close()
+                del self._transports[node]
 
     def lost(self, node: str) -> Optional[Loss]:
         """When and why the node stopped answering, if it did."""

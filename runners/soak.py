@@ -37,6 +37,7 @@ SOAK_FILE = "soak.json"
 RAW_STEP = "soak"
 PORT = 5399  # the supervisors' iperf3 server
 IB_PORT = 5400  # rail i's ib_write_bw server listens on IB_PORT + i
+ROUND_KEYS = {"gpu": "gpu_round_s"}  # a load part's round length in the mix; the others' is round_s
 POLL_S = 5.0
 START_TIMEOUT_S = 60
 COMMAND_TIMEOUT_S = 30
@@ -98,6 +99,16 @@ def parse_mix(text: Optional[str], profile_mix: Optional[dict] = None) -> dict[s
         else:
             mix[key] = value
     return mix
+
+
+def too_short(duration_s: float, mix: Mapping[str, object], option: str = "--soak-duration") -> Optional[str]:
+    """Why a soak of duration_s would run no load round (rounds shorter than half a round are not
+    run: they would not compare), or None."""
+    round_s = float(mix["round_s"])  # type: ignore[arg-type]
+    if duration_s < round_s:
+        return (f"{option} {duration_s:g}s is shorter than one load round (round_s={round_s:g}): give at "
+                f"least {math.ceil(round_s)}s, or a smaller round_s in --soak-mix")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -633,6 +644,18 @@ def _reduce(log: SoakLog, buckets: dict[str, dict[int, list[float]]], sample: di
 
 
 PARSERS = {"soak": parse_soak}
+
+
+def no_round(plan: SoakPlan, log: SoakLog, part: str) -> Optional[str]:
+    """Why a load part that should have run on the node has no round at all (a soak stopped early
+    is not held to it), or None."""
+    if plan.stopped or any(p.part == part for p in log.parts):
+        return None
+    key = ROUND_KEYS.get(part, "round_s")
+    round_s = float(plan.mix.get(key, SOAK_MIX_DEFAULTS[key]))  # type: ignore[arg-type]
+    if plan.duration_s < round_s / 2:
+        return f"no round ran: the soak's {plan.duration_s:g} s is shorter than half a round ({key}={round_s:g})"
+    return "no round ran"
 
 
 def heartbeat_gaps(times: Sequence[float], allowed_s: float) -> list[tuple[float, float]]:

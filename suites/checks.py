@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Callable, NoReturn, Optional, Sequence, TypeVar
 
+import pytest
 from _pytest.mark.expression import Expression  # how -m is evaluated; pytest has no public API for it
 
 from handover.failures import (
@@ -24,7 +26,7 @@ from handover.failures import (
     transport_failure,
 )
 from inventory.model import Node, Profile
-from runners import isolation
+from runners import isolation, kernel_log
 from runners.parsing import ParseError
 from runners.scratch import missing_tool, refusal
 from runners.torchrun import Launch
@@ -103,6 +105,35 @@ def parsed(parser: Callable[[str], T], result: Result) -> T:
         return parser(result.stdout)
     except ParseError as exc:
         raise SanityFailure(f"{result.node}: {exc}", excerpt(result.stdout)) from None
+
+
+def kernel_log_of(on_node, step: str, started: datetime, profile: Profile) -> kernel_log.KernelRead:
+    """The node's kernel log since boot, split at `started`. Unreadable: skipped on a CPU-only
+    profile, failed on a GPU profile (a GPU's Xids are only there)."""
+    log = parsed(kernel_log.parse_kernel_read, on_node(step, lambda transport: kernel_log.read(transport, started)))
+    if not log.readable:
+        if profile.expect.gpu_count:
+            raise ExpectationFailure(f"profile {profile.name} expects GPUs, whose Xids are in the "
+                                     f"kernel log, but {log.unreadable_reason()}")
+        pytest.skip(log.unreadable_reason())
+    return log
+
+
+def describe_kernel_events(events: Sequence[kernel_log.KernelEvent]) -> list[str]:
+    return [f"{e.kind} {e.code if e.code is not None else ''} {e.device}: {e.meaning} -> "
+            f"{e.action}".replace("  ", " ") for e in events]
+
+
+def fail_on_critical_kernel_events(windows: Sequence[tuple[str, Sequence[kernel_log.KernelEvent]]]) -> None:
+    """A sanity failure naming the critical events of each (label, events) window, their lines
+    as the excerpt and the action the worst calls for."""
+    critical = {label: [e for e in events if e.severity == kernel_log.CRITICAL] for label, events in windows}
+    problems = [f"{label}: " + " | ".join(describe_kernel_events(events))
+                for label, events in critical.items() if events]
+    if problems:
+        every = [e for events in critical.values() for e in events]
+        raise SanityFailure("critical kernel event(s) " + "; ".join(problems), "\n".join(e.line for e in every),
+                            action=kernel_log.kernel_action(every))
 
 
 class Metrics:

@@ -14,9 +14,17 @@ import os
 import pytest
 
 from handover.failures import ExpectationFailure, PerformanceFailure, SanityFailure, excerpt
-from runners import burn, dcgmi, kernel_log, nvidia_smi, nvml, stress_ng
+from runners import burn, dcgmi, nvidia_smi, nvml, stress_ng
 from runners.parsing import ParseError
-from suites.checks import Metrics, odd_ones_out, parsed, require
+from suites.checks import (
+    Metrics,
+    describe_kernel_events,
+    fail_on_critical_kernel_events,
+    kernel_log_of,
+    odd_ones_out,
+    parsed,
+    require,
+)
 
 pytestmark = [pytest.mark.hardware]
 quick = pytest.mark.quick
@@ -298,11 +306,6 @@ def test_pcie_bandwidth(on_node, profile, node, record, metrics):
                   d2h_bandwidth=(run.slowest("d2h_gbps"), "GB/s"))
 
 
-def describe_events(events: list[kernel_log.KernelEvent]) -> list[str]:
-    return [f"{e.kind} {e.code if e.code is not None else ''} {e.device}: {e.meaning} -> "
-            f"{e.action}".replace("  ", " ") for e in events]
-
-
 @quick
 def test_kernel_log(on_node, profile, acceptance, record):
     """Xid/SXid, PCIe AER and degraded links since boot, split at this run's start.
@@ -312,22 +315,9 @@ def test_kernel_log(on_node, profile, acceptance, record):
     reset or more either way); the note says which. Unreadable log: skip on a CPU-only profile,
     fail on a GPU profile.
     """
-    result = on_node(KERNEL_STEP, lambda transport: kernel_log.read(transport, acceptance.started))
-    require(result)
-    log = parsed(kernel_log.parse_kernel_read, result)
-    if not log.readable:
-        if profile.expect.gpu_count:
-            raise ExpectationFailure(f"profile {profile.name} expects GPUs, whose Xids are in the "
-                                     f"kernel log, but {log.unreadable_reason()}")
-        pytest.skip(log.unreadable_reason())
+    log = kernel_log_of(on_node, KERNEL_STEP, acceptance.started, profile)
     during, before = log.during_run(), log.before_run()
     record.note(f"{log.source}: {log.log.lines} line(s) since boot; during this run: "
-                + ("; ".join(describe_events(during)[:5]) or "no event")
-                + "; earlier since boot: " + ("; ".join(describe_events(before)[:5]) or "no event"))
-    problems = [f"{label}: " + " | ".join(describe_events(worst))
-                for label, events in (("during this run", during), ("earlier since boot", before))
-                if (worst := [e for e in events if e.severity == kernel_log.CRITICAL])]
-    if problems:
-        critical = [e for e in log.log.events if e.severity == kernel_log.CRITICAL]
-        raise SanityFailure("critical kernel event(s) " + "; ".join(problems), "\n".join(e.line for e in critical),
-                            action=kernel_log.kernel_action(critical))
+                + ("; ".join(describe_kernel_events(during)[:5]) or "no event")
+                + "; earlier since boot: " + ("; ".join(describe_kernel_events(before)[:5]) or "no event"))
+    fail_on_critical_kernel_events((("during this run", during), ("earlier since boot", before)))

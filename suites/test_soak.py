@@ -16,6 +16,7 @@ the report, worst nodes first.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
@@ -25,7 +26,7 @@ from handover.failures import ExpectationFailure, NodeUnreachable, PerformanceFa
 from handover.plugin import ProgressDisplay
 from reports.results import outliers
 from runners import soak as soaking
-from suites.checks import Metrics
+from suites.checks import Metrics, describe_kernel_events, fail_on_critical_kernel_events, kernel_log_of
 
 pytestmark = [pytest.mark.soak]
 
@@ -36,6 +37,7 @@ PARTS = {"cpu": ("stress-ng CPU", "bogo-ops/s", "soak_cpu_rate"),
          "gpu": ("GPU burn (slowest GPU)", "TFLOP/s", "soak_gpu_tflops")}
 LOAD_PARTS = ("cpu", "net", "gpu")  # soak_load's; ib and io run only where there are rails and a shared scratch
 PART_TOOLS = {"cpu": "stress-ng", "net": "iperf3", "ib": "ib_write_bw", "io": "fio"}  # the GPU burn is torch's
+KERNEL_STEP = "soak_kernel_log"
 PEER_PARTS = ("net", "ib")  # rounds to the ring peer: not held against a node after the peer dropped out
 TREND_NODES = 8  # up to this many nodes, a line each; above, the worst of them and the median of all
 WORST_SHOWN = 5
@@ -72,7 +74,7 @@ class SoakOutcome:
 
 
 @pytest.fixture(scope="module")
-def soak(acceptance, pytestconfig) -> SoakOutcome:
+def soak(acceptance, cluster_run, pytestconfig) -> SoakOutcome:
     """Start the soak (or attach to the one this run directory holds) and follow it to the end."""
     if acceptance.cluster.transport not in ("ssh", "local"):
         pytest.skip(f"the soak runs over the ssh and local transports, not {acceptance.cluster.transport}")
@@ -85,9 +87,11 @@ def soak(acceptance, pytestconfig) -> SoakOutcome:
         duration = pytestconfig.getoption("--soak-duration")
         if not duration:
             pytest.skip("no soak asked for: give --soak-duration (e.g. 24h)")
-        plan = soaking.new_plan(acceptance.nodes, acceptance.cluster.scratch, soaking.parse_duration(duration),
-                                soaking.parse_mix(pytestconfig.getoption("--soak-mix"),
-                                                  acceptance.cluster.profile.soak_mix))
+        mix = soaking.parse_mix(pytestconfig.getoption("--soak-mix"), acceptance.cluster.profile.soak_mix)
+        short = soaking.too_short(soaking.parse_duration(duration), mix)
+        if short:  # the profile's round_s (without it, the option's check refused the run already)
+            pytest.fail(f"{short} (the profile {acceptance.cluster.profile.name} sets round_s)", pytrace=False)
+        plan = soaking.new_plan(acceptance.nodes, acceptance.cluster.scratch, soaking.parse_duration(duration), mix)
     run = soaking.SoakRun(plan, run_dir, specs, on_progress=ProgressDisplay(pytestconfig).show)
     try:
         if not (run_dir / soaking.SOAK_FILE).exists():
@@ -101,6 +105,9 @@ def soak(acceptance, pytestconfig) -> SoakOutcome:
         raise
     finally:
         run.close()
+    for name, state in run.states.items():
+        if state.state is not None and not state.unreachable:  # answered the soak's last poll
+            cluster_run.reconnect(name)
     logs = {name: run.log(name) for name in plan.nodes if name not in plan.refused}
     return SoakOutcome(plan, logs, run.states, run_dir, far_below(logs, plan, acceptance.cluster.profile))
 
@@ -179,8 +186,10 @@ def test_soak_load(soak, node, record, metrics: Metrics, acceptance):
             acceptance.record_tool(node, PART_TOOLS[part], versions[PART_TOOLS[part]])
     temperature = soaking.peak(log, "cpu_temp_c")
     events = [f"{len(log.events)} supervisor event(s), the last: {log.events[-1].get('event')}"] if log.events else []
+    burned = bool((log.start or {}).get("gpus")) and bool(soak.plan.mix.get("gpu", 1))
     judge_parts(soak, node, LOAD_PARTS, record, metrics, notes_after=events,  # the supervisor's own troubles
-                extra={"soak_cpu_temp_max": (temperature, "°C")} if temperature is not None else {})
+                extra={"soak_cpu_temp_max": (temperature, "°C")} if temperature is not None else {},
+                required=("gpu",) if burned else ())
 
 
 @pytest.mark.network
@@ -208,16 +217,21 @@ def test_soak_io(soak, node, record, metrics: Metrics):
 
 
 def judge_parts(soak: SoakOutcome, node: str, parts: tuple[str, ...], record, metrics: Metrics,
-                extra: Optional[dict] = None, notes_after: Optional[list[str]] = None) -> None:
+                extra: Optional[dict] = None, notes_after: Optional[list[str]] = None,
+                required: tuple[str, ...] = ()) -> None:
     """These load parts' rounds on the node: rounds that failed, first against last quarter,
     against its peers (the outlier rule), against the profile's soak_* bands. extra: more figures
-    to judge with them; notes_after: more words for the note."""
+    to judge with them; notes_after: more words for the note; required: parts that must have run
+    a round (the GPU burn on a node with GPUs), unless the soak was stopped early."""
     log = log_of(soak, node)
     lost_peer = peer_lost_at(node, soak.logs, soak.plan)
     figures: dict[str, tuple[Optional[float], str]] = {}
     failed, notes = [], []
     for part in parts:
         what, unit, metric = PARTS[part]
+        if part in required:
+            unrun = soaking.no_round(soak.plan, log, part)
+            failed += [f"{what}: {unrun}"] if unrun else []
         until = lost_peer if part in PEER_PARTS else None
         figure = soaking.drift(log.parts, part, until=until)
         errors = [p for p in log.parts if p.part == part and p.value is None and (until is None or p.t1 <= until)]
@@ -268,6 +282,18 @@ def test_soak_gpu(soak, node, record, metrics: Metrics):
                             action="drain the node and replace the GPU it names (RMA)")
     metrics.judge(soak_gpu_temp_max=(soaking.peak(log, "gpus.temp_c"), "°C"),
                   soak_gpu_power_max=(soaking.peak(log, "gpus.power_w"), "W"))
+
+
+@pytest.mark.hardware
+def test_soak_kernel_log(soak, on_node, profile, node, record):
+    """No critical Xid/SXid, PCIe AER or link event in the kernel log during the soak: what NVML's
+    critical Xid events miss (the other Xids, a GPU NVML could not watch, PCIe's own errors)."""
+    log_of(soak, node)  # a node the soak did not start on fails with why
+    started = datetime.fromtimestamp(soak.plan.started, timezone.utc)
+    log = kernel_log_of(on_node, KERNEL_STEP, started, profile)
+    during = log.during_run()
+    record.note(f"{log.source}: during the soak: " + ("; ".join(describe_kernel_events(during)[:5]) or "no event"))
+    fail_on_critical_kernel_events((("during the soak", during),))
 
 
 @pytest.mark.hardware

@@ -162,7 +162,8 @@ def test_the_parser_finds_the_names_the_payloads_use():
     assert any(c.function == "nvmlDeviceGetTemperature" and c.positional == 2 for c in facts.calls)
     assert "pynvml.nvmlDeviceGetUtilizationRates" in USES["train_gpt"].paths  # self._nvml = pynvml
     soak = USES["soak_supervisor"]  # nvml = self.nvml, where self.nvml = pynvml comes later
-    assert {"pynvml.nvmlEventSetWait", "pynvml.NVMLError_Timeout", "pynvml.nvmlDeviceGetRemappedRows"} <= set(soak.paths)
+    assert {"pynvml.nvmlEventSetWait", "pynvml.NVMLError_Timeout",
+            "pynvml.nvmlDeviceGetRemappedRows"} <= set(soak.paths)
     assert any(c.function == "nvmlDeviceRegisterEvents" and c.positional == 3 for c in soak.calls)
     assert "torch.distributed.all_reduce" in USES["collectives"].paths  # import ... as dist
     assert "torch.cuda.Event" in USES["gemm_fft"].paths  # self.torch.cuda.Event

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -344,6 +345,21 @@ def test_durations_and_mixes():
         soak.parse_mix("cpu_lod=10")
 
 
+def test_a_gpu_node_whose_burn_ran_no_round_says_why():
+    """The derived H200 samples without their burn rounds: a soak shorter than half a GPU round
+    never burns; one long enough that still has none says so plainly; a stopped soak is let be."""
+    lines = (DATA / "derived_h200_burn_nvml_as_soak_samples.jsonl").read_text().splitlines()
+    log = soak.parse_soak("\n".join(line for line in lines if '"kind":"part"' not in line.replace(" ", "")))
+    assert log.start["gpus"] == 1 and not log.parts
+    mix = soak.parse_mix("")
+    short = soak.SoakPlan("s", "t", 0.0, 120.0, mix, {}, {})
+    assert soak.no_round(short, log, "gpu") == \
+        "no round ran: the soak's 120 s is shorter than half a round (gpu_round_s=300)"
+    assert soak.no_round(replace(short, end=3600.0), log, "gpu") == "no round ran"
+    assert soak.no_round(replace(short, stopped=True), log, "gpu") is None
+    assert soak.no_round(short, soak.parse_soak("\n".join(lines)), "gpu") is None
+
+
 def profile_with_soak(tmp_path: Path, soak_yaml: str) -> Path:
     """cpu-only.yaml as shipped, renamed, with a `soak:` key."""
     source = (ROOT / "inventory" / "profiles" / "cpu-only.yaml").read_text()
@@ -374,8 +390,10 @@ def test_a_wrong_soak_key_is_one_line_naming_the_field(tmp_path, written, proble
     assert "\n" not in message and message.startswith(f"{path}:") and problem in message, message
 
 
-@pytest.mark.parametrize("option, says", [(["--soak-duration", "24x"], "--soak-duration '24x'"),
-                                          (["--soak-attach", "."], "--soak-attach: soak.json: no such file")])
+@pytest.mark.parametrize("option, says", [
+    (["--soak-duration", "24x"], "--soak-duration '24x'"),
+    (["--soak-duration", "15s"], "--soak-duration 15s is shorter than one load round (round_s=60): give at least 60s"),
+    (["--soak-attach", "."], "--soak-attach: soak.json: no such file")])
 def test_bad_soak_options_are_one_line_and_a_usage_error(option, says, tmp_path):
     done = subprocess.run([sys.executable, "-m", "pytest", "--inventory", "inventory/local.yaml", "--out",
                            str(tmp_path), "-m", "soak", *option], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -492,6 +510,8 @@ def test_the_same_command_reattaches_and_the_run_has_samples_of_the_whole_period
         assert io_rate["soak_io_retained"] >= 50, io
         rails = entry(results, "soak_ib", name)
         assert rails["outcome"] == "skipped" and rails["message"] == f"no active InfiniBand port on {name}", rails
+        kernel = entry(results, "soak_kernel_log", name)  # this VM's own kernel log, read over SSH as root
+        assert kernel["outcome"] == "passed" and kernel["message"].endswith("during the soak: no event"), kernel
 
 
 def test_the_loads_tools_and_their_versions_are_in_the_provenance(soaked):
@@ -512,6 +532,7 @@ def test_a_node_whose_link_is_cut_is_named_as_dropped_out(soaked):
     heartbeat = entry(results, "soak_heartbeat", "node4")
     assert heartbeat["outcome"] == "failed" and heartbeat["kind"] == "unreachable"
     assert "node4 dropped out of the soak" in heartbeat["message"]
+    assert entry(results, "soak_kernel_log", "node4")["kind"] == "unreachable"
     assert soaked["second"] == 1  # the gate fails on it
     assert "peer node4 dropped out" in entry(results, "soak_load", "node3")["message"]
     trends = next(c for c in results["checks"] if c["check"] == "soak_trends")
