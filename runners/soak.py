@@ -799,17 +799,45 @@ def trend(log: SoakLog, key: str, started: float, points: int = 120) -> list[tup
 
 
 def worst_first(lines: Mapping[str, list[tuple[float, float]]], *, high_is_bad: bool, shown_max: int,
-                worst_shown: int) -> dict[str, list[tuple[float, float]]]:
-    """A trend's lines for the report, the worst node first (the highest peak, or the lowest dip);
-    above shown_max nodes, the worst_shown worst and the median of all nodes at each point, so a
-    thousand-node soak draws a handful of lines. Nodes without points are left out."""
+                worst_shown: int, of: str = "nodes") -> dict[str, list[tuple[float, float]]]:
+    """A trend's lines for the report, the worst node (or rack: `of`) first, by the highest peak
+    or the lowest dip; above shown_max lines, the worst_shown worst and the median of all, so a
+    thousand-node soak draws a handful of lines. Lines without points are left out."""
     drawn = {node: points for node, points in lines.items() if points}
     ranked = sorted(drawn, key=lambda node: (max if high_is_bad else min)(y for _, y in drawn[node]),
                     reverse=high_is_bad)
     if len(ranked) <= shown_max:
         return {node: drawn[node] for node in ranked}
     shown = {node: drawn[node] for node in ranked[:worst_shown]}
-    length = min(len(points) for points in drawn.values())  # the nodes sample on one schedule
-    shown["median of all nodes"] = [(statistics.median(p[i][0] for p in drawn.values()),
-                                     statistics.median(p[i][1] for p in drawn.values())) for i in range(length)]
+    shown[f"median of all {of}"] = median_line(drawn.values())
     return shown
+
+
+def median_line(lines: Iterable[list[tuple[float, float]]], points: int = 120) -> list[tuple[float, float]]:
+    """The median of several lines against time: their points binned by time (about `points`
+    bins over the longest line), each bin's median value at its points' mean time. By time, not by
+    index: nodes' rounds end at their own moments, and a node that dropped out has fewer points."""
+    every = [point for line in lines for point in line]
+    if not every:
+        return []
+    span = max(x for x, _ in every) or 1.0
+    bins: dict[int, list[tuple[float, float]]] = {}
+    for x, y in every:
+        bins.setdefault(min(points - 1, int(x / span * points)), []).append((x, y))
+    return [(statistics.fmean(x for x, _ in found), statistics.median(y for _, y in found))
+            for _, found in sorted(bins.items())]
+
+
+def group_lines(lines: Mapping[str, list[tuple[float, float]]],
+                group_of: Mapping[str, Optional[str]]) -> dict[str, list[tuple[float, float]]]:
+    """Each group's (rack's) median line, named with its node count: where a facility's cooling
+    or power fails, a rack drifts as one. {} unless two groups have nodes with points (nothing to
+    compare); nodes of no group are left out."""
+    members: dict[str, list[list[tuple[float, float]]]] = {}
+    for node, points in lines.items():
+        if points and group_of.get(node):
+            members.setdefault(str(group_of[node]), []).append(points)
+    if len(members) < 2:
+        return {}
+    return {f"{group} ({len(found)} node{'s' if len(found) > 1 else ''})": median_line(found)
+            for group, found in sorted(members.items())}

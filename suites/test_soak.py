@@ -311,17 +311,21 @@ def test_soak_links(soak, node, record):
 
 @pytest.mark.hardware
 @pytest.mark.cluster
-def test_soak_trends(soak, record):
+def test_soak_trends(soak, acceptance, record):
     """Temperature, power and throughput against time: a line per node, worst first (above
-    TREND_NODES nodes, the WORST_SHOWN worst and the median of all)."""
+    TREND_NODES nodes, the WORST_SHOWN worst and the median of all); where the inventory places
+    the nodes in two racks or more, a median line per rack as well, worst first the same way."""
     started = soak.plan.started
+    racks = {node: acceptance.cluster.node(node).rack for node in soak.logs}
     drawn = 0
     for kind, key, label, unit, high_is_bad in TRENDS:
         lines = {node: soaking.trend(log, key, started) for node, log in soak.logs.items()}
-        shown = soaking.worst_first(lines, high_is_bad=high_is_bad, shown_max=TREND_NODES, worst_shown=WORST_SHOWN)
-        if not shown:
-            continue
-        record.series(f"soak {kind}: {label}", x=("minutes into the soak", "min"), y=(label, unit), lines=shown)
-        drawn += 1
+        for title, chosen, of in ((f"soak {kind}: {label}", lines, "nodes"),
+                                  (f"soak {kind} by rack: {label}", soaking.group_lines(lines, racks), "racks")):
+            shown = soaking.worst_first(chosen, high_is_bad=high_is_bad, shown_max=TREND_NODES,
+                                        worst_shown=WORST_SHOWN, of=of)
+            if shown:
+                record.series(title, x=("minutes into the soak", "min"), y=(label, unit), lines=shown)
+                drawn += 1
     record.note(f"{drawn} trend(s) over {soak.plan.duration_s / 60:.1f} min on {len(soak.logs)} node(s)")
 

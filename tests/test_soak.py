@@ -325,6 +325,28 @@ def test_trends_draw_the_worst_nodes_first_and_the_median_above_a_handful():
     assert list(slowest) == ["node1", "node2", "node3", "node4"]
 
 
+def flat(line: list[tuple[float, float]]) -> list[float]:
+    """A line's points as one list, which pytest.approx compares (it takes no nested tuples)."""
+    return [value for point in line for value in point]
+
+
+def test_the_median_of_lines_is_taken_by_time_and_racks_get_one_each():
+    """Lines whose points fall at other moments and in other numbers (a node that dropped out
+    has fewer) meet in time bins, not by index."""
+    lines = {"a": [(0.0, 10.0), (1.0, 20.0), (2.0, 30.0)], "b": [(0.01, 12.0), (1.01, 22.0)],
+             "c": [(0.0, 14.0), (2.0, 34.0)], "d": [(0.0, 99.0)]}
+    assert flat(soak.median_line(lines.values(), points=3)) == pytest.approx(flat([(0.0025, 13.0), (1.005, 21.0),
+                                                                                   (2.0, 32.0)]))
+    racks = soak.group_lines(lines, {"a": "r1", "b": "r1", "c": "r2", "d": None})
+    assert list(racks) == ["r1 (2 nodes)", "r2 (1 node)"]
+    assert flat(racks["r1 (2 nodes)"]) == pytest.approx(flat([(0.005, 11.0), (1.005, 21.0), (2.0, 30.0)]))
+    assert racks["r2 (1 node)"] == [(0.0, 14.0), (2.0, 34.0)]
+    assert soak.group_lines(lines, {"a": "r1", "b": "r1"}) == {}  # one rack: nothing to compare
+    many = {f"r{i:02d} (1 node)": [(0.0, float(i))] for i in range(10)}
+    assert list(soak.worst_first(many, high_is_bad=True, shown_max=8, worst_shown=2, of="racks")) == \
+        ["r09 (1 node)", "r08 (1 node)", "median of all racks"]
+
+
 def test_text_that_is_not_soak_samples_is_a_parse_error():
     with pytest.raises(ParseError):
         soak.parse_soak("stress-ng: info: [1] dispatching hogs\n")
@@ -439,8 +461,10 @@ def soaked(module_ns_cluster_factory, sign_key, tmp_path_factory):
     scratch, shared = tmp / "scratch", tmp / "shared"  # the nodes share this machine's filesystem
     scratch.mkdir()
     shared.mkdir()
+    racks = {"node1": "r1", "node2": "r1", "node3": "r2", "node4": "r2"}
     inventory = cluster.write_inventory(tmp / "cluster.yaml", extra={"scratch": [
-        {"path": str(scratch), "kind": "local"}, {"path": str(shared), "kind": "shared"}]})
+        {"path": str(scratch), "kind": "local"}, {"path": str(shared), "kind": "shared"}],
+        "nodes": [{"name": n.name, "address": n.address, "rack": racks[n.name]} for n in cluster.nodes]})
     out = tmp / "out"
     command = [sys.executable, "-m", "pytest", "--inventory", str(inventory), "--out", str(out), "--sign-key",
                str(sign_key), "-p", "no:cacheprovider", "-m", "soak", "--soak-duration", DURATION, "--soak-mix", MIX]
@@ -537,6 +561,9 @@ def test_a_node_whose_link_is_cut_is_named_as_dropped_out(soaked):
     assert "peer node4 dropped out" in entry(results, "soak_load", "node3")["message"]
     trends = next(c for c in results["checks"] if c["check"] == "soak_trends")
     assert any(s["name"].startswith("soak throughput") for s in trends["series"])
+    by_rack = next(s for s in trends["series"] if s["name"] == "soak throughput by rack: stress-ng CPU rate")
+    # node4's link was cut before its first round ended: rack r2's line is node3's alone
+    assert sorted(line["label"] for line in by_rack["lines"]) == ["r1 (2 nodes)", "r2 (1 node)"], by_rack
     worst = results["soak"]["nodes"][0]
     assert worst["node"] == "node4" and "soak_heartbeat" in worst["failed"]
     assert results["soak"]["trends"] == [s["name"] for s in trends["series"]]
