@@ -10,8 +10,9 @@ each node is judged from its samples: did it report throughout (heartbeat, dropp
 load hold (first against last rounds, against its peers by the outlier rule, against the profile's
 soak_* bands), did a GPU fall off the bus, log an Xid, new ECC errors or row remaps, slow down for
 heat or power, or compute a result that differs from its node's (silent data corruption),
-did a link's error counters rise. The trends (temperature, power, throughput against time) go into
-the report, worst nodes first.
+did the kernel log a critical Xid, PCIe or link event, did a link's error counters rise. The
+trends (temperature, power, throughput against time) go into the report, worst nodes first, and
+per rack where the inventory names racks.
 """
 from __future__ import annotations
 
