@@ -15,11 +15,13 @@ pytest.importorskip("torch", reason="torch is in the test extra (make test insta
 
 
 SLOW_NODE = "node3"
-# 20 Mbit/s into one node: a DDP step of the CPU model moves about 3 MB through each node's link,
-# so the 4 nodes together measured 11-19 % and every pair with node3 13-24 %. Healthy, the 4
-# together measured 92 %, pairs 56-116 % (2 shared cores), down to 31 % beside other work, and a
-# healthy pair beside node3's 120-244 % (node3's ranks wait on the link and leave it the cores).
-SLOW_RATE = "20mbit"
+# 10 Mbit/s into one node: a DDP step of the CPU model moves about 3 MB through each node's link,
+# so the 4 nodes together measured 9.6 % and every pair with node3 11-12 %. At 20 Mbit/s a slower
+# CI machine's longer steps hid the link (23 % together, pairs with node3 above the band): the
+# margin has to hold when compute is slower. Healthy, the 4 together measured 92 %, pairs 56-116 %
+# (2 shared cores), down to 31 % beside other work, and a healthy pair beside node3's 120-244 %
+# (node3's ranks wait on the link and leave it the cores).
+SLOW_RATE = "10mbit"
 BAND = {"check": "training_scaling", "value": 50, "lower": -0.5, "upper": None, "unit": "%",
         "source": "test: 4 healthy namespace nodes measured 92 % together, 31-116 % in pairs"}
 
