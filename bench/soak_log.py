@@ -9,7 +9,9 @@ its own (wall, what stays held after reading by tracemalloc, peak RSS):
   reduced   runners.soak.SoakReader fed the file's lines: peaks, trend buckets, every sample's time
   parsed    every line parsed and kept (json.loads into a list), what the harness did before
 
-and gives both at 1,024 nodes (one core). The harness feeds each node's reader the chunks it
+and gives both at 1,024 nodes (one core), with what the file costs `handover report` and
+`handover verify`, which hash every file of the run directory for its manifest
+(reports.bundle.sha256_of, one file after another). The harness feeds each node's reader the chunks it
 collects as the soak goes, so the reduced reading is spread over the soak and done whole only by
 a harness that re-attaches. Run from the repository root:
 `.venv/bin/python bench/soak_log.py [--samples 17280]`.
@@ -92,7 +94,22 @@ def main() -> int:
             print(f"  {way:<8} wall {figures['wall_s']:>5} s  held {figures['held_mib']:>7} MiB  "
                   f"peak RSS {figures['peak_rss_mib']:>7} MiB;  at {FLEET} nodes: held "
                   f"{figures['held_mib'] * FLEET / 1024:.1f} GiB, read in {figures['wall_s'] * FLEET / 60:.0f} min")
+        hashed = seal_time(path)
+        print(f"  sealed   wall {hashed:>5.2f} s ({size / hashed / 1e9:.2f} GB/s, the file in the page cache);  "
+              f"at {FLEET} nodes: {size * FLEET / 1e9:.1f} GB a day hashed in {hashed * FLEET:.0f} s")
     return 0
+
+
+def seal_time(path: Path) -> float:
+    """The best of three SHA-256 passes over the file, as the manifest makes them."""
+    from reports.bundle import sha256_of
+
+    times = []
+    for _ in range(3):
+        began = time.perf_counter()
+        sha256_of(path)
+        times.append(time.perf_counter() - began)
+    return min(times)
 
 
 if __name__ == "__main__":
