@@ -96,7 +96,7 @@ def main() -> int:
                   f"{figures['held_mib'] * FLEET / 1024:.1f} GiB, read in {figures['wall_s'] * FLEET / 60:.0f} min")
         hashed = seal_time(path)
         print(f"  sealed   wall {hashed:>5.2f} s ({size / hashed / 1e9:.2f} GB/s, the file in the page cache);  "
-              f"at {FLEET} nodes: {size * FLEET / 1e9:.1f} GB a day hashed in {hashed * FLEET:.0f} s")
+              f"at {FLEET} nodes: {size * FLEET / 1e9:.1f} GB hashed in {hashed * FLEET:.0f} s")
     return 0
 
 
