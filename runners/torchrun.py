@@ -23,9 +23,18 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
 from inventory.model import LaunchSettings
+from runners.fanout import kill_everywhere
 from runners.launchers import Launcher, LaunchError, SrunLauncher, uses_srun
 from runners.slurm import DISPATCH, Frames, last_line, minutes_for, parse_launch_failures, read_frame, run_here
-from runners.transport import HARNESS_GRACE_S, Result, Transport, node_timed_out
+from runners.transport import (
+    HARNESS_GRACE_S,
+    LEASE_VARIABLE,
+    OWN_TEMP_PREFIX,
+    TAG_VARIABLE,
+    Result,
+    Transport,
+    node_timed_out,
+)
 
 DEFAULT_PORT = 29431  # torchrun's rendezvous port when the rendezvous node cannot name a free one
 MARKER_PREFIX = "handover-run-"
@@ -37,11 +46,14 @@ _ROUTE_DEV = re.compile(r"\bdev\s+(\S+)")
 LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 FREE_PORT_SCRIPT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 # torchrun makes its log directory under the node's TMPDIR and never removes it (a torchelastic_*
-# per launch left on a customer's node): it gets one that is removed when torchrun ends.
+# per launch left on a customer's node): it gets one that is removed when torchrun ends, named
+# after the command's lease (runners.transport.OWN_TEMP_PREFIX) for when torchrun is killed where
+# it hangs, on a dead link, before it could remove it: the lease's kill removes it then.
 OWN_LOG_DIR_SCRIPT = (
     "# handover: torch.distributed.run (torchrun) in a log directory removed when it ends\n"
-    "import runpy, shutil, sys, tempfile\n"
-    "log_dir = tempfile.mkdtemp(prefix='handover-torchrun-')\n"
+    "import os, runpy, shutil, sys, tempfile\n"
+    f"owner = os.environ.get({LEASE_VARIABLE!r}) or os.environ.get({TAG_VARIABLE!r}, 'untagged')\n"
+    f"log_dir = tempfile.mkdtemp(prefix={OWN_TEMP_PREFIX!r} + owner + '-torchrun-')\n"
     "sys.argv = ['torchrun', '--log-dir', log_dir, *sys.argv[1:]]\n"
     "try:\n"
     "    runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)\n"
@@ -146,12 +158,8 @@ def launch_every(transports: Mapping[str, Transport], argv: Sequence[str], *, ti
         stop_waiting = time.monotonic() + PEER_FAILURE_GRACE_S
         while any(t.is_alive() for t in threads.values()) and time.monotonic() < stop_waiting:
             time.sleep(0.2)
-    killed = []
-    if failed.is_set() or any(t.is_alive() for t in threads.values()):
-        for node, transport in transports.items():
-            if threads[node].is_alive():
-                transport.kill_running()
-                killed.append(node)
+    killed = [node for node in transports if threads[node].is_alive()]
+    kill_everywhere(transports[node] for node in killed)
     for thread in threads.values():
         thread.join(HARNESS_GRACE_S + 20)
     first = next((node for node in order if not results[node].ok), None)

@@ -13,8 +13,9 @@ The lease is the node-side watchdog of one connection: a small POSIX-sh process 
 which reads a heartbeat byte from the harness every HEARTBEAT_S and echoes it back. When its
 input ends (the harness died and sshd closed the session) or no heartbeat came for
 NODE_PATIENCE_S (the harness's machine or the link is gone), it kills every process tagged with
-its lease, so nothing runs on until its own long timeout. The echo is how the harness knows the
-node still answers (runners.ssh). Nothing is written on the node's disk.
+its lease, so nothing runs on until its own long timeout, and removes the temporary directories
+named after it (OWN_TEMP_PREFIX). The echo is how the harness knows the node still answers
+(runners.ssh). The transport itself writes nothing on the node's disk.
 """
 from __future__ import annotations
 
@@ -38,20 +39,31 @@ KILL_GRACE_S = 5  # TERM first, KILL this much later
 HARNESS_GRACE_S = KILL_GRACE_S + 10  # how long the harness waits beyond the node-side timeout
 HEARTBEAT_S = 3  # the harness sends a heartbeat this often
 NODE_PATIENCE_S = 12  # the lease kills its work after this long without one (a few misses)
+# A command that needs a temporary directory names it OWN_TEMP_PREFIX + its lease (or its tag,
+# where it has no lease) + "-", under TMPDIR: whatever kills the command removes it as well.
+OWN_TEMP_PREFIX = "handover-"
 LONG_WORD = 120  # longer argv words (inline input, scripts) show as their size in messages
 
 log = logging.getLogger("handover.transport")
 
 # Fixed text: the only interpolations are tags made of hex digits and a number, quoted anyway.
+# TERM first, so that tools tidy up (torchrun removes its log directory), KILL after the grace;
+# then the temporary directories named after the tag or lease (OWN_TEMP_PREFIX) go too, since a
+# process killed where it hung (a torchrun waiting on a dead link) never removed its own.
 _KILL_TAGGED = r"""
 tagged() { grep -lsxz "$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
 kill_tagged() {
-  pids=$(tagged "$1"); [ -z "$pids" ] && return 0
-  kill -TERM $pids 2>/dev/null; sleep 1
-  pids=$(tagged "$1"); [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+  pids=$(tagged "$1")
+  if [ -n "$pids" ]; then
+    kill -TERM $pids 2>/dev/null
+    for _ in $(seq %d); do sleep 0.2; pids=$(tagged "$1"); [ -z "$pids" ] && break; done
+    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+  fi
+  own="${1#*=}"
+  [ -n "$own" ] && rm -rf -- "${TMPDIR:-/tmp}/%s$own-"* "/tmp/%s$own-"* 2>/dev/null
   return 0
 }
-"""
+""" % (KILL_GRACE_S * 5, OWN_TEMP_PREFIX, OWN_TEMP_PREFIX)
 _KILL_SCRIPT = _KILL_TAGGED + 'kill_tagged "$1"\n'
 # $1: seconds without a heartbeat before the work is killed (0: wait for the end of input only)
 _LEASE_SCRIPT = _KILL_TAGGED + r"""
@@ -308,7 +320,7 @@ class LocalLease(Lease):
         if self._process.stdin is not None:
             self._process.stdin.close()
         try:
-            self._process.wait(timeout=KILL_GRACE_S)
+            self._process.wait(timeout=KILL_GRACE_S + 2)  # the lease gives TERM its grace first
         except subprocess.TimeoutExpired:
             pass
 

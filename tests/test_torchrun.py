@@ -88,6 +88,15 @@ def wait_until_gone(marker: str, within_s: float) -> list[str]:
     return found
 
 
+def log_dirs(marker: str, within_s: float = 0) -> list[Path]:
+    """torchrun's log directories of this launch (named after its rendezvous id) still there,
+    waiting for them to go: the nodes share this machine's /tmp."""
+    deadline = time.monotonic() + within_s
+    while (found := list(Path(tempfile.gettempdir()).glob(f"*/{marker}_*"))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
 def transports_of(cluster) -> dict:
     return {node.name: SshTransport(node) for node in cluster.nodes}
 
@@ -111,8 +120,7 @@ def test_gloo_all_reduce_across_two_nodes_over_ssh(ns_cluster, tmp_path):
     assert largest.size == 64 << 20 and largest.wrong == 0 and largest.busbw > 0
     assert largest.busbw == pytest.approx(largest.algbw)  # 2(n-1)/n = 1 for two ranks
     assert not processes(launch.marker)
-    # torchrun's log directory (named after the rendezvous id) went with it: the nodes share /tmp
-    assert not list(Path(tempfile.gettempdir()).glob(f"*/{launch.marker}_*"))
+    assert log_dirs(launch.marker) == []
 
 
 def test_two_ranks_on_one_node_over_ssh(ns_cluster, tmp_path):
@@ -147,18 +155,17 @@ def test_a_link_cut_mid_run_times_out_and_leaves_no_process(ns_cluster_factory, 
 
     cutter = threading.Thread(target=cut_when_running, daemon=True)
     cutter.start()
-    started = time.monotonic()
     try:
         launch = collectives.run_across(transports, {n.name: n.address for n in cluster.nodes}, 1,
                                         sizes=(64 << 20,), iters=200, timeout=12, join_timeout_s=10)
     finally:
         for transport in transports.values():
             transport.close()
-    elapsed = time.monotonic() - started
     cutter.join(1)
     assert marker_seen.is_set(), {n: r.explain() + r.stderr[-800:] for n, r in launch.results.items()}
     assert launch.first_failure is not None and not launch.ok
     assert any(r.timed_out or r.failure for r in launch.results.values()), launch.results
-    assert elapsed < 12 + 60, f"launch took {elapsed:.0f} s"
     assert launch.leftovers == {}
     assert wait_until_gone(launch.marker, within_s=15) == []
+    # node2's torchrun hung on the dead link until killed: its lease removed its log directory
+    assert log_dirs(launch.marker, within_s=15) == []

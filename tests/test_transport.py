@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
@@ -16,7 +18,7 @@ from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
 from inventory.model import Node
 from runners import system
 from runners.parsing import ParseError
-from runners.transport import LocalTransport, make_transport
+from runners.transport import OWN_TEMP_PREFIX, LocalTransport, make_transport
 
 
 @pytest.fixture(params=["local", "ssh"])
@@ -111,6 +113,45 @@ def test_kill_running_reaches_processes_that_left_the_process_group(transport):
     worker.join(20)
     assert finished and not finished[0].ok
     assert wait_for_no_leftovers(marker) == []
+
+
+def own_temp_dirs(owner: str, within_s: float = 0) -> list[Path]:
+    """Directories named after a tag or lease still there, waiting for them to go (the nodes
+    share this machine's /tmp; an ssh session has no TMPDIR of its own)."""
+    deadline = time.monotonic() + within_s
+    while (found := list(Path(tempfile.gettempdir()).glob(f"{OWN_TEMP_PREFIX}{owner}-*"))) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
+def test_a_killed_command_gets_time_to_tidy_up_and_its_own_temporary_directories_go(transport, tmp_path):
+    """TERM comes seconds before KILL, so a tool's handler that takes a while still runs; what
+    a command that ignores TERM left behind is removed by name: the tag's directories with the
+    command, the lease's when the connection closes (whatever ends it, a dead link included)."""
+    tidied = tmp_path / "tidied"
+    marker = unique_sleep()
+    script = (f'for owner in "$HANDOVER_TAG" "$HANDOVER_LEASE"; do '
+              f'mktemp -d "${{TMPDIR:-/tmp}}/{OWN_TEMP_PREFIX}$owner-XXXX"; done; '
+              f'(trap "" TERM; exec {marker}) & trap "sleep 2; touch {tidied}; exit 143" TERM; '
+              f'echo "$HANDOVER_TAG $HANDOVER_LEASE" > {tmp_path}/owners; while :; do sleep 0.1; done')
+    finished = []
+    worker = threading.Thread(target=lambda: finished.append(transport.run(["sh", "-c", script], timeout=60)))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "owners").exists() or not leftovers(marker):
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.1)
+    tag, lease = (tmp_path / "owners").read_text().split()
+    assert own_temp_dirs(tag) and own_temp_dirs(lease)
+    transport.kill_running()
+    worker.join(20)
+    assert finished and not finished[0].ok
+    assert tidied.exists()  # its TERM handler ran to the end
+    assert wait_for_no_leftovers(marker) == []  # what ignored TERM got KILL
+    assert own_temp_dirs(tag) == [] and own_temp_dirs(lease)
+    transport.close()
+    assert own_temp_dirs(lease, within_s=15) == []
 
 
 def test_stopped_sshd_is_unreachable_not_an_exception(ns_cluster_factory, tmp_path):
