@@ -1,0 +1,172 @@
+"""Benchmark: what a Ctrl-C costs on N real sshd nodes, until nothing of the run is left on them.
+
+For each cluster size N this starts N sshd nodes in network namespaces (tests/netns.py), then,
+in the same run and on the same nodes, starts a long command on every node (a fan-out of a
+`sleep`, as a check's tool would run) and times how each of these ends them all:
+
+  harness   runners.fanout.kill_everywhere: every node's kill_running() at once (what the
+            fan-out does on Ctrl-C), each a TERM, a wait until the node's tagged processes are
+            gone, KILL only after a grace
+  serial    the same kill_running(), one node after the other (what the fan-out did before)
+  xargs     what an operator would type instead: `xargs -P N` running `ssh node pkill -f CMD`
+            with OpenSSH, a fresh connection per node
+
+A run counts only once the fan-out has returned and no `sleep` of the run is left on any node.
+Each figure is the median of --repeat runs. Run as root from the repository root:
+`.venv/bin/python bench/interrupt.py` (the nodes are namespaces on this machine's cores).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py by path
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from fanout import close_all, log, machine, positive_int, sizes_arg  # noqa: E402
+from netns import NamespaceCluster, netns_available  # noqa: E402
+
+from inventory.loader import load_inventory  # noqa: E402
+from inventory.model import Cluster  # noqa: E402
+from runners.fanout import fan_out, kill_everywhere  # noqa: E402
+from runners.transport import Transport, make_transport  # noqa: E402
+
+WAIT_S = 60  # for the sleeps to start on every node, and for them to be gone
+
+
+def sleepers(command: str) -> int:
+    """Processes running exactly `command` (the nodes share this machine's PID namespace)."""
+    found = subprocess.run(["pgrep", "-x", "-f", command], capture_output=True, text=True).stdout
+    return len(found.split())
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gave up after {WAIT_S} s waiting for {what}")
+        time.sleep(0.05)
+
+
+Kill = Callable[[str], None]  # ends every node's run of this command line
+
+
+def harness_kill(transports: Mapping[str, Transport]) -> Kill:
+    return lambda command: kill_everywhere(transports.values())
+
+
+def serial_kill(transports: Mapping[str, Transport]) -> Kill:
+    def kill(command: str) -> None:
+        for transport in transports.values():
+            transport.kill_running()
+    return kill
+
+
+def xargs_kill(cluster: Cluster) -> Kill:
+    first = cluster.nodes[0]
+    ssh = ["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={first.ssh.known_hosts}",
+           "-o", "StrictHostKeyChecking=yes", "-i", str(first.ssh.identity_file), "-l", "root"]
+    hosts = "".join(f"{node.address}\n" for node in cluster.nodes).encode()
+
+    def kill(command: str) -> None:
+        script = f'{shlex.join(ssh)} "$1" pkill -x -f {shlex.quote(shlex.quote(command))}; exit 0'
+        subprocess.run(["xargs", "-P", str(len(cluster.nodes)), "-n", "1", "sh", "-c", script, "xargs-kill"],
+                       input=hosts, check=True, stdout=subprocess.DEVNULL)
+    return kill
+
+
+def one_run(transports: Mapping[str, Transport], kill: Kill) -> float:
+    """Seconds from the kill until the fan-out returned and no sleep of this run is left."""
+    command = f"sleep {random.randint(300, 899)}.{random.randint(1, 10**6)}"
+    ended: list[dict] = []
+    running = threading.Thread(target=lambda: ended.append(fan_out(
+        transports, lambda transport: transport.run(command.split(), timeout=WAIT_S * 5), name="sleep")))
+    running.start()
+    wait_for(lambda: sleepers(command) == len(transports), f"{len(transports)} sleeps to start")
+    started = time.perf_counter()
+    kill(command)
+    running.join(WAIT_S)
+    wait_for(lambda: sleepers(command) == 0, "the sleeps to be gone")
+    elapsed = time.perf_counter() - started
+    if not ended or any(result.ok for result in ended[0].values()):
+        raise RuntimeError("the fan-out did not end with every node's sleep killed")
+    return elapsed
+
+
+def measure(n: int, *, repeat: int, serial_max: int, workdir: Path) -> dict:
+    cluster = NamespaceCluster(workdir / f"n{n}", n)
+    transports: dict[str, Transport] = {}
+    try:
+        log(f"N={n}: starting {n} sshd node(s)")
+        cluster.start()
+        inventory = load_inventory(cluster.write_inventory(workdir / f"n{n}" / "inventory.yaml"))
+        transports = {node.name: make_transport(node) for node in inventory.nodes}
+        ways = {"harness": harness_kill(transports), "xargs": xargs_kill(inventory)}
+        if n <= serial_max:
+            ways["serial"] = serial_kill(transports)
+        runs: dict[str, list[float]] = {way: [] for way in ways}
+        for run in range(repeat):
+            for way, kill in ways.items():
+                runs[way].append(one_run(transports, kill))
+            log(f"N={n}: run {run + 1}/{repeat}: " + ", ".join(f"{way} {runs[way][-1]:.2f} s" for way in ways))
+    finally:
+        try:
+            close_all(transports)
+        finally:
+            log(f"N={n}: stopping the nodes")
+            cluster.stop()
+    return {"nodes": n, **{f"{way}_s": statistics.median(times) for way, times in runs.items()}, "runs": runs}
+
+
+def table(rows: list[dict]) -> str:
+    def cell(row: dict, key: str) -> str:
+        return f"{row[key]:.2f}" if key in row else "-"
+
+    lines = ["|  N | harness s | xargs -P ssh pkill s | serial s |", "|---:|---:|---:|---:|"]
+    lines += [f"| {row['nodes']:>2} | {cell(row, 'harness_s')} | {cell(row, 'xargs_s')} | {cell(row, 'serial_s')} |"
+              for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg("8,32,64"),
+                        help="cluster sizes to measure, comma-separated (default 8,32,64)")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="runs per measurement; the median is reported (default 3)")
+    parser.add_argument("--serial-max", type=int, default=64,
+                        help="largest N also killed one node after the other (default 64)")
+    args = parser.parse_args(argv)
+    available, reason = netns_available()
+    if not available:
+        log(f"interrupt bench: cannot start namespace nodes: {reason}")
+        return 2
+    when = datetime.now(timezone.utc)
+    with tempfile.TemporaryDirectory(prefix="handover-bench-") as tmp:
+        rows = [measure(n, repeat=args.repeat, serial_max=args.serial_max, workdir=Path(tmp))
+                for n in sorted(set(args.sizes))]
+    info = machine()
+    print(f"a Ctrl-C on namespace sshd nodes, until no sleep is left; median of {args.repeat} runs; "
+          f"{info['cpus']} CPUs, {when:%Y-%m-%d %H:%M} UTC")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("interrupt bench: interrupted; its nodes were stopped")
+        sys.exit(130)
