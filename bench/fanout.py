@@ -23,7 +23,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, NoReturn, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py by path
@@ -63,6 +63,25 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def cluster_arguments(description: str, default_sizes: str) -> argparse.ArgumentParser:
+    """The options every namespace-cluster bench takes: the sizes, and runs per measurement."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
+    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg(default_sizes),
+                        help=f"cluster sizes to measure, comma-separated (default {default_sizes})")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="runs per measurement; the median is reported (default 3)")
+    return parser
+
+
+def run_bench(main: Callable[[], int], name: str) -> NoReturn:
+    """Exit with main's status; on Ctrl-C say so (each bench stops its nodes on the way out)."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log(f"{name} bench: interrupted; its nodes were stopped")
+        sys.exit(130)
 
 
 def run_true(transport: Transport) -> Result:
@@ -199,11 +218,7 @@ def machine() -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg("1,8,32,64"),
-                        help="cluster sizes to measure, comma-separated (default 1,8,32,64)")
-    parser.add_argument("--repeat", type=positive_int, default=3,
-                        help="runs per measurement; the median is reported (default 3)")
+    parser = cluster_arguments(__doc__, "1,8,32,64")
     parser.add_argument("--workers", type=positive_int, default=DEFAULT_WORKERS,
                         help=f"fan-out pool size (default {DEFAULT_WORKERS}, the harness's default)")
     parser.add_argument("--serial-max", type=int, default=32,
@@ -246,8 +261,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        log("fanout bench: interrupted; its nodes were stopped")
-        sys.exit(130)
+    run_bench(main, "fanout")

@@ -17,7 +17,6 @@ Each figure is the median of --repeat runs. Run as root from the repository root
 """
 from __future__ import annotations
 
-import argparse
 import random
 import shlex
 import statistics
@@ -35,7 +34,7 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from fanout import close_all, log, machine, positive_int, sizes_arg  # noqa: E402
+from fanout import close_all, cluster_arguments, log, machine, run_bench  # noqa: E402
 from netns import NamespaceCluster, netns_available  # noqa: E402
 
 from inventory.loader import load_inventory  # noqa: E402
@@ -141,11 +140,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg("8,32,64"),
-                        help="cluster sizes to measure, comma-separated (default 8,32,64)")
-    parser.add_argument("--repeat", type=positive_int, default=3,
-                        help="runs per measurement; the median is reported (default 3)")
+    parser = cluster_arguments(__doc__, "8,32,64")
     parser.add_argument("--serial-max", type=int, default=64,
                         help="largest N also killed one node after the other (default 64)")
     args = parser.parse_args(argv)
@@ -165,8 +160,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        log("interrupt bench: interrupted; its nodes were stopped")
-        sys.exit(130)
+    run_bench(main, "interrupt")

@@ -21,7 +21,6 @@ xargs run only if every ssh exited 0. Run as root from the repository root:
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -40,7 +39,7 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from fanout import log, machine, positive_int, sizes_arg  # noqa: E402
+from fanout import cluster_arguments, log, machine, run_bench  # noqa: E402
 from netns import NamespaceCluster, netns_available  # noqa: E402
 
 from inventory.loader import load_inventory  # noqa: E402
@@ -166,11 +165,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg("1,8,32,64"),
-                        help="cluster sizes to measure, comma-separated (default 1,8,32,64)")
-    parser.add_argument("--repeat", type=positive_int, default=3,
-                        help="runs per measurement; the median is reported (default 3)")
+    parser = cluster_arguments(__doc__, "1,8,32,64")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures to FILE")
     args = parser.parse_args(argv)
     available, reason = netns_available()
@@ -199,8 +194,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        log("system suite bench: interrupted; its nodes were stopped")
-        sys.exit(130)
+    run_bench(main, "system suite")
