@@ -46,7 +46,7 @@ LONG_WORD = 120  # longer argv words (inline input, scripts) show as their size 
 
 log = logging.getLogger("handover.transport")
 
-# Fixed text: the only interpolations are tags made of hex digits and a number, quoted anyway.
+# Fixed text: it interpolates constants only; the tag (hex digits) arrives as $1, quoted anyway.
 # TERM first, so that tools tidy up (torchrun removes its log directory), KILL after the grace;
 # then the temporary directories named after the tag or lease (OWN_TEMP_PREFIX) go too, since a
 # process killed where it hung (a torchrun waiting on a dead link) never removed its own.
