@@ -86,12 +86,11 @@ def test_pair_on_this_machine_measures_and_leaves_no_server():
 def test_client_that_cannot_reach_the_server_fails_and_the_waiting_server_is_killed():
     """192.0.2.1 (TEST-NET-1) is never reachable: the client fails, the server waits in vain."""
     port = random.randint(43000, 43999)
-    started = time.monotonic()
     run = iperf3.run_pair(local(), local(), "192.0.2.1", port, seconds=1)
     report, why = iperf3.judge(run)
     assert "iperf3 error: unable to connect to server" in why and report is not None
     assert run.server_result is not None and not run.server_result.ok  # killed, not finished
-    assert time.monotonic() - started < 30
+    assert not run.server_result.timed_out  # by the pair, not by its own 60 s timeout
     assert not wait_for_no_leftovers(f"--port {port}")
 
 
@@ -101,7 +100,6 @@ def test_client_that_times_out_gets_its_waiting_server_killed(ns_cluster_factory
     past the client's 1 s limit; the server, still waiting, is killed when the pair returns."""
     silent = str(ns_cluster_factory(1).subnet[200])
     port = random.randint(45000, 45999)
-    started = time.monotonic()
     run = pairs.run_server_client(
         local(), local(), iperf3.server_argv(port),
         ["iperf3", "--client", silent, "--port", str(port), "--time", "1", "--json"],
@@ -109,8 +107,8 @@ def test_client_that_times_out_gets_its_waiting_server_killed(ns_cluster_factory
         retry_s=0)
     assert run.client_result.timed_out, run.client_result
     assert run.server_result is not None and not run.server_result.ok  # killed, not finished
+    assert not run.server_result.timed_out  # by the pair, not by its own 60 s timeout
     assert "timed out" in iperf3.judge(run)[1]
-    assert time.monotonic() - started < 30
     assert not wait_for_no_leftovers(f"--port {port}")
 
 
