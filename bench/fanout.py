@@ -21,9 +21,10 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Mapping, NoReturn, Optional
+from typing import Callable, Iterator, Mapping, NoReturn, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py by path
@@ -33,6 +34,7 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
 from netns import MAX_NODES, NamespaceCluster, netns_available  # noqa: E402
 
 from inventory.loader import load_inventory  # noqa: E402
+from inventory.model import Node  # noqa: E402
 from runners import system  # noqa: E402
 from runners.fanout import DEFAULT_WORKERS, fan_out  # noqa: E402
 from runners.transport import Result, Transport, make_transport  # noqa: E402
@@ -73,6 +75,39 @@ def cluster_arguments(description: str, default_sizes: str) -> argparse.Argument
     parser.add_argument("--repeat", type=positive_int, default=3,
                         help="runs per measurement; the median is reported (default 3)")
     return parser
+
+
+def measure_sizes(bench: str, sizes: list[int], measure: Callable[[int, Path], dict]) -> Optional[list[dict]]:
+    """measure(n, workdir) for each size, smallest first, in one temporary directory; None (and
+    why, on stderr) where namespace nodes cannot start here."""
+    available, reason = netns_available()
+    if not available:
+        log(f"{bench} bench: cannot start namespace nodes: {reason}")
+        return None
+    with tempfile.TemporaryDirectory(prefix="handover-bench-") as tmp:
+        return [measure(n, Path(tmp)) for n in sorted(set(sizes))]
+
+
+@contextmanager
+def namespace_nodes(n: int, workdir: Path) -> Iterator[tuple[Path, float]]:
+    """N started sshd nodes: their inventory file and how long they took to start; stopped on
+    the way out, whatever happened."""
+    cluster = NamespaceCluster(workdir / f"n{n}", n)
+    try:
+        log(f"N={n}: starting {n} sshd node(s)")
+        started = time.perf_counter()
+        cluster.start()
+        start_s = time.perf_counter() - started
+        yield cluster.write_inventory(workdir / f"n{n}" / "inventory.yaml"), start_s
+    finally:
+        log(f"N={n}: stopping the nodes")
+        cluster.stop()
+
+
+def openssh_argv(node: Node) -> list[str]:
+    """Plain OpenSSH to the namespace nodes, as an operator would type it: their key and known_hosts."""
+    return ["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={node.ssh.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", "-i", str(node.ssh.identity_file), "-l", "root"]
 
 
 def run_bench(main: Callable[[], int], name: str) -> NoReturn:
@@ -123,35 +158,27 @@ def close_all(transports: Mapping[str, Transport]) -> None:
 
 
 def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, workdir: Path) -> dict:
-    cluster = NamespaceCluster(workdir / f"n{n}", n)
     transports: dict[str, Transport] = {}
-    try:
-        log(f"N={n}: starting {n} sshd node(s)")
-        started = time.perf_counter()
-        cluster.start()
-        start_s = time.perf_counter() - started
-        inventory = load_inventory(cluster.write_inventory(workdir / f"n{n}" / "inventory.yaml"))
-        transports = {node.name: make_transport(node) for node in inventory.nodes}
-        cold, warm, warm_cpu, warm_node_s = [], [], [], []
-        for run in range(repeat):
-            close_all(transports)  # the next fan-out connects and authenticates again
-            cold.append(timed_fan_out(transports, step, workers=workers)[0])
-            elapsed, cpu, results = timed_fan_out(transports, step, workers=workers)
-            warm.append(elapsed)
-            warm_cpu.append(cpu)
-            warm_node_s.append(statistics.median(r.duration_s for r in results.values()))
-            log(f"N={n}: run {run + 1}/{repeat}: cold {cold[-1]:.3f} s, warm {warm[-1]:.3f} s")
-        serial = []
-        if n <= serial_max:
-            for run in range(repeat):
-                serial.append(timed_fan_out(transports, step, workers=1)[0])
-                log(f"N={n}: run {run + 1}/{repeat}: serial {serial[-1]:.3f} s")
-    finally:
+    with namespace_nodes(n, workdir) as (inventory_file, start_s):
         try:
-            close_all(transports)
+            inventory = load_inventory(inventory_file)
+            transports = {node.name: make_transport(node) for node in inventory.nodes}
+            cold, warm, warm_cpu, warm_node_s = [], [], [], []
+            for run in range(repeat):
+                close_all(transports)  # the next fan-out connects and authenticates again
+                cold.append(timed_fan_out(transports, step, workers=workers)[0])
+                elapsed, cpu, results = timed_fan_out(transports, step, workers=workers)
+                warm.append(elapsed)
+                warm_cpu.append(cpu)
+                warm_node_s.append(statistics.median(r.duration_s for r in results.values()))
+                log(f"N={n}: run {run + 1}/{repeat}: cold {cold[-1]:.3f} s, warm {warm[-1]:.3f} s")
+            serial = []
+            if n <= serial_max:
+                for run in range(repeat):
+                    serial.append(timed_fan_out(transports, step, workers=1)[0])
+                    log(f"N={n}: run {run + 1}/{repeat}: serial {serial[-1]:.3f} s")
         finally:
-            log(f"N={n}: stopping the nodes")
-            cluster.stop()
+            close_all(transports)
     warm_s = statistics.median(warm)
     serial_s = statistics.median(serial) if serial else None
     return {
@@ -229,17 +256,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures to FILE")
     args = parser.parse_args(argv)
 
-    available, reason = netns_available()
-    if not available:
-        log(f"fanout bench: cannot start namespace nodes: {reason}")
-        return 2
-
     when = datetime.now(timezone.utc)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="handover-bench-") as tmp:
-        for n in sorted(set(args.sizes)):
-            rows.append(measure(n, args.step, repeat=args.repeat, workers=args.workers,
-                                serial_max=args.serial_max, workdir=Path(tmp)))
+    rows = measure_sizes("fanout", args.sizes, lambda n, workdir: measure(
+        n, args.step, repeat=args.repeat, workers=args.workers, serial_max=args.serial_max, workdir=workdir))
+    if rows is None:
+        return 2
 
     info = machine()
     print(f"fan-out of {STEP_LABELS[args.step]} over SSH to namespace sshd nodes; median of {args.repeat} runs; "

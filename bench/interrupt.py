@@ -22,7 +22,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime, timezone
@@ -34,8 +33,16 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from fanout import close_all, cluster_arguments, log, machine, run_bench  # noqa: E402
-from netns import NamespaceCluster, netns_available  # noqa: E402
+from fanout import (  # noqa: E402
+    close_all,
+    cluster_arguments,
+    log,
+    machine,
+    measure_sizes,
+    namespace_nodes,
+    openssh_argv,
+    run_bench,
+)
 
 from inventory.loader import load_inventory  # noqa: E402
 from inventory.model import Cluster  # noqa: E402
@@ -74,9 +81,7 @@ def serial_kill(transports: Mapping[str, Transport]) -> Kill:
 
 
 def xargs_kill(cluster: Cluster) -> Kill:
-    first = cluster.nodes[0]
-    ssh = ["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={first.ssh.known_hosts}",
-           "-o", "StrictHostKeyChecking=yes", "-i", str(first.ssh.identity_file), "-l", "root"]
+    ssh = openssh_argv(cluster.nodes[0])
     hosts = "".join(f"{node.address}\n" for node in cluster.nodes).encode()
 
     def kill(command: str) -> None:
@@ -105,27 +110,21 @@ def one_run(transports: Mapping[str, Transport], kill: Kill) -> float:
 
 
 def measure(n: int, *, repeat: int, serial_max: int, workdir: Path) -> dict:
-    cluster = NamespaceCluster(workdir / f"n{n}", n)
     transports: dict[str, Transport] = {}
-    try:
-        log(f"N={n}: starting {n} sshd node(s)")
-        cluster.start()
-        inventory = load_inventory(cluster.write_inventory(workdir / f"n{n}" / "inventory.yaml"))
-        transports = {node.name: make_transport(node) for node in inventory.nodes}
-        ways = {"harness": harness_kill(transports), "xargs": xargs_kill(inventory)}
-        if n <= serial_max:
-            ways["serial"] = serial_kill(transports)
-        runs: dict[str, list[float]] = {way: [] for way in ways}
-        for run in range(repeat):
-            for way, kill in ways.items():
-                runs[way].append(one_run(transports, kill))
-            log(f"N={n}: run {run + 1}/{repeat}: " + ", ".join(f"{way} {runs[way][-1]:.2f} s" for way in ways))
-    finally:
+    with namespace_nodes(n, workdir) as (inventory_file, _):
         try:
-            close_all(transports)
+            inventory = load_inventory(inventory_file)
+            transports = {node.name: make_transport(node) for node in inventory.nodes}
+            ways = {"harness": harness_kill(transports), "xargs": xargs_kill(inventory)}
+            if n <= serial_max:
+                ways["serial"] = serial_kill(transports)
+            runs: dict[str, list[float]] = {way: [] for way in ways}
+            for run in range(repeat):
+                for way, kill in ways.items():
+                    runs[way].append(one_run(transports, kill))
+                log(f"N={n}: run {run + 1}/{repeat}: " + ", ".join(f"{way} {runs[way][-1]:.2f} s" for way in ways))
         finally:
-            log(f"N={n}: stopping the nodes")
-            cluster.stop()
+            close_all(transports)
     return {"nodes": n, **{f"{way}_s": statistics.median(times) for way, times in runs.items()}, "runs": runs}
 
 
@@ -144,14 +143,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--serial-max", type=int, default=64,
                         help="largest N also killed one node after the other (default 64)")
     args = parser.parse_args(argv)
-    available, reason = netns_available()
-    if not available:
-        log(f"interrupt bench: cannot start namespace nodes: {reason}")
-        return 2
     when = datetime.now(timezone.utc)
-    with tempfile.TemporaryDirectory(prefix="handover-bench-") as tmp:
-        rows = [measure(n, repeat=args.repeat, serial_max=args.serial_max, workdir=Path(tmp))
-                for n in sorted(set(args.sizes))]
+    rows = measure_sizes("interrupt", args.sizes, lambda n, workdir: measure(
+        n, repeat=args.repeat, serial_max=args.serial_max, workdir=workdir))
+    if rows is None:
+        return 2
     info = machine()
     print(f"a Ctrl-C on namespace sshd nodes, until no sleep is left; median of {args.repeat} runs; "
           f"{info['cpus']} CPUs, {when:%Y-%m-%d %H:%M} UTC")

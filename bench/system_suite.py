@@ -28,7 +28,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,8 +38,7 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from fanout import cluster_arguments, log, machine, run_bench  # noqa: E402
-from netns import NamespaceCluster, netns_available  # noqa: E402
+from fanout import cluster_arguments, log, machine, measure_sizes, namespace_nodes, openssh_argv, run_bench  # noqa: E402
 
 from inventory.loader import load_inventory  # noqa: E402
 from runners import payloads  # noqa: E402
@@ -76,8 +74,7 @@ def xargs_script(inventory: Path, workdir: Path) -> tuple[Path, Path]:
     """A file of node addresses and the per-node script xargs runs: one ssh per payload."""
     cluster = load_inventory(inventory)
     first = cluster.nodes[0]
-    ssh = ["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={first.ssh.known_hosts}",
-           "-o", "StrictHostKeyChecking=yes", "-i", str(first.ssh.identity_file), "-l", "root"]
+    ssh = openssh_argv(first)
     lines = ["#!/bin/sh", "set -e"]
     for name in PAYLOADS:
         payload = workdir / f"{name}.py"
@@ -100,11 +97,7 @@ def xargs_run(hosts: Path, script: Path, n: int) -> float:
 
 
 def measure(n: int, *, repeat: int, workdir: Path) -> dict:
-    cluster = NamespaceCluster(workdir / f"n{n}", n)
-    try:
-        log(f"N={n}: starting {n} sshd node(s)")
-        cluster.start()
-        inventory = cluster.write_inventory(workdir / f"n{n}" / "inventory.yaml")
+    with namespace_nodes(n, workdir) as (inventory, _):
         hosts, script = xargs_script(inventory, workdir / f"n{n}")
         harness, xargs = [], []
         for run in range(repeat):
@@ -112,9 +105,6 @@ def measure(n: int, *, repeat: int, workdir: Path) -> dict:
             xargs.append(xargs_run(hosts, script, n))
             log(f"N={n}: run {run + 1}/{repeat}: harness {harness[-1][0]:.2f} s "
                 f"(CPU {harness[-1][1]:.2f} s, {harness[-1][2] / 1024:.0f} MiB), xargs -P ssh {xargs[-1]:.2f} s")
-    finally:
-        log(f"N={n}: stopping the nodes")
-        cluster.stop()
     return {"nodes": n,
             "harness_s": statistics.median(run[0] for run in harness),
             "harness_cpu_s": statistics.median(run[1] for run in harness),
@@ -168,13 +158,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = cluster_arguments(__doc__, "1,8,32,64")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures to FILE")
     args = parser.parse_args(argv)
-    available, reason = netns_available()
-    if not available:
-        log(f"system suite bench: cannot start namespace nodes: {reason}")
-        return 2
     when = datetime.now(timezone.utc)
-    with tempfile.TemporaryDirectory(prefix="handover-bench-") as tmp:
-        rows = [measure(n, repeat=args.repeat, workdir=Path(tmp)) for n in sorted(set(args.sizes))]
+    rows = measure_sizes("system suite", args.sizes,
+                         lambda n, workdir: measure(n, repeat=args.repeat, workdir=workdir))
+    if rows is None:
+        return 2
     info, ahead = machine(), projection(rows)
     print(f"`pytest -m system` against `xargs -P ssh` on namespace sshd nodes; median of {args.repeat} runs; "
           f"{info['cpus']} CPUs, {when:%Y-%m-%d %H:%M} UTC")
