@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
 from inventory.model import LaunchSettings
-from runners.fanout import kill_everywhere
+from runners.fanout import fan_out, kill_everywhere
 from runners.launchers import Launcher, LaunchError, SrunLauncher, uses_srun
 from runners.slurm import DISPATCH, Frames, last_line, minutes_for, parse_launch_failures, read_frame, run_here
 from runners.transport import (
@@ -33,7 +33,10 @@ from runners.transport import (
     TAG_VARIABLE,
     Result,
     Transport,
+    kill_argv,
+    new_tag,
     node_timed_out,
+    wrap,
 )
 
 DEFAULT_PORT = 29431  # torchrun's rendezvous port when the rendezvous node cannot name a free one
@@ -180,35 +183,45 @@ def kill_marked_argv(marker: str) -> list[str]:
     return ["pkill", "-KILL", "-f", f"[{marker[0]}]{marker[1:]}"]
 
 
-def find_leftovers(transports: Mapping[str, Transport], marker: str,
+def find_leftovers(transports: Mapping[str, Transport], marker: str, *, tag: Optional[str] = None,
                    grace_s: float = LEFTOVER_GRACE_S) -> dict[str, str]:
     """node -> `pgrep -a` lines of processes still carrying the marker after a grace period.
 
-    Ranks signalled by torchrun take a moment to exit, so a node is asked again until the grace
-    is over; whatever is still there is killed by the marker and reported.
+    Every node at once. Ranks signalled by torchrun take a moment to exit, so a node is asked
+    again until the grace is over; whatever is still there is killed by the marker and reported.
+    With the launch's `tag` (a launch that no lease watches: srun_across), what carries the tag
+    is killed as well and its own temporary directories (torchrun's log directory) go with it.
     """
-    found = {}
-    for node, transport in transports.items():
+    def look(transport: Transport) -> Result:
         deadline = time.monotonic() + grace_s
         while True:
             result = transport.run(leftover_argv(marker), timeout=LEFTOVER_CHECK_TIMEOUT_S)
-            running = result.stdout.strip() if result.exit_code == 0 else ""
-            if not running or time.monotonic() > deadline:
+            if not result.ok or not result.stdout.strip() or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        if running:
-            found[node] = running
+        if result.ok:
             transport.run(kill_marked_argv(marker), timeout=LEFTOVER_CHECK_TIMEOUT_S)
-    return found
+        if tag is not None:
+            transport.run(kill_argv(tag, root=False), timeout=LEFTOVER_CHECK_TIMEOUT_S, label="cleanup")
+        return result
+
+    looked = fan_out(transports, look, name="leftovers")
+    return {node: result.stdout.strip() for node, result in looked.items()
+            if result.ok and result.stdout.strip()}
 
 
-def route_interface(transport: Transport, peer_address: str) -> Optional[str]:
-    """The interface this node uses toward a peer (`ip -o route get`), None when unknown."""
+def route_toward(transport: Transport, peer_address: str) -> Result:
+    """`ip -o route get` on the node toward a peer, its name resolved here as the launch gets it."""
     try:
         address = str(socket.getaddrinfo(peer_address, None)[0][4][0])
     except (socket.gaierror, IndexError):
-        return None
-    result = transport.run(["ip", "-o", "route", "get", address], timeout=15)
+        return Result(transport.node.name, "ip route get", None, "", "", 0.0, failure="error",
+                      detail=f"cannot resolve {peer_address}")
+    return transport.run(["ip", "-o", "route", "get", address], timeout=15)
+
+
+def route_device(result: Result) -> Optional[str]:
+    """The interface `ip -o route get` names (`dev X`), None when it ran badly or named none."""
     match = _ROUTE_DEV.search(result.stdout) if result.ok else None
     return match.group(1) if match else None
 
@@ -229,16 +242,18 @@ def socket_env(interfaces: Mapping[str, Optional[str]], override: Optional[str] 
 
 def detect_interfaces(transports: Mapping[str, Transport], addresses: Mapping[str, str],
                       ) -> dict[str, Optional[str]]:
-    """Each node's interface toward the next node in the list (the first toward the second).
+    """Each node's interface toward the next node in the list (the first toward the second),
+    asked of every node at once.
 
     Toward a peer, not toward the rendezvous host: the rendezvous host would pick `lo` for itself.
     """
     nodes = list(transports)
     if len(nodes) < 2:
         return {node: None for node in nodes}
-    return {node: route_interface(transports[node], addresses[nodes[(i + 1) % len(nodes)]])
-            for i, node in enumerate(nodes)}
-
+    peers = {node: addresses[nodes[(i + 1) % len(nodes)]] for i, node in enumerate(nodes)}
+    routes = fan_out(transports, lambda transport: route_toward(transport, peers[transport.node.name]),
+                     name="routes")
+    return {node: route_device(routes[node]) for node in nodes}
 
 
 def free_port(transport: Transport) -> int:
@@ -296,11 +311,11 @@ def srun_across(transports: Mapping[str, Transport], torchrun_argv: Sequence[str
     from this machine. Each task runs under the dispatcher, so each node's output comes back
     whole and apart (srun cuts long lines). The step is named by the run's marker, so a timeout
     or Ctrl-C cancels it; --kill-on-bad-exit ends the others when one node's torchrun fails;
-    leftovers are looked for on every node afterwards."""
+    leftovers are looked for on every node afterwards, and what the step's tag marks (a torchrun
+    killed where it hung, its log directory) is removed."""
     nodes = list(transports)
-    seconds = max(1, int(round(timeout)))
-    command = ["env", *(f"{k}={v}" for k, v in (env or {}).items()),
-               "timeout", "-k", "5", str(seconds), *torchrun_argv]
+    tag = new_tag()  # no lease watches the step's tasks: the tag finds what they leave behind
+    command = wrap(torchrun_argv, tag=tag, timeout=timeout, root=False, env=env)
     python = transports[nodes[0]].node.python
     launcher = SrunLauncher(settings=settings, job_name=marker, time_min=minutes_for(timeout),
                             options=("--input=all",))
@@ -330,4 +345,4 @@ def srun_across(transports: Mapping[str, Transport], torchrun_argv: Sequence[str
                                                   f"{last_line(step.stderr) or 'no message'}")
         results[node] = dataclasses.replace(result, full_command=shown)
     first = next((node for node in nodes if not results[node].ok), None)
-    return Launch(results, first, (), find_leftovers(transports, marker), marker)
+    return Launch(results, first, (), find_leftovers(transports, marker, tag=tag), marker)

@@ -2,6 +2,9 @@
 over SSH on namespace nodes: two nodes, one node with two ranks, and a link cut mid-run."""
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -15,6 +18,7 @@ from runners import collectives, torchrun
 from runners.launchers import LaunchError
 from runners.ssh import SshTransport
 from runners.torchrun import TorchrunLauncher
+from runners.transport import OWN_TEMP_PREFIX, TAG_VARIABLE, new_tag
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
 
@@ -169,3 +173,30 @@ def test_a_link_cut_mid_run_times_out_and_leaves_no_process(ns_cluster_factory, 
     assert wait_until_gone(launch.marker, within_s=15) == []
     # node2's torchrun hung on the dead link until killed: its lease removed its log directory
     assert log_dirs(launch.marker, within_s=15) == []
+
+
+def test_what_a_launch_leaves_is_reported_and_what_it_tagged_goes_with_its_directories(ns_cluster, tmp_path):
+    """srun_across's sweep, however its step ended: a process still carrying the run's marker is
+    reported and killed; one carrying only the launch's tag (a torchrun Slurm's KILL missed, deaf
+    to TERM) is killed as well, and the temporary directory named after the tag goes with it."""
+    cluster = ns_inventory(ns_cluster, tmp_path / "cluster.yaml", nodes=["node1"])
+    marker, tag = torchrun.new_run_id(), new_tag()
+    log_dir = Path(tempfile.mkdtemp(prefix=f"{OWN_TEMP_PREFIX}{tag}-torchrun-"))
+    deaf = "trap '' TERM; while :; do sleep 0.2; done"
+    rank = subprocess.Popen(["sh", "-c", deaf, marker], start_new_session=True)
+    hung = subprocess.Popen(["sh", "-c", deaf, "hung-torchrun"], env={**os.environ, TAG_VARIABLE: tag},
+                            start_new_session=True)
+    transports = transports_of(cluster)
+    try:
+        leftovers = torchrun.find_leftovers(transports, marker, tag=tag, grace_s=1)
+        ended = [process.wait(5) for process in (rank, hung)]
+    finally:
+        for transport in transports.values():
+            transport.close()
+        for process in (rank, hung):
+            process.kill()
+    gone = not log_dir.exists()
+    shutil.rmtree(log_dir, ignore_errors=True)
+    assert list(leftovers) == ["node1"] and marker in leftovers["node1"]
+    assert ended == [-signal.SIGKILL, -signal.SIGKILL]
+    assert gone
