@@ -24,7 +24,7 @@ import time
 from typing import Callable, Optional
 
 from inventory.model import Cluster, LaunchSettings, Node
-from runners.fanout import Progress, fan_out
+from runners.fanout import Progress, close_everywhere, fan_out
 from runners.launchers import Launcher, mpi_launcher, uses_srun
 from runners.slurm import Allocation, LeaseStep, SlurmError, SlurmSteps, SlurmTransport, node_states
 from runners.transport import Loss, Result, Transport, clock, make_transport
@@ -163,8 +163,7 @@ class ClusterRun:
         slurm = {name: t for name, t in self._transports.items() if isinstance(t, SlurmTransport)}
         if slurm:  # one srun for every node: what escaped Slurm's tracking (lock holders) ends
             fan_out(slurm, lambda transport: slurm[transport.node.name].release(), name="release")
-        for transport in self._transports.values():
-            transport.close()
+        close_everywhere(self._transports.values())
         if self._slurm_steps is not None and self._slurm_steps.lease is not None:
             self._slurm_steps.lease.close()
         if self._allocation is not None:  # last: its end would end the release's srun too

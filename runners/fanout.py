@@ -6,6 +6,7 @@ running on every node before it propagates.
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -16,6 +17,8 @@ from typing import Callable, Iterable, Mapping, Optional
 from runners.transport import Result, Transport
 
 DEFAULT_WORKERS = 64
+
+log = logging.getLogger("handover.fanout")
 
 
 @dataclass
@@ -101,8 +104,22 @@ def fan_out(transports: Mapping[str, Transport], step: Callable[[Transport], Res
 
 
 def kill_everywhere(transports: Iterable[Transport], workers: int = DEFAULT_WORKERS) -> None:
-    """kill_running() on every node at once: each is a round trip and up to a TERM's grace on
-    its node, so one node after the other would make a Ctrl-C on 1,024 nodes last minutes."""
+    """kill_running() on every node at once (Ctrl-C, a deadline, a failed launch)."""
+    at_once(transports, Transport.kill_running, name="kill", workers=workers)
+
+
+def close_everywhere(transports: Iterable[Transport], workers: int = DEFAULT_WORKERS) -> None:
+    """close() every node's transport at once (the end of a run): each waits for its node's
+    watchdog to finish its cleanup."""
+    at_once(transports, Transport.close, name="close", workers=workers)
+
+
+def at_once(transports: Iterable[Transport], action: Callable[[Transport], None], *, name: str,
+            workers: int = DEFAULT_WORKERS) -> None:
+    """action(transport) on every node at once, for what returns nothing (kills, closes): each is
+    a round trip and may wait out a TERM's grace on its node, so one node after the other would
+    make a Ctrl-C or the end of a run on 1,024 nodes last minutes. Bounded by the action's own
+    timeouts; one that raises is logged and the others go on."""
     waiting: queue.SimpleQueue = queue.SimpleQueue()
     for transport in transports:
         waiting.put(transport)
@@ -113,9 +130,12 @@ def kill_everywhere(transports: Iterable[Transport], workers: int = DEFAULT_WORK
                 transport = waiting.get_nowait()
             except queue.Empty:
                 return
-            transport.kill_running()  # bounded: the kill's own timeout, and it never raises
+            try:
+                action(transport)
+            except Exception:
+                log.exception("%s: %s failed", transport.node.name, name)
 
-    threads = [threading.Thread(target=work, name=f"kill-{index}", daemon=True)
+    threads = [threading.Thread(target=work, name=f"{name}-{index}", daemon=True)
                for index in range(max(1, min(workers, waiting.qsize())))]
     for thread in threads:
         thread.start()

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 from inventory.model import SOAK_MIX_COUNTS, SOAK_MIX_DEFAULTS, SOAK_MIX_SECONDS, Node, ScratchPath
 from reports.files import write_atomically
 from runners.burn import FAILING_REASONS, decode_reasons, majority_digest
-from runners.fanout import Progress, fan_out
+from runners.fanout import Progress, close_everywhere, fan_out
 from runners.node_lock import SoakHolder
 from runners.parsing import ParseError
 from runners.payloads import load
@@ -476,8 +476,7 @@ class SoakRun:
                 time.sleep(1)
 
     def close(self) -> None:
-        for transport in self._transports.values():
-            transport.close()
+        close_everywhere(self._transports.values())
         if self._collector is not None:
             os.close(self._collector)
             self._collector = None

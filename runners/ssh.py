@@ -21,6 +21,7 @@ from inventory.model import Node
 from runners.transport import (
     HARNESS_GRACE_S,
     HEARTBEAT_S,
+    LEASE_END_S,
     NODE_PATIENCE_S,
     Lease,
     Result,
@@ -228,8 +229,23 @@ class SshLease(Lease):
         return not self._stopped.is_set() and self.connection.is_connected
 
     def close(self) -> None:
-        self._stopped.set()
+        """End the watchdog's input and wait for it to exit before the connection goes: closed at
+        once, the harness could not tell whether the node finished its cleanup (the TERM grace,
+        the removal of our temporary directories) or was cut short by what came next there."""
+        if not self._stopped.is_set():
+            self._stopped.set()
+            self._end_watchdog()
         self.connection.close()
+
+    def _end_watchdog(self) -> None:
+        channel = self._channel
+        if channel is None or not self.connection.is_connected:
+            return
+        try:
+            channel.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            return
+        channel.status_event.wait(LEASE_END_S)
 
     def closed_within(self, seconds: float) -> bool:
         """Whether the connection is down, or goes down within `seconds`: a channel that ends
@@ -266,7 +282,8 @@ class SshLease(Lease):
         """Say why first, then end the connection: the commands waiting on it return at once
         and find the reason."""
         self._on_lost(reason)
-        self.close()
+        self._stopped.set()  # no watchdog to wait for on a link that is gone
+        self.connection.close()
 
     def _ended(self, channel: paramiko.Channel) -> None:
         if self.closed_within(1.0):

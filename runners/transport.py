@@ -36,6 +36,7 @@ from inventory.model import LaunchSettings, Node
 TAG_VARIABLE = "HANDOVER_TAG"
 LEASE_VARIABLE = "HANDOVER_LEASE"
 KILL_GRACE_S = 5  # TERM first, KILL this much later
+LEASE_END_S = KILL_GRACE_S + 2  # how long closing a connection waits for its watchdog's cleanup
 HARNESS_GRACE_S = KILL_GRACE_S + 10  # how long the harness waits beyond the node-side timeout
 HEARTBEAT_S = 3  # the harness sends a heartbeat this often
 NODE_PATIENCE_S = 12  # the lease kills its work after this long without one (a few misses)
@@ -151,7 +152,8 @@ class Lease:
         return True
 
     def close(self) -> None:
-        """End the connection; the node-side watchdog then kills whatever of ours is left."""
+        """End the connection once its node-side watchdog has killed whatever of ours is left and
+        removed our temporary directories, or LEASE_END_S has passed."""
 
 
 def clock(epoch: float) -> str:
@@ -320,7 +322,7 @@ class LocalLease(Lease):
         if self._process.stdin is not None:
             self._process.stdin.close()
         try:
-            self._process.wait(timeout=KILL_GRACE_S + 2)  # the lease gives TERM its grace first
+            self._process.wait(timeout=LEASE_END_S)  # the lease gives TERM its grace first
         except subprocess.TimeoutExpired:
             pass
 

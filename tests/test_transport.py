@@ -151,7 +151,28 @@ def test_a_killed_command_gets_time_to_tidy_up_and_its_own_temporary_directories
     assert wait_for_no_leftovers(marker) == []  # what ignored TERM got KILL
     assert own_temp_dirs(tag) == [] and own_temp_dirs(lease)
     transport.close()
-    assert own_temp_dirs(lease, within_s=15) == []
+    assert own_temp_dirs(lease) == []
+
+
+def test_closing_returns_once_the_node_has_tidied_up(transport, tmp_path):
+    """The end of a run: close() ends the watchdog's input and waits for it, so when it returns
+    the work still running has had its TERM grace and the lease's directories are gone; nothing
+    that tears the node down next (a VM, a namespace, a reboot) can cut that cleanup short."""
+    tidied = tmp_path / "tidied"
+    script = (f'mktemp -d "${{TMPDIR:-/tmp}}/{OWN_TEMP_PREFIX}$HANDOVER_LEASE-XXXX"; '
+              f'trap "sleep 2; touch {tidied}; exit 143" TERM; '
+              f'echo "$HANDOVER_LEASE" > {tmp_path}/lease; while :; do sleep 0.1; done')
+    worker = threading.Thread(target=lambda: transport.run(["sh", "-c", script], timeout=60), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "lease").exists():
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.1)
+    lease = (tmp_path / "lease").read_text().strip()
+    assert own_temp_dirs(lease)
+    transport.close()
+    assert tidied.exists() and own_temp_dirs(lease) == []
+    worker.join(20)
 
 
 def test_stopped_sshd_is_unreachable_not_an_exception(ns_cluster_factory, tmp_path):
