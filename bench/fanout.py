@@ -36,7 +36,7 @@ from netns import MAX_NODES, NamespaceCluster, netns_available  # noqa: E402
 from inventory.loader import load_inventory  # noqa: E402
 from inventory.model import Node  # noqa: E402
 from runners import system  # noqa: E402
-from runners.fanout import DEFAULT_WORKERS, fan_out  # noqa: E402
+from runners.fanout import DEFAULT_WORKERS, close_everywhere, fan_out  # noqa: E402
 from runners.transport import Result, Transport, make_transport  # noqa: E402
 
 
@@ -152,11 +152,6 @@ def timed_fan_out(transports: Mapping[str, Transport], step: str, *,
     return elapsed, cpu, results
 
 
-def close_all(transports: Mapping[str, Transport]) -> None:
-    for transport in transports.values():
-        transport.close()
-
-
 def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, workdir: Path) -> dict:
     transports: dict[str, Transport] = {}
     with namespace_nodes(n, workdir) as (inventory_file, start_s):
@@ -165,7 +160,7 @@ def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, wo
             transports = {node.name: make_transport(node) for node in inventory.nodes}
             cold, warm, warm_cpu, warm_node_s = [], [], [], []
             for run in range(repeat):
-                close_all(transports)  # the next fan-out connects and authenticates again
+                close_everywhere(transports.values())  # the next fan-out connects and authenticates again
                 cold.append(timed_fan_out(transports, step, workers=workers)[0])
                 elapsed, cpu, results = timed_fan_out(transports, step, workers=workers)
                 warm.append(elapsed)
@@ -178,7 +173,7 @@ def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, wo
                     serial.append(timed_fan_out(transports, step, workers=1)[0])
                     log(f"N={n}: run {run + 1}/{repeat}: serial {serial[-1]:.3f} s")
         finally:
-            close_all(transports)
+            close_everywhere(transports.values())
     warm_s = statistics.median(warm)
     serial_s = statistics.median(serial) if serial else None
     return {

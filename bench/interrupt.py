@@ -12,7 +12,9 @@ in the same run and on the same nodes, starts a long command on every node (a fa
             with OpenSSH, a fresh connection per node
 
 A run counts only once the fan-out has returned and no `sleep` of the run is left on any node.
-Each figure is the median of --repeat runs. Run as root from the repository root:
+Each figure is the median of --repeat runs. Last, once per size, `close s` times the end of a
+run: runners.fanout.close_everywhere, every connection's watchdog told to finish and waited
+for; it counts only if no watchdog is left on any node when it returns. Run as root from the repository root:
 `.venv/bin/python bench/interrupt.py` (the nodes are namespaces on this machine's cores).
 """
 from __future__ import annotations
@@ -34,7 +36,6 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
         sys.path.insert(0, str(_path))
 
 from fanout import (  # noqa: E402
-    close_all,
     cluster_arguments,
     log,
     machine,
@@ -46,7 +47,7 @@ from fanout import (  # noqa: E402
 
 from inventory.loader import load_inventory  # noqa: E402
 from inventory.model import Cluster  # noqa: E402
-from runners.fanout import fan_out, kill_everywhere  # noqa: E402
+from runners.fanout import close_everywhere, fan_out, kill_everywhere  # noqa: E402
 from runners.transport import Transport, make_transport  # noqa: E402
 
 WAIT_S = 60  # for the sleeps to start on every node, and for them to be gone
@@ -109,6 +110,17 @@ def one_run(transports: Mapping[str, Transport], kill: Kill) -> float:
     return elapsed
 
 
+def timed_close(transports: Mapping[str, Transport]) -> float:
+    """Seconds to close every node's connection, each once its watchdog has exited."""
+    started = time.perf_counter()
+    close_everywhere(transports.values())
+    elapsed = time.perf_counter() - started
+    left = subprocess.run(["pgrep", "-c", "-f", "[h]andover-lease"], capture_output=True, text=True).stdout
+    if int(left or 0):
+        raise RuntimeError(f"{left.strip()} watchdog(s) still running after the close")
+    return elapsed
+
+
 def measure(n: int, *, repeat: int, serial_max: int, workdir: Path) -> dict:
     transports: dict[str, Transport] = {}
     with namespace_nodes(n, workdir) as (inventory_file, _):
@@ -123,18 +135,20 @@ def measure(n: int, *, repeat: int, serial_max: int, workdir: Path) -> dict:
                 for way, kill in ways.items():
                     runs[way].append(one_run(transports, kill))
                 log(f"N={n}: run {run + 1}/{repeat}: " + ", ".join(f"{way} {runs[way][-1]:.2f} s" for way in ways))
+            close_s = timed_close(transports)
         finally:
-            close_all(transports)
-    return {"nodes": n, **{f"{way}_s": statistics.median(times) for way, times in runs.items()}, "runs": runs}
+            close_everywhere(transports.values())
+    return {"nodes": n, **{f"{way}_s": statistics.median(times) for way, times in runs.items()},
+            "close_s": close_s, "runs": runs}
 
 
 def table(rows: list[dict]) -> str:
     def cell(row: dict, key: str) -> str:
         return f"{row[key]:.2f}" if key in row else "-"
 
-    lines = ["|  N | harness s | xargs -P ssh pkill s | serial s |", "|---:|---:|---:|---:|"]
-    lines += [f"| {row['nodes']:>2} | {cell(row, 'harness_s')} | {cell(row, 'xargs_s')} | {cell(row, 'serial_s')} |"
-              for row in rows]
+    lines = ["|  N | harness s | xargs -P ssh pkill s | serial s | close s |", "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {row['nodes']:>2} | {cell(row, 'harness_s')} | {cell(row, 'xargs_s')} | {cell(row, 'serial_s')} "
+              f"| {cell(row, 'close_s')} |" for row in rows]
     return "\n".join(lines)
 
 
