@@ -219,7 +219,11 @@ def test_accept_new_learns_unknown_hosts_but_refuses_changed_keys(ns_cluster, tm
     learned.write_text("")
     cluster = ns_inventory(ns_cluster, tmp_path / "inv.yaml", known_hosts=learned, host_keys="accept-new")
     first = cluster.nodes[0]
-    assert make_transport(first).run(["true"], timeout=5).ok
+    learning = make_transport(first)
+    try:
+        assert learning.run(["true"], timeout=5).ok
+    finally:
+        learning.close()  # else its heartbeat says 'connection closed' when the session's nodes stop
     assert first.address in learned.read_text()
     # node2 presenting node1's key: rewrite the learned line to claim node2's address has it
     second = cluster.nodes[1]
