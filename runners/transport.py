@@ -50,21 +50,29 @@ log = logging.getLogger("handover.transport")
 # Fixed text: it interpolates constants only; the tag (hex digits) arrives as $1, quoted anyway.
 # TERM first, so that tools tidy up (torchrun removes its log directory), KILL after the grace;
 # then the temporary directories named after the tag or lease (OWN_TEMP_PREFIX) go too, since a
-# process killed where it hung (a torchrun waiting on a dead link) never removed its own.
+# process killed where it hung (a torchrun waiting on a dead link) never removed its own. They
+# are looked for under /tmp, this script's TMPDIR and the TMPDIRs the tagged processes had:
+# theirs need not be this one's (sudo resets it for a root watchdog, pam_tmpdir gives each user
+# a TMPDIR of its own).
 _KILL_TAGGED = r"""
 tagged() { grep -lsxz "$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
+tmpdirs() { for pid in $1; do tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n 's/^TMPDIR=//p'; done; }
 kill_tagged() {
   pids=$(tagged "$1")
+  dirs=$(tmpdirs "$pids")
   if [ -n "$pids" ]; then
     kill -TERM $pids 2>/dev/null
     for _ in $(seq %d); do sleep 0.2; pids=$(tagged "$1"); [ -z "$pids" ] && break; done
     [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
   fi
   own="${1#*=}"
-  [ -n "$own" ] && rm -rf -- "${TMPDIR:-/tmp}/%s$own-"* "/tmp/%s$own-"* 2>/dev/null
+  [ -z "$own" ] && return 0
+  printf '%%s\n' /tmp "${TMPDIR:-/tmp}" "$dirs" | sort -u | while IFS= read -r dir; do
+    [ -n "$dir" ] && rm -rf -- "$dir/%s$own-"* 2>/dev/null
+  done
   return 0
 }
-""" % (KILL_GRACE_S * 5, OWN_TEMP_PREFIX, OWN_TEMP_PREFIX)
+""" % (KILL_GRACE_S * 5, OWN_TEMP_PREFIX)
 _KILL_SCRIPT = _KILL_TAGGED + 'kill_tagged "$1"\n'
 # $1: seconds without a heartbeat before the work is killed (0: wait for the end of input only)
 _LEASE_SCRIPT = _KILL_TAGGED + r"""

@@ -175,6 +175,28 @@ def test_closing_returns_once_the_node_has_tidied_up(transport, tmp_path):
     worker.join(20)
 
 
+def test_the_watchdog_finds_temporary_directories_under_the_tmpdir_its_commands_had(transport, tmp_path):
+    """A command's TMPDIR need not be the watchdog's (sudo resets it for a root watchdog,
+    pam_tmpdir gives each user one): what a hung command made there goes when the connection
+    closes, as it would from /tmp."""
+    own_tmp = tmp_path / "own-tmp"
+    own_tmp.mkdir()
+    script = (f'mktemp -d "$TMPDIR/{OWN_TEMP_PREFIX}$HANDOVER_LEASE-XXXX" > {tmp_path}/made; '
+              'trap "" TERM; while :; do sleep 0.1; done')
+    worker = threading.Thread(target=lambda: transport.run(["sh", "-c", script], timeout=60,
+                                                          env={"TMPDIR": str(own_tmp)}), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "made").exists() or not (tmp_path / "made").read_text():
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.1)
+    made = Path((tmp_path / "made").read_text().strip())
+    assert made.parent == own_tmp and made.is_dir()
+    transport.close()
+    assert list(own_tmp.iterdir()) == []
+    worker.join(20)
+
+
 def test_stopped_sshd_is_unreachable_not_an_exception(ns_cluster_factory, tmp_path):
     nodes = ns_cluster_factory(2)
     cluster = ns_inventory(nodes, tmp_path / "inv.yaml")
