@@ -89,16 +89,16 @@ def measure_sizes(bench: str, sizes: list[int], measure: Callable[[int, Path], d
 
 
 @contextmanager
-def namespace_nodes(n: int, workdir: Path) -> Iterator[tuple[Path, float]]:
-    """N started sshd nodes: their inventory file and how long they took to start; stopped on
-    the way out, whatever happened."""
+def namespace_nodes(n: int, workdir: Path) -> Iterator[tuple[Path, float, NamespaceCluster]]:
+    """N started sshd nodes: their inventory file, how long they took to start, and the nodes
+    (to cut links); stopped on the way out, whatever happened."""
     cluster = NamespaceCluster(workdir / f"n{n}", n)
     try:
         log(f"N={n}: starting {n} sshd node(s)")
         started = time.perf_counter()
         cluster.start()
         start_s = time.perf_counter() - started
-        yield cluster.write_inventory(workdir / f"n{n}" / "inventory.yaml"), start_s
+        yield cluster.write_inventory(workdir / f"n{n}" / "inventory.yaml"), start_s, cluster
     finally:
         log(f"N={n}: stopping the nodes")
         cluster.stop()
@@ -154,7 +154,7 @@ def timed_fan_out(transports: Mapping[str, Transport], step: str, *,
 
 def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, workdir: Path) -> dict:
     transports: dict[str, Transport] = {}
-    with namespace_nodes(n, workdir) as (inventory_file, start_s):
+    with namespace_nodes(n, workdir) as (inventory_file, start_s, _):
         try:
             inventory = load_inventory(inventory_file)
             transports = {node.name: make_transport(node) for node in inventory.nodes}

@@ -12,10 +12,16 @@ in the same run and on the same nodes, starts a long command on every node (a fa
             with OpenSSH, a fresh connection per node
 
 A run counts only once the fan-out has returned and no `sleep` of the run is left on any node.
-Each figure is the median of --repeat runs. Last, once per size, `close s` times the end of a
-run: runners.fanout.close_everywhere, every connection's watchdog told to finish and waited
-for; it counts only if no watchdog is left on any node when it returns. Run as root from the repository root:
-`.venv/bin/python bench/interrupt.py` (the nodes are namespaces on this machine's cores).
+Each figure is the median of --repeat runs. Last, once per size, the end of a run:
+
+  close     runners.fanout.close_everywhere, every connection's watchdog told to finish and
+            waited for; it counts only if no watchdog is left on any node when it returns
+  cut       the same on fresh connections once every node's link is cut (down, unnoticed yet):
+            each close waits out LEASE_END_S, on a thread per node
+  cut/64    the same cut close on a pool of 64 threads, the fan-out's: why each node has one
+
+Run as root from the repository root: `.venv/bin/python bench/interrupt.py` (the nodes are
+namespaces on this machine's cores).
 """
 from __future__ import annotations
 
@@ -44,10 +50,11 @@ from fanout import (  # noqa: E402
     openssh_argv,
     run_bench,
 )
+from netns import NamespaceCluster  # noqa: E402
 
 from inventory.loader import load_inventory  # noqa: E402
 from inventory.model import Cluster  # noqa: E402
-from runners.fanout import close_everywhere, fan_out, kill_everywhere  # noqa: E402
+from runners.fanout import DEFAULT_WORKERS, at_once, close_everywhere, fan_out, kill_everywhere  # noqa: E402
 from runners.transport import Transport, make_transport  # noqa: E402
 
 WAIT_S = 60  # for the sleeps to start on every node, and for them to be gone
@@ -96,8 +103,9 @@ def one_run(transports: Mapping[str, Transport], kill: Kill) -> float:
     """Seconds from the kill until the fan-out returned and no sleep of this run is left."""
     command = f"sleep {random.randint(300, 899)}.{random.randint(1, 10**6)}"
     ended: list[dict] = []
-    running = threading.Thread(target=lambda: ended.append(fan_out(
-        transports, lambda transport: transport.run(command.split(), timeout=WAIT_S * 5), name="sleep")))
+    running = threading.Thread(target=lambda: ended.append(fan_out(  # every node's sleep at once, past 64
+        transports, lambda transport: transport.run(command.split(), timeout=WAIT_S * 5), name="sleep",
+        workers=len(transports))))
     running.start()
     wait_for(lambda: sleepers(command) == len(transports), f"{len(transports)} sleeps to start")
     started = time.perf_counter()
@@ -121,9 +129,30 @@ def timed_close(transports: Mapping[str, Transport]) -> float:
     return elapsed
 
 
+def timed_cut_close(inventory: Cluster, nodes: NamespaceCluster, workers: Optional[int]) -> float:
+    """Seconds to close fresh connections to every node once all their links are cut: each
+    close waits out LEASE_END_S for a watchdog that cannot answer. `workers` None: close_everywhere."""
+    transports = {node.name: make_transport(node) for node in inventory.nodes}
+    try:
+        if not all(result.ok for result in fan_out(transports, lambda t: t.run(["true"], timeout=30)).values()):
+            raise RuntimeError("not every node answered before its link was cut")
+        for node in inventory.nodes:
+            nodes.link_down(node.name)
+        started = time.perf_counter()
+        if workers is None:
+            close_everywhere(transports.values())
+        else:
+            at_once(transports.values(), Transport.close, name="close", workers=workers)
+        return time.perf_counter() - started
+    finally:
+        for node in inventory.nodes:
+            nodes.link_up(node.name)
+        nodes.wait_until_listening()  # a port just up drops the first connects for a moment
+
+
 def measure(n: int, *, repeat: int, serial_max: int, workdir: Path) -> dict:
     transports: dict[str, Transport] = {}
-    with namespace_nodes(n, workdir) as (inventory_file, _):
+    with namespace_nodes(n, workdir) as (inventory_file, _, nodes):
         try:
             inventory = load_inventory(inventory_file)
             transports = {node.name: make_transport(node) for node in inventory.nodes}
@@ -135,25 +164,29 @@ def measure(n: int, *, repeat: int, serial_max: int, workdir: Path) -> dict:
                 for way, kill in ways.items():
                     runs[way].append(one_run(transports, kill))
                 log(f"N={n}: run {run + 1}/{repeat}: " + ", ".join(f"{way} {runs[way][-1]:.2f} s" for way in ways))
-            close_s = timed_close(transports)
+            closes = {"close_s": timed_close(transports),
+                      "cut_s": timed_cut_close(inventory, nodes, None),
+                      "cut64_s": timed_cut_close(inventory, nodes, DEFAULT_WORKERS)}
+            log(f"N={n}: " + ", ".join(f"{key[:-2]} {value:.2f} s" for key, value in closes.items()))
         finally:
             close_everywhere(transports.values())
     return {"nodes": n, **{f"{way}_s": statistics.median(times) for way, times in runs.items()},
-            "close_s": close_s, "runs": runs}
+            **closes, "runs": runs}
 
 
 def table(rows: list[dict]) -> str:
     def cell(row: dict, key: str) -> str:
         return f"{row[key]:.2f}" if key in row else "-"
 
-    lines = ["|  N | harness s | xargs -P ssh pkill s | serial s | close s |", "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {row['nodes']:>2} | {cell(row, 'harness_s')} | {cell(row, 'xargs_s')} | {cell(row, 'serial_s')} "
-              f"| {cell(row, 'close_s')} |" for row in rows]
+    keys = ("harness_s", "xargs_s", "serial_s", "close_s", "cut_s", "cut64_s")
+    lines = ["|   N | harness s | xargs -P ssh pkill s | serial s | close s | cut s | cut/64 s |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {row['nodes']:>3} | " + " | ".join(cell(row, key) for key in keys) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = cluster_arguments(__doc__, "8,32,64")
+    parser = cluster_arguments(__doc__, "8,32,64,128")
     parser.add_argument("--serial-max", type=int, default=64,
                         help="largest N also killed one node after the other (default 64)")
     args = parser.parse_args(argv)
@@ -163,7 +196,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if rows is None:
         return 2
     info = machine()
-    print(f"a Ctrl-C on namespace sshd nodes, until no sleep is left; median of {args.repeat} runs; "
+    print(f"a Ctrl-C on namespace sshd nodes, until no sleep is left, median of {args.repeat} runs; the closes once; "
           f"{info['cpus']} CPUs, {when:%Y-%m-%d %H:%M} UTC")
     print(table(rows))
     return 0

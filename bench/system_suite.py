@@ -97,7 +97,7 @@ def xargs_run(hosts: Path, script: Path, n: int) -> float:
 
 
 def measure(n: int, *, repeat: int, workdir: Path) -> dict:
-    with namespace_nodes(n, workdir) as (inventory, _):
+    with namespace_nodes(n, workdir) as (inventory, _, _):
         hosts, script = xargs_script(inventory, workdir / f"n{n}")
         harness, xargs = [], []
         for run in range(repeat):

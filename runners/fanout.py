@@ -108,10 +108,12 @@ def kill_everywhere(transports: Iterable[Transport], workers: int = DEFAULT_WORK
     at_once(transports, Transport.kill_running, name="kill", workers=workers)
 
 
-def close_everywhere(transports: Iterable[Transport], workers: int = DEFAULT_WORKERS) -> None:
-    """close() every node's transport at once (the end of a run): each waits for its node's
-    watchdog to finish its cleanup."""
-    at_once(transports, Transport.close, name="close", workers=workers)
+def close_everywhere(transports: Iterable[Transport]) -> None:
+    """close() every node's transport at once (the end of a run). A close mostly waits, for its
+    node's watchdog to finish its cleanup, so each node has a thread of its own: however many
+    links died unnoticed, their waits overlap and the whole takes at most about LEASE_END_S."""
+    closing = list(transports)
+    at_once(closing, Transport.close, name="close", workers=len(closing))
 
 
 def at_once(transports: Iterable[Transport], action: Callable[[Transport], None], *, name: str,

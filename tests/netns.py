@@ -245,7 +245,7 @@ class NamespaceCluster:
             NsNode(name=name, address=address, namespace=namespace, veth_host=veth, sshd_pid=self._sshds[name].pid)
             for name, address, namespace, veth in zip(names, addresses, self._namespaces, self._veths, strict=True)
         ]
-        self._wait_until_listening()
+        self.wait_until_listening()
 
     def _claim_bridge(self) -> int:
         """Pick a free 10.77.X.0/24; creating bridge hovbrX is the atomic claim between processes."""
@@ -384,7 +384,8 @@ class NamespaceCluster:
                 start_new_session=True,  # a Ctrl-C to pytest must not kill nodes behind stop()'s back
             )
 
-    def _wait_until_listening(self) -> None:
+    def wait_until_listening(self) -> None:
+        """Return once every node accepts TCP on port 22 (after start, or once links are up again)."""
         pending = list(self.nodes)
         deadline = time.monotonic() + self.start_timeout
         while pending:
