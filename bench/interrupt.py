@@ -18,7 +18,7 @@ Each figure is the median of --repeat runs. Last, once per size, the end of a ru
             waited for; it counts only if no watchdog is left on any node when it returns
   cut       the same on fresh connections once every node's link is cut (down, unnoticed yet):
             each close waits out LEASE_END_S, on a thread per node
-  cut/64    the same cut close on a pool of 64 threads, the fan-out's: why each node has one
+  cut/64    the same cut close on a pool of 64 threads (the fan-out's size): why each node has one
 
 Run as root from the repository root: `.venv/bin/python bench/interrupt.py` (the nodes are
 namespaces on this machine's cores).
@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Mapping, Optional
@@ -54,7 +55,7 @@ from netns import NamespaceCluster  # noqa: E402
 
 from inventory.loader import load_inventory  # noqa: E402
 from inventory.model import Cluster  # noqa: E402
-from runners.fanout import DEFAULT_WORKERS, at_once, close_everywhere, fan_out, kill_everywhere  # noqa: E402
+from runners.fanout import DEFAULT_WORKERS, close_everywhere, fan_out, kill_everywhere  # noqa: E402
 from runners.transport import Transport, make_transport  # noqa: E402
 
 WAIT_S = 60  # for the sleeps to start on every node, and for them to be gone
@@ -142,7 +143,8 @@ def timed_cut_close(inventory: Cluster, nodes: NamespaceCluster, workers: Option
         if workers is None:
             close_everywhere(transports.values())
         else:
-            at_once(transports.values(), Transport.close, name="close", workers=workers)
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(Transport.close, transports.values()))
         return time.perf_counter() - started
     finally:
         for node in inventory.nodes:

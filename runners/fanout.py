@@ -92,10 +92,10 @@ def fan_out(transports: Mapping[str, Transport], step: Callable[[Transport], Res
                 on_progress(progress)
     except BaseException:
         stop.set()
-        kill_everywhere(transports.values(), workers)
+        kill_everywhere(transports.values())
         raise
     stop.set()
-    kill_everywhere((transports[node] for node in transports if node not in results), workers)
+    kill_everywhere(transports[node] for node in transports if node not in results)
     for node in transports:
         if node not in results:  # past the deadline, running or never started
             results[node] = Result(node, name, None, "", "", time.monotonic() - started,
@@ -103,42 +103,31 @@ def fan_out(transports: Mapping[str, Transport], step: Callable[[Transport], Res
     return {node: results[node] for node in transports}
 
 
-def kill_everywhere(transports: Iterable[Transport], workers: int = DEFAULT_WORKERS) -> None:
+def kill_everywhere(transports: Iterable[Transport]) -> None:
     """kill_running() on every node at once (Ctrl-C, a deadline, a failed launch)."""
-    at_once(transports, Transport.kill_running, name="kill", workers=workers)
+    at_once(transports, Transport.kill_running, name="kill")
 
 
 def close_everywhere(transports: Iterable[Transport]) -> None:
-    """close() every node's transport at once (the end of a run). A close mostly waits, for its
-    node's watchdog to finish its cleanup, so each node has a thread of its own: however many
-    links died unnoticed, their waits overlap and the whole takes at most about LEASE_END_S."""
-    closing = list(transports)
-    at_once(closing, Transport.close, name="close", workers=len(closing))
+    """close() every node's transport at once (the end of a run), each once its node's watchdog
+    has finished its cleanup: at most about LEASE_END_S, however many links died unnoticed."""
+    at_once(transports, Transport.close, name="close")
 
 
-def at_once(transports: Iterable[Transport], action: Callable[[Transport], None], *, name: str,
-            workers: int = DEFAULT_WORKERS) -> None:
-    """action(transport) on every node at once, for what returns nothing (kills, closes): each is
-    a round trip and may wait out a TERM's grace on its node, so one node after the other would
-    make a Ctrl-C or the end of a run on 1,024 nodes last minutes. Bounded by the action's own
-    timeouts; one that raises is logged and the others go on."""
-    waiting: queue.SimpleQueue = queue.SimpleQueue()
-    for transport in transports:
-        waiting.put(transport)
+def at_once(transports: Iterable[Transport], action: Callable[[Transport], None], *, name: str) -> None:
+    """action(transport) on every node at once, for what returns nothing (kills, closes), on a
+    thread per node: each mostly waits on its node (a TERM's grace, a watchdog's exit, a dead
+    link's timeout), so the waits overlap and the whole costs about the slowest node's, where a
+    pool of 64 would cost a wait per 64 nodes and one node after the other minutes at 1,024.
+    Bounded by the action's own timeouts; one that raises is logged and the others go on."""
+    def work(transport: Transport) -> None:
+        try:
+            action(transport)
+        except Exception:
+            log.exception("%s: %s failed", transport.node.name, name)
 
-    def work() -> None:
-        while True:
-            try:
-                transport = waiting.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                action(transport)
-            except Exception:
-                log.exception("%s: %s failed", transport.node.name, name)
-
-    threads = [threading.Thread(target=work, name=f"{name}-{index}", daemon=True)
-               for index in range(max(1, min(workers, waiting.qsize())))]
+    threads = [threading.Thread(target=work, args=(transport,), name=f"{name}-{transport.node.name}",
+                                daemon=True) for transport in transports]
     for thread in threads:
         thread.start()
     for thread in threads:
