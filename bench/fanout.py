@@ -7,6 +7,8 @@ over SSH that returns the node's system facts; --step true times the remote comm
   cold    the first fan-out on fresh transports: TCP connect, SSH handshake and key auth, probe
   warm    a second fan-out on the same transports: the connections are reused
   serial  the warm step again, one node after another (workers=1), for N <= --serial-max
+  pool/64 the warm step again on 64 threads, for N > 64: the fan-out's pool before each node had
+          a thread of its own (--step sleep shows what that cost a long check: a wave per 64)
 
 Each figure is the median of --repeat runs; in every run every node must answer (probe: with\nits own hostname).
 Run from the repository root as root: `.venv/bin/python bench/fanout.py` (or `make bench`).
@@ -36,7 +38,7 @@ from netns import MAX_NODES, NamespaceCluster, netns_available  # noqa: E402
 from inventory.loader import load_inventory  # noqa: E402
 from inventory.model import Node  # noqa: E402
 from runners import system  # noqa: E402
-from runners.fanout import DEFAULT_WORKERS, close_everywhere, fan_out  # noqa: E402
+from runners.fanout import close_everywhere, fan_out  # noqa: E402
 from runners.transport import Result, Transport, make_transport  # noqa: E402
 
 
@@ -124,15 +126,25 @@ def run_true(transport: Transport) -> Result:
     return transport.run(["true"], timeout=30)
 
 
+SLEEP_S = 2
+POOL_OF_64 = 64  # the fan-out's threads before each node had its own
+
+
+def run_sleep(transport: Transport) -> Result:
+    """A long per-node check in little: it waits on its node (as stress-ng does), costing no CPU."""
+    return transport.run(["sleep", str(SLEEP_S)], timeout=30)
+
+
 # name -> (step, whether its stdout is system facts to check against the node's name)
 STEPS: dict[str, tuple[Callable[[Transport], Result], bool]] = {
     "probe": (system.probe, True),
     "true": (run_true, False),
+    "sleep": (run_sleep, False),
 }
 
 
 def timed_fan_out(transports: Mapping[str, Transport], step: str, *,
-                  workers: int) -> tuple[float, float, dict[str, Result]]:
+                  workers: Optional[int]) -> tuple[float, float, dict[str, Result]]:
     """Wall-clock and harness CPU seconds of one fan-out of the step, once every node answered.
 
     The CPU time is this process's (all its threads): what the harness itself spends, apart from
@@ -152,7 +164,8 @@ def timed_fan_out(transports: Mapping[str, Transport], step: str, *,
     return elapsed, cpu, results
 
 
-def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, workdir: Path) -> dict:
+def measure(n: int, step: str, *, repeat: int, workers: Optional[int], serial_max: int,
+            workdir: Path) -> dict:
     transports: dict[str, Transport] = {}
     with namespace_nodes(n, workdir) as (inventory_file, start_s, _):
         try:
@@ -172,27 +185,35 @@ def measure(n: int, step: str, *, repeat: int, workers: int, serial_max: int, wo
                 for run in range(repeat):
                     serial.append(timed_fan_out(transports, step, workers=1)[0])
                     log(f"N={n}: run {run + 1}/{repeat}: serial {serial[-1]:.3f} s")
+            pool = []
+            if n > POOL_OF_64:
+                for run in range(repeat):
+                    pool.append(timed_fan_out(transports, step, workers=POOL_OF_64)[0])
+                    log(f"N={n}: run {run + 1}/{repeat}: on 64 threads {pool[-1]:.3f} s")
         finally:
             close_everywhere(transports.values())
     warm_s = statistics.median(warm)
     serial_s = statistics.median(serial) if serial else None
+    pool_s = statistics.median(pool) if pool else None
     return {
         "nodes": n,
         "cold_s": statistics.median(cold),
         "warm_s": warm_s,
         "serial_s": serial_s,
+        "pool64_s": pool_s,
         "warm_per_node_ms": 1000 * warm_s / n,
         "warm_harness_cpu_s": statistics.median(warm_cpu),
         "speedup_vs_serial": serial_s / warm_s if serial_s is not None else None,
         "warm_node_step_median_ms": 1000 * statistics.median(warm_node_s),
         "cluster_start_s": start_s,
-        "runs": {"cold_s": cold, "warm_s": warm, "warm_harness_cpu_s": warm_cpu, "serial_s": serial},
+        "runs": {"cold_s": cold, "warm_s": warm, "warm_harness_cpu_s": warm_cpu, "serial_s": serial,
+                 "pool64_s": pool},
     }
 
 
 def table(rows: list[dict]) -> str:
     base = rows[0]["warm_s"]
-    header = ("N", "cold s", "warm s", "serial s", "warm per-node ms", "speed-up vs serial",
+    header = ("N", "cold s", "warm s", "serial s", "pool/64 s", "warm per-node ms", "speed-up vs serial",
               f"warm vs N={rows[0]['nodes']}", "warm harness CPU s")
     lines = [header]
     for row in rows:
@@ -202,6 +223,7 @@ def table(rows: list[dict]) -> str:
             f"{row['cold_s']:.3f}",
             f"{row['warm_s']:.3f}",
             f"{serial:.3f}" if serial is not None else "-",
+            f"{row['pool64_s']:.3f}" if row["pool64_s"] is not None else "-",
             f"{row['warm_per_node_ms']:.1f}",
             f"{row['speedup_vs_serial']:.1f}x" if serial is not None else "-",
             f"{row['warm_s'] / base:.1f}x",
@@ -224,10 +246,12 @@ def conclusion(rows: list[dict], step: str) -> str:
         best = serial[-1]
         text += (f"; at {best['nodes']} nodes, one node after another took "
                  f"{best['speedup_vs_serial']:.1f}x as long as the fan-out")
+    if last["pool64_s"] is not None:
+        text += f"; on 64 threads, {last['nodes']} nodes took {last['pool64_s']:.2f} s"
     return text + "."
 
 
-STEP_LABELS = {"probe": "system.probe", "true": "`true`"}
+STEP_LABELS = {"probe": "system.probe", "true": "`true`", "sleep": f"`sleep {SLEEP_S}`"}
 
 
 def machine() -> dict:
@@ -241,13 +265,14 @@ def machine() -> dict:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = cluster_arguments(__doc__, "1,8,32,64")
-    parser.add_argument("--workers", type=positive_int, default=DEFAULT_WORKERS,
-                        help=f"fan-out pool size (default {DEFAULT_WORKERS}, the harness's default)")
+    parser.add_argument("--workers", type=positive_int, default=None,
+                        help="cap the fan-out's threads (default: one per node, as the harness does)")
     parser.add_argument("--serial-max", type=int, default=32,
                         help="largest N also timed serially (default 32)")
     parser.add_argument("--step", choices=sorted(STEPS), default="probe",
                         help="probe: runners.system.probe, the Python payload shipped through stdin "
-                             "(default); true: the remote command `true`, the transport alone")
+                             "(default); true: the remote command `true`, the transport alone; "
+                             f"sleep: `sleep {SLEEP_S}` on every node, a long check in little")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures to FILE")
     args = parser.parse_args(argv)
 

@@ -18,7 +18,7 @@ Each figure is the median of --repeat runs. Last, once per size, the end of a ru
             waited for; it counts only if no watchdog is left on any node when it returns
   cut       the same on fresh connections once every node's link is cut (down, unnoticed yet):
             each close waits out LEASE_END_S, on a thread per node
-  cut/64    the same cut close on a pool of 64 threads (the fan-out's size): why each node has one
+  cut/64    the same cut close on a pool of 64 threads (what the fan-out had): why each node has one
 
 Run as root from the repository root: `.venv/bin/python bench/interrupt.py` (the nodes are
 namespaces on this machine's cores).
@@ -55,10 +55,11 @@ from netns import NamespaceCluster  # noqa: E402
 
 from inventory.loader import load_inventory  # noqa: E402
 from inventory.model import Cluster  # noqa: E402
-from runners.fanout import DEFAULT_WORKERS, close_everywhere, fan_out, kill_everywhere  # noqa: E402
+from runners.fanout import close_everywhere, fan_out, kill_everywhere  # noqa: E402
 from runners.transport import Transport, make_transport  # noqa: E402
 
 WAIT_S = 60  # for the sleeps to start on every node, and for them to be gone
+POOL_OF_64 = 64  # the fan-out's threads before each node had its own
 
 
 def sleepers(command: str) -> int:
@@ -104,9 +105,8 @@ def one_run(transports: Mapping[str, Transport], kill: Kill) -> float:
     """Seconds from the kill until the fan-out returned and no sleep of this run is left."""
     command = f"sleep {random.randint(300, 899)}.{random.randint(1, 10**6)}"
     ended: list[dict] = []
-    running = threading.Thread(target=lambda: ended.append(fan_out(  # every node's sleep at once, past 64
-        transports, lambda transport: transport.run(command.split(), timeout=WAIT_S * 5), name="sleep",
-        workers=len(transports))))
+    running = threading.Thread(target=lambda: ended.append(fan_out(  # every node's sleep at once
+        transports, lambda transport: transport.run(command.split(), timeout=WAIT_S * 5), name="sleep")))
     running.start()
     wait_for(lambda: sleepers(command) == len(transports), f"{len(transports)} sleeps to start")
     started = time.perf_counter()
@@ -168,7 +168,7 @@ def measure(n: int, *, repeat: int, serial_max: int, workdir: Path) -> dict:
                 log(f"N={n}: run {run + 1}/{repeat}: " + ", ".join(f"{way} {runs[way][-1]:.2f} s" for way in ways))
             closes = {"close_s": timed_close(transports),
                       "cut_s": timed_cut_close(inventory, nodes, None),
-                      "cut64_s": timed_cut_close(inventory, nodes, DEFAULT_WORKERS)}
+                      "cut64_s": timed_cut_close(inventory, nodes, POOL_OF_64)}
             log(f"N={n}: " + ", ".join(f"{key[:-2]} {value:.2f} s" for key, value in closes.items()))
         finally:
             close_everywhere(transports.values())

@@ -1,7 +1,11 @@
 """Run one step on many nodes at once and get a per-node map back.
 
 A dead, slow or refusing node is an entry in the map, never an exception that hides the other
-nodes. The pool is bounded, the whole fan-out has a deadline, and Ctrl-C kills what is still
+nodes. Each node has a thread of its own: a node's step mostly waits on its node (a 60 s
+stress-ng, an srun), so 1,024 nodes cost about what one costs, where a pool of 64 would run them
+in 16 waves (and the slurm transport's batches in 16 sruns one after the other). What costs the
+harness's own CPU at once, the SSH handshakes of a cold fan-out, is bounded where it happens
+(runners.ssh.CONNECTS_AT_ONCE). The whole fan-out has a deadline, and Ctrl-C kills what is still
 running on every node before it propagates.
 """
 from __future__ import annotations
@@ -15,8 +19,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Optional
 
 from runners.transport import Result, Transport
-
-DEFAULT_WORKERS = 64
 
 log = logging.getLogger("handover.fanout")
 
@@ -44,13 +46,14 @@ class Progress:
 
 
 def fan_out(transports: Mapping[str, Transport], step: Callable[[Transport], Result], *,
-            name: str = "step", workers: int = DEFAULT_WORKERS, deadline_s: Optional[float] = None,
+            name: str = "step", workers: Optional[int] = None, deadline_s: Optional[float] = None,
             on_progress: Optional[Callable[[Progress], None]] = None) -> dict[str, Result]:
     """Call step(transport) for every node concurrently; return {node name: Result} in input order.
 
     A step that raises becomes a Result with failure 'error'; a node still running at the
-    deadline becomes a timed-out Result and its remote work is killed. Workers are daemon
-    threads, so a node stuck in connect cannot hold the harness after Ctrl-C.
+    deadline becomes a timed-out Result and its remote work is killed. `workers` (default: one
+    per node) caps the threads, for a bench that times the nodes one after the other. Workers are
+    daemon threads, so a node stuck in connect cannot hold the harness after Ctrl-C.
     """
     progress = Progress(step=name, total=len(transports))
     results: dict[str, Result] = {}
@@ -70,7 +73,7 @@ def fan_out(transports: Mapping[str, Transport], step: Callable[[Transport], Res
             finished.put((node, None))  # started; the main thread alone keeps the progress
             finished.put((node, _guarded(step, node, transport)))
 
-    for index in range(max(1, min(workers, len(transports)))):
+    for index in range(max(1, min(workers or len(transports), len(transports)))):
         threading.Thread(target=work, name=f"fanout-{name}-{index}", daemon=True).start()
     try:
         while len(results) < len(transports):
@@ -117,8 +120,7 @@ def close_everywhere(transports: Iterable[Transport]) -> None:
 def at_once(transports: Iterable[Transport], action: Callable[[Transport], None], *, name: str) -> None:
     """action(transport) on every node at once, for what returns nothing (kills, closes), on a
     thread per node: each mostly waits on its node (a TERM's grace, a watchdog's exit, a dead
-    link's timeout), so the waits overlap and the whole costs about the slowest node's, where a
-    pool of 64 would cost a wait per 64 nodes and one node after the other minutes at 1,024.
+    link's timeout), so the waits overlap and the whole costs about the slowest node's.
     Bounded by the action's own timeouts; one that raises is logged and the others go on."""
     def work(transport: Transport) -> None:
         try:

@@ -36,6 +36,11 @@ DEFAULT_KNOWN_HOSTS = os.path.expanduser("~/.ssh/known_hosts")
 LINK_DEAD_AFTER_S = 12  # no echo of a heartbeat this long: the node is unreachable
 CONNECT_TRIES = 3
 CONNECT_BACKOFF_S = 1.0  # before the second try; doubled before each one after
+# SSH handshakes in progress at once, over every node: each costs the harness CPU (key exchange,
+# host key and auth signatures, under the GIL); 1,024 at once on a few cores would each take
+# longer than the connect timeout and a healthy node would be called unreachable.
+CONNECTS_AT_ONCE = 64
+_connecting = threading.BoundedSemaphore(CONNECTS_AT_ONCE)
 CHANNEL_CHUNK = 64 * 1024  # bytes per read from or write to a command's channel
 SEND_POLL_S = 0.05  # how often stdin is retried while the node's window is full
 
@@ -329,7 +334,8 @@ class SshTransport(Transport):
                 connection.gateway = jump
             self._secure(connection)
             try:
-                connection.open()
+                with _connecting:  # the timeouts start once its turn has come
+                    connection.open()
                 return connection
             except Exception as exc:  # every way of not connecting is a per-node outcome
                 connection.close()

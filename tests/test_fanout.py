@@ -5,6 +5,7 @@ import pytest
 from nodes import ns_inventory, unique_sleep, wait_for_no_leftovers
 
 from runners.fanout import fan_out
+from runners.ssh import CONNECTS_AT_ONCE
 from runners.transport import make_transport
 
 
@@ -44,6 +45,21 @@ def test_nodes_run_concurrently(ns_cluster, transports_for, tmp_path):
     assert all(r.ok for r in spans.values()), spans
     started, ended = zip(*(map(float, r.stdout.split()) for r in spans.values()), strict=True)
     assert max(started) < min(ended), f"4 nodes' 2 s sleeps did not overlap: {spans}"
+
+
+def test_past_64_nodes_every_node_runs_at_once_too(ns_cluster_factory, transports_for, tmp_path):
+    """More nodes than SSH handshakes may run at once (CONNECTS_AT_ONCE, 64), and the fan-out once
+    ran its steps on a pool of that size: 80 nodes' sleeps overlap all the same, where a pool of 64
+    ran them in two waves (1,024 nodes' 60 s stress-ng would take 16 minutes)."""
+    count = CONNECTS_AT_ONCE + 16
+    transports = transports_for(ns_inventory(ns_cluster_factory(count), tmp_path / "inv.yaml"))
+    connected = fan_out(transports, lambda t: t.run(["true"], timeout=60))
+    assert [name for name, result in connected.items() if not result.ok] == []
+    spans = fan_out(transports, lambda t: t.run(["sh", "-c", "date +%s.%N; sleep 3; date +%s.%N"], timeout=60),
+                    name="sleep")
+    assert all(r.ok for r in spans.values()), [r.explain() for r in spans.values() if not r.ok]
+    started, ended = zip(*(map(float, r.stdout.split()) for r in spans.values()), strict=True)
+    assert max(started) < min(ended), f"{count} nodes' 3 s sleeps did not overlap"
 
 
 def test_deadline_turns_stragglers_into_timeouts_and_kills_them(ns_cluster, transports_for, tmp_path):
