@@ -10,14 +10,14 @@ import shlex
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Callable, Optional
 
 import paramiko
 from fabric import Config, Connection
 
-from inventory.model import Node
+from inventory.model import Node, SshSettings
 from runners.transport import (
     HARNESS_GRACE_S,
     HEARTBEAT_S,
@@ -211,10 +211,13 @@ class SshLease(Lease):
     while the commands on the connection are still waiting (they end as unreachable).
     """
 
-    def __init__(self, connection: Connection, tag: str, on_lost: Callable[[str], object]):
+    def __init__(self, connection: Connection, tag: str, on_lost: Callable[[str], object],
+                 on_closed: Callable[[], None]):
         super().__init__(tag)
         self.connection = connection
         self._on_lost = on_lost
+        self._on_closed = on_closed  # once, after the connection closed (its jump chain's share)
+        self._closing = threading.Lock()
         self._stopped = threading.Event()
         self._channel: Optional[paramiko.Channel] = None
 
@@ -240,7 +243,13 @@ class SshLease(Lease):
         if not self._stopped.is_set():
             self._stopped.set()
             self._end_watchdog()
-        self.connection.close()
+        self._close_connection()
+
+    def _close_connection(self) -> None:
+        with self._closing:
+            self.connection.close()
+            on_closed, self._on_closed = self._on_closed, _nothing
+        on_closed()
 
     def _end_watchdog(self) -> None:
         channel = self._channel
@@ -288,7 +297,7 @@ class SshLease(Lease):
         and find the reason."""
         self._on_lost(reason)
         self._stopped.set()  # no watchdog to wait for on a link that is gone
-        self.connection.close()
+        self._close_connection()
 
     def _ended(self, channel: paramiko.Channel) -> None:
         if self.closed_within(1.0):
@@ -297,6 +306,82 @@ class SshLease(Lease):
         why = channel.recv_stderr(4096).decode(errors="replace").strip() if channel.recv_stderr_ready() else ""
         log.warning("%s: the node-side watchdog ended (%s); commands there are bounded by their "
                     "own timeouts only", self.connection.host, why or "it said nothing")
+
+
+def _nothing() -> None:
+    pass
+
+
+def _jump_chain_key(ssh: SshSettings) -> Optional[SshSettings]:
+    """What the hops of a node's `ssh.jump` chain are opened with: nodes alike in it share them."""
+    if not ssh.jump:
+        return None
+    return SshSettings(identity_file=ssh.identity_file, known_hosts=ssh.known_hosts,
+                       host_keys=ssh.host_keys, jump=ssh.jump, connect_timeout=ssh.connect_timeout)
+
+
+@dataclass
+class _Chain:
+    gateway: Connection  # the last hop; its .gateway the one before it
+    users: int = 0
+    opening: threading.Lock = field(default_factory=threading.Lock)
+    failed: Optional[tuple[float, BaseException]] = None  # when and why its last opening failed
+
+
+class JumpChains:
+    """The inventory's jump chains (`ssh.jump`), each one SSH connection for every node behind
+    it, as OpenSSH's ControlMaster would share it: 1,024 nodes behind a bastion are channels of
+    one connection, not 1,024 handshakes that its sshd (MaxStartups 10:30:100 by default) would
+    mostly drop. A chain closes with the last connection through it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._chains: dict[SshSettings, _Chain] = {}
+
+    def take(self, key: SshSettings, build: Callable[[], Connection]) -> Connection:
+        """The chain's last hop, open; opened once for all the nodes that asked at once: those
+        waiting while it failed get its error, not a connect timeout each, one after another."""
+        asked = time.monotonic()
+        with self._lock:
+            chain = self._chains.get(key)
+            if chain is None:
+                chain = self._chains[key] = _Chain(build())
+            chain.users += 1
+        try:
+            with chain.opening:
+                if not chain.gateway.is_connected:
+                    if chain.failed is not None and chain.failed[0] >= asked:
+                        raise chain.failed[1]
+                    try:
+                        with _connecting:
+                            chain.gateway.open()
+                    except Exception as exc:
+                        _close_hops(chain.gateway)
+                        chain.failed = (time.monotonic(), exc)
+                        raise
+            return chain.gateway
+        except BaseException:
+            self.give_back(key)
+            raise
+
+    def give_back(self, key: SshSettings) -> None:
+        with self._lock:
+            chain = self._chains[key]
+            chain.users -= 1
+            if chain.users:
+                return
+            del self._chains[key]
+        _close_hops(chain.gateway)
+
+
+def _close_hops(gateway: Optional[Connection]) -> None:
+    """Close a chain's hops, last first (fabric closes a connection, never its gateway)."""
+    while isinstance(gateway, Connection):
+        gateway.close()
+        gateway = gateway.gateway
+
+
+_jump_chains = JumpChains()
 
 
 class SshTransport(Transport):
@@ -313,30 +398,34 @@ class SshTransport(Transport):
                 return lease
             if lease is not None:
                 lease.close()
-            connection = self._connect()
+            connection, release = self._connect()
             try:
-                self._lease = SshLease(connection, new_tag(), self.lose).start(
+                self._lease = SshLease(connection, new_tag(), self.lose, release).start(
                     root=self.node.sudo, timeout=self.node.ssh.connect_timeout)
             except Exception as exc:
                 connection.close()
+                release()
                 raise Unavailable(*_classify(exc, self.node.ssh.connect_timeout)) from None
             return self._lease
 
-    def _connect(self) -> Connection:
-        """Open the node's connection, trying again (with backoff) after transient failures."""
+    def _connect(self) -> tuple[Connection, Callable[[], None]]:
+        """Open the node's connection, trying again (with backoff) after transient failures;
+        with what to call once it is closed (its share of the jump chain)."""
         timeout = self.node.ssh.connect_timeout
         attempt = 0
         while True:
             attempt += 1
             connection = self._new_connection(self.node.address, self.node.ssh.user, self.node.ssh.port)
-            jump = self._jump_chain()
-            if jump is not None:
-                connection.gateway = jump
+            chain = _jump_chain_key(self.node.ssh)
+            if chain is not None:
+                connection.gateway = None  # reached through the shared chain's channel instead
             self._secure(connection)
             try:
-                with _connecting:  # the timeouts start once its turn has come
-                    connection.open()
-                return connection
+                if chain is None:
+                    with _connecting:  # the timeouts start once its turn has come
+                        connection.open()
+                    return connection, _nothing
+                return connection, self._open_through(connection, chain)
             except Exception as exc:  # every way of not connecting is a per-node outcome
                 connection.close()
                 failure, detail = _classify(exc, timeout)
@@ -348,7 +437,21 @@ class SshTransport(Transport):
                             self.node.name, attempt, CONNECT_TRIES, detail, delay)
                 time.sleep(delay)
 
-    def _jump_chain(self) -> Optional[Connection]:
+    def _open_through(self, connection: Connection, chain: SshSettings) -> Callable[[], None]:
+        """Open the connection through a direct-tcpip channel of the node's shared jump chain."""
+        gateway = _jump_chains.take(chain, self._jump_chain)
+        try:
+            with _connecting:
+                connection.connect_kwargs["sock"] = gateway.transport.open_channel(
+                    "direct-tcpip", (connection.host, int(connection.port)), ("", 0),
+                    timeout=self.node.ssh.connect_timeout)
+                connection.open()
+        except BaseException:
+            _jump_chains.give_back(chain)
+            raise
+        return lambda: _jump_chains.give_back(chain)
+
+    def _jump_chain(self) -> Connection:
         """ssh -J a,b: reach b through a, then the node through b; host keys checked at each hop.
 
         Without an inventory jump, fabric applies ~/.ssh/config's ProxyJump itself.
@@ -358,6 +461,8 @@ class SshTransport(Transport):
             connection = self._new_connection(*_split_jump(hop.strip()))
             connection.gateway = gateway
             gateway = connection
+        assert gateway is not None
+        self._secure(gateway)
         return gateway
 
     def _new_connection(self, host: str, user: Optional[str], port: Optional[int]) -> Connection:

@@ -40,6 +40,16 @@ def wait_for_no_leftovers(marker: str, within_s: float = 10, on=None) -> list[st
     return found
 
 
+def wait_until(condition, within_s: float) -> bool:
+    """Whether condition() came true within `within_s` (for what the far side does a moment later)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def local_inventory_without_scratch(tmp_path: Path) -> Path:
     """inventory/local.yaml as shipped, less its scratch path: checks that need one skip."""
     shipped = Path(__file__).resolve().parent.parent / "inventory" / "local.yaml"

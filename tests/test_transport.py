@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
+from netns import BRIDGE_HOST_OCTET, SSH_PORT
+from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers, wait_until
 
 from inventory.model import Node
 from runners import system
@@ -308,6 +309,39 @@ def test_jump_host_reaches_a_node_only_its_neighbours_can_resolve(ns_cluster, tm
         through.close()
     direct = make_transport(dataclasses.replace(node, ssh=dataclasses.replace(node.ssh, jump=None)))
     assert direct.run(["hostname"], timeout=10).failure == "unreachable"
+
+
+def connections_from_harness(cluster, name: str) -> int:
+    """SSH connections the node's sshd holds from this machine (the bridge's address)."""
+    harness = str(cluster.subnet[BRIDGE_HOST_OCTET])
+    listed = cluster.node_exec(name, ["ss", "-Htn", "state", "established", f"( sport = :{SSH_PORT} )"])
+    return sum(1 for line in listed.stdout.splitlines() if line.split()[-1].rsplit(":", 1)[0] == harness)
+
+
+def test_nodes_behind_a_jump_host_share_one_connection_to_it_closed_with_the_last(ns_cluster_factory,
+                                                                                    tmp_path):
+    """A bastion's sshd drops most of 64 handshakes at once (MaxStartups 10:30:100 by default),
+    so 1,024 nodes behind it must not be 1,024 connections to it; nor may they stay open."""
+    from inventory.loader import load_inventory
+    from runners.fanout import close_everywhere, fan_out
+
+    cluster = ns_cluster_factory(9)
+    bastion = cluster.node("node1")
+    behind = [name for name in cluster.node_names() if name != "node1"]
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", nodes=behind)
+    inventory.write_text(inventory.read_text().replace(
+        "connect_timeout: 5", f"connect_timeout: 5\n  jump: root@{bastion.address}"))
+    transports = {node.name: make_transport(node) for node in load_inventory(inventory).nodes}
+    try:
+        answers = fan_out(transports, lambda t: t.run(["hostname"], timeout=30), name="hostname")
+        assert {name: result.stdout.strip() for name, result in answers.items()} == {name: name for name in behind}
+        assert connections_from_harness(cluster, "node1") == 1
+        transports["node2"].close()
+        assert transports["node3"].run(["true"], timeout=30).ok  # the others' chain stays open
+    finally:
+        close_everywhere(transports.values())
+    assert wait_until(lambda: connections_from_harness(cluster, "node1") == 0, within_s=10), \
+        "the jump host's connection outlived every node behind it"
 
 
 def public_key(tmp_path, name: str) -> str:
