@@ -312,12 +312,18 @@ def _nothing() -> None:
     pass
 
 
-def _jump_chain_key(ssh: SshSettings) -> Optional[SshSettings]:
-    """What the hops of a node's `ssh.jump` chain are opened with: nodes alike in it share them."""
-    if not ssh.jump:
+def _jump_chain_key(ssh: SshSettings, connection: Connection) -> Optional[SshSettings]:
+    """The node's jump chain, and what its hops are opened with (nodes alike in it share them):
+    the inventory's `ssh.jump`, else the ProxyJump that ssh_config gives the node. As fabric
+    and ssh do, none for a node that is itself one of its chain's hops (`Host *` configs)."""
+    jump = ssh.jump or connection.ssh_config.get("proxyjump")
+    if not jump or jump.lower() == "none":
+        return None
+    if not ssh.jump and {_split_jump(hop.strip())[0] for hop in jump.split(",")} & {
+            connection.host, connection.original_host}:
         return None
     return SshSettings(identity_file=ssh.identity_file, known_hosts=ssh.known_hosts,
-                       host_keys=ssh.host_keys, jump=ssh.jump, connect_timeout=ssh.connect_timeout)
+                       host_keys=ssh.host_keys, jump=jump, connect_timeout=ssh.connect_timeout)
 
 
 @dataclass
@@ -416,7 +422,7 @@ class SshTransport(Transport):
         while True:
             attempt += 1
             connection = self._new_connection(self.node.address, self.node.ssh.user, self.node.ssh.port)
-            chain = _jump_chain_key(self.node.ssh)
+            chain = _jump_chain_key(self.node.ssh, connection)
             if chain is not None:
                 connection.gateway = None  # reached through the shared chain's channel instead
             self._secure(connection)
@@ -439,7 +445,7 @@ class SshTransport(Transport):
 
     def _open_through(self, connection: Connection, chain: SshSettings) -> Callable[[], None]:
         """Open the connection through a direct-tcpip channel of the node's shared jump chain."""
-        gateway = _jump_chains.take(chain, self._jump_chain)
+        gateway = _jump_chains.take(chain, lambda: self._jump_chain(chain.jump or ""))
         try:
             with _connecting:
                 connection.connect_kwargs["sock"] = gateway.transport.open_channel(
@@ -451,13 +457,11 @@ class SshTransport(Transport):
             raise
         return lambda: _jump_chains.give_back(chain)
 
-    def _jump_chain(self) -> Connection:
-        """ssh -J a,b: reach b through a, then the node through b; host keys checked at each hop.
-
-        Without an inventory jump, fabric applies ~/.ssh/config's ProxyJump itself.
-        """
+    def _jump_chain(self, jump: str) -> Connection:
+        """ssh -J a,b: reach b through a, then the node through b; host keys checked at each hop,
+        the node's connect timeout at each (fabric's own hops from ProxyJump had none)."""
         gateway = None
-        for hop in filter(None, (self.node.ssh.jump or "").split(",")):
+        for hop in filter(None, jump.split(",")):
             connection = self._new_connection(*_split_jump(hop.strip()))
             connection.gateway = gateway
             gateway = connection
@@ -477,8 +481,8 @@ class SshTransport(Transport):
                           connect_kwargs=connect_kwargs)
 
     def _secure(self, connection: Connection) -> None:
-        """Apply the host-key policy to a connection and every hop before it, including hops
-        fabric made from ~/.ssh/config's ProxyJump (fabric itself would auto-add their keys)."""
+        """Apply the host-key policy to a connection and every hop before it (fabric itself
+        would auto-add the keys of hops)."""
         while isinstance(connection, Connection):
             ssh = self.node.ssh
             known_hosts = (ssh.known_hosts

@@ -344,6 +344,32 @@ def test_nodes_behind_a_jump_host_share_one_connection_to_it_closed_with_the_las
         "the jump host's connection outlived every node behind it"
 
 
+def test_a_proxyjump_from_ssh_config_is_shared_too_and_skipped_by_its_own_hop(ns_cluster_factory, tmp_path,
+                                                                              monkeypatch):
+    """Operators put `Host * / ProxyJump bastion` in ~/.ssh/config rather than in an inventory."""
+    from inventory.loader import load_inventory
+    from runners.fanout import close_everywhere, fan_out
+    from runners.ssh import _ssh_config
+
+    cluster = ns_cluster_factory(5)
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(f"Host *\n    ProxyJump root@{cluster.node('node1').address}\n")
+    monkeypatch.setenv("HOME", str(home))
+    _ssh_config.cache_clear()
+    transports = {node.name: make_transport(node)
+                  for node in load_inventory(cluster.write_inventory(tmp_path / "inv.yaml")).nodes}
+    try:
+        answers = fan_out(transports, lambda t: t.run(["hostname"], timeout=30), name="hostname")
+        assert {name: result.stdout.strip() for name, result in answers.items()} == {
+            name: name for name in cluster.node_names()}
+        assert connections_from_harness(cluster, "node1") == 2  # node1 itself, and the chain for the others
+    finally:
+        close_everywhere(transports.values())
+        _ssh_config.cache_clear()
+    assert wait_until(lambda: connections_from_harness(cluster, "node1") == 0, within_s=10)
+
+
 def public_key(tmp_path, name: str) -> str:
     """'ssh-ed25519 AAAA...' of a fresh key made by ssh-keygen."""
     import subprocess
