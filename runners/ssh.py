@@ -335,7 +335,7 @@ class _Chain:
 
 
 class JumpChains:
-    """The inventory's jump chains (`ssh.jump`), each one SSH connection for every node behind
+    """The nodes' jump chains (`ssh.jump`, or ssh_config's ProxyJump), each one SSH connection for every node behind
     it, as OpenSSH's ControlMaster would share it: 1,024 nodes behind a bastion are channels of
     one connection, not 1,024 handshakes that its sshd (MaxStartups 10:30:100 by default) would
     mostly drop. A chain closes with the last connection through it."""
