@@ -311,6 +311,37 @@ def test_jump_host_reaches_a_node_only_its_neighbours_can_resolve(ns_cluster, tm
     assert direct.run(["hostname"], timeout=10).failure == "unreachable"
 
 
+def voluntary_switches(thread: threading.Thread) -> int:
+    """How often a thread of this process went to sleep and woke again (the kernel's count)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_an_idle_connection_wakes_the_harness_for_its_heartbeats_only(ns_cluster, tmp_path):
+    """paramiko's thread polls its socket every 0.1 s: over 1,024 idle connections that was
+    10,000 wake-ups a second under the GIL, and the heartbeats starved. Once connected it wakes
+    for data (a heartbeat's echo) or every IDLE_POLL_S, and a close still ends it at once."""
+    import paramiko
+
+    from runners.ssh import IDLE_POLL_S
+    from runners.transport import HEARTBEAT_S
+
+    before = set(threading.enumerate())
+    transport = make_transport(ns_inventory(ns_cluster, tmp_path / "inv.yaml").nodes[0])
+    try:
+        assert transport.run(["true"], timeout=30).ok
+        [connection] = [thread for thread in set(threading.enumerate()) - before
+                        if isinstance(thread, paramiko.Transport)]
+        woken = voluntary_switches(connection)
+        time.sleep(2 * HEARTBEAT_S)
+        woken = voluntary_switches(connection) - woken
+        assert woken < 20, f"{woken} wake-ups in {2 * HEARTBEAT_S} s idle (0.1 s polls: 60)"
+    finally:
+        transport.close()
+    connection.join(IDLE_POLL_S / 2)
+    assert not connection.is_alive(), "the closed connection's thread waited out its poll"
+
+
 def connections_from_harness(cluster, name: str) -> int:
     """SSH connections the node's sshd holds from this machine (the bridge's address)."""
     harness = str(cluster.subnet[BRIDGE_HOST_OCTET])
