@@ -37,6 +37,7 @@ from reports.render import RenderedRun, render_run
 from reports.retest import RETEST_OF, Original, RetestError, load_original
 from runners.cluster import ClusterRun
 from runners.fanout import Progress
+from runners.neighbours import neighbour_table_warning
 from runners.node_lock import BUSY_WAIT_S, NodeLock, NodeLocks, Owner
 from runners.soak import SOAK_FILE, SoakError, SoakPlan
 from runners.transport import Result
@@ -96,6 +97,9 @@ class AcceptanceSession:
         out = out or DEFAULT_OUT
         if cluster.transport == "ssh":
             raise_open_files(len(selected))
+        crowded = neighbour_table_warning(selected)
+        if crowded:
+            say(crowded)
         if not resume:
             check_out(Path(out))
         key = signing_key(sign_key, say)
