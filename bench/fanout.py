@@ -211,6 +211,15 @@ def measure(n: int, step: str, *, repeat: int, workers: Optional[int], serial_ma
     }
 
 
+def markdown_table(lines: list[tuple[str, ...]]) -> str:
+    """A header line and rows of cells as a Markdown table, right-aligned, as the READMEs quote them."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    out = ["| " + " | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) + " |"
+           for line in lines]
+    out.insert(1, "|" + "|".join("-" * (width + 1) + ":" for width in widths) + "|")
+    return "\n".join(out)
+
+
 def table(rows: list[dict]) -> str:
     base = rows[0]["warm_s"]
     header = ("N", "cold s", "warm s", "serial s", "pool/64 s", "warm per-node ms", "speed-up vs serial",
@@ -229,11 +238,7 @@ def table(rows: list[dict]) -> str:
             f"{row['warm_s'] / base:.1f}x",
             f"{row['warm_harness_cpu_s']:.3f}",
         ))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = ["| " + " | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) + " |"
-           for line in lines]
-    out.insert(1, "|" + "|".join("-" * (width + 1) + ":" for width in widths) + "|")
-    return "\n".join(out)
+    return markdown_table(lines)
 
 
 def conclusion(rows: list[dict], step: str) -> str:

@@ -35,7 +35,16 @@ for _path in (ROOT, ROOT / "bench", ROOT / "tests"):
         sys.path.insert(0, str(_path))
 
 import paramiko  # noqa: E402
-from fanout import log, machine, measure_sizes, openssh_argv, positive_int, run_bench, sizes_up_to  # noqa: E402
+from fanout import (  # noqa: E402
+    log,
+    machine,
+    markdown_table,
+    measure_sizes,
+    openssh_argv,
+    positive_int,
+    run_bench,
+    sizes_up_to,
+)
 from netns import MAX_NODES, NamespaceCluster  # noqa: E402
 
 from handover.session import raise_open_files  # noqa: E402
@@ -154,11 +163,7 @@ def table(rows: list[dict]) -> str:
                          f"{row['openssh_cpu_pct']:.1f}", str(row["lost"]), f"{row['cold_s']:.1f}",
                          f"{row['warm_s']:.2f}", f"{row['close_s']:.2f}", f"{row['rss_mib']:.0f}")
                         for row in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = ["| " + " | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) + " |"
-           for line in lines]
-    out.insert(1, "|" + "|".join("-" * (width + 1) + ":" for width in widths) + "|")
-    return "\n".join(out)
+    return markdown_table(lines)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

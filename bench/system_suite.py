@@ -38,7 +38,16 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from fanout import cluster_arguments, log, machine, measure_sizes, namespace_nodes, openssh_argv, run_bench  # noqa: E402
+from fanout import (  # noqa: E402
+    cluster_arguments,
+    log,
+    machine,
+    markdown_table,
+    measure_sizes,
+    namespace_nodes,
+    openssh_argv,
+    run_bench,
+)
 
 from inventory.loader import load_inventory  # noqa: E402
 from runners import payloads  # noqa: E402
@@ -147,11 +156,7 @@ def table(rows: list[dict]) -> str:
         str(row["nodes"]), f"{row['harness_s']:.2f}", f"{row['xargs_s']:.2f}",
         f"{row['harness_s'] / row['xargs_s']:.1f}x", f"{row['harness_s'] / base['harness_s']:.2f}x",
         f"{row['harness_cpu_s']:.2f}", f"{row['harness_peak_mib']:.0f}") for row in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = ["| " + " | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) + " |"
-           for line in lines]
-    out.insert(1, "|" + "|".join("-" * (width + 1) + ":" for width in widths) + "|")
-    return "\n".join(out)
+    return markdown_table(lines)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
