@@ -199,11 +199,13 @@ class AeadFirstTransport(paramiko.Transport):
         self.sock.settimeout(IDLE_POLL_S)
 
     def stop_thread(self) -> None:
-        self.active = False
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # the thread's recv returns now, not at its timeout
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
+        """A socket's close does not wake a recv waiting on it, its shutdown does; a jump chain's
+        channel (the socket of a node behind it) wakes its reader when paramiko closes it."""
+        if isinstance(self.sock, socket.socket):
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         super().stop_thread()
 
 
