@@ -32,11 +32,11 @@ accept: setup
 	mkdir -p $(SCRATCH)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest --inventory $(INVENTORY) $(ACCEPT_ARGS) $(PYTEST_ARGS)
 
-# The gate: lint and types first (seconds), then the harness's own tests.
+# The gate: lint and types first (seconds), then the harness's own tests; -rs says why any skipped.
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest tests --strict-markers -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest tests --strict-markers -rs -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/fanout.py
