@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from inventory.model import Node
-from runners.ssh import direct_host
 
 IpNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 IpAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
@@ -53,10 +52,16 @@ def on_link_networks(route_table: str, version: int) -> list[IpNetwork]:
 
 def neighbour_table_warning(nodes: Iterable[Node]) -> Optional[str]:
     """A line to say before the run when more nodes sit on this machine's own networks than its
-    neighbour table holds; None otherwise. Below the limit nothing is resolved or read."""
-    hosts = {host for host in map(direct_host, nodes) if host is not None}
-    for version in (4, 6):
-        limit = _read_int(ENTRY_LIMITS[version])
+    neighbour table holds; None otherwise. Below the limit nothing is resolved or read, and
+    paramiko is not imported (a local run never loads the SSH libraries)."""
+    ssh_nodes = [node for node in nodes if node.transport == "ssh"]
+    limits = {version: _read_int(path) for version, path in ENTRY_LIMITS.items()}
+    if all(limit is None or len(ssh_nodes) <= limit for limit in limits.values()):
+        return None
+    from runners.ssh import direct_host
+
+    hosts = {host for host in map(direct_host, ssh_nodes) if host is not None}
+    for version, limit in limits.items():
         if limit is None or len(hosts) <= limit:
             continue
         networks = on_link_networks(ROUTE_TABLES[version].read_text(), version)

@@ -67,3 +67,11 @@ def test_more_nodes_on_this_machines_network_than_its_neighbour_table_holds_is_s
                                            for index in range(1, 21)], {})  # TEST-NET-2, via a router
     for quiet in (behind_a_jump_host, few_on_link, routed):
         assert quiet.returncode == 0 and "neighbour" not in quiet.stdout, quiet.stdout + quiet.stderr
+
+
+def test_a_local_session_loads_no_ssh_library_for_the_check():
+    code = ("import sys; from inventory.model import Node; from runners.neighbours import neighbour_table_warning; "
+            "assert neighbour_table_warning([Node('n', 'n', 'local')]) is None; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fabric', 'paramiko', 'invoke')))")
+    shown = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and shown.stdout.strip() == "[]", shown.stdout + shown.stderr
