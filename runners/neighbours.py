@@ -68,11 +68,13 @@ def neighbour_table_warning(nodes: Iterable[Node]) -> Optional[str]:
         on_link = {address for address in (_address(host, version) for host in hosts)
                    if address is not None and any(address in network for network in networks)}
         if len(on_link) > limit:
-            return _overflow(len(on_link), limit, version, networks)
+            holding = [network for network in networks if any(address in network for address in on_link)]
+            return _overflow(len(on_link), limit, version, holding)
     return None
 
 
 def _overflow(nodes: int, limit: int, version: int, networks: list[IpNetwork]) -> str:
+    """The warning, naming the networks the nodes are on (not every on-link one)."""
     room = 1 << (nodes - 1).bit_length()  # the next power of two, as the defaults are
     names = ", ".join(str(network) for network in networks)
     settings = " ".join(f"net.ipv{version}.neigh.default.gc_thresh{level}={room * factor}"
