@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
 import yaml
 from yaml.constructor import ConstructorError
 
-from inventory.source_error import SourceFileError
+from inventory.source_error import SourceFileError, quoted
 
 INI_SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
 INI_GROUP_NAME = re.compile(r"^([^:\]\s]+)\s*(?:#.*)?$")
@@ -291,7 +291,7 @@ class _Builder:
                 self.groups[group].priority = int(var.value)
             except (TypeError, ValueError):
                 raise AnsibleInventoryError(
-                    f"ansible_group_priority of group {group!r} must be an integer, got {var.value!r}",
+                    f"ansible_group_priority of group {group!r} must be an integer, got {quoted(var.value)}",
                     var.file, var.line) from None
             return
         self.groups[group].variables[_var_name(key)] = var
@@ -530,13 +530,13 @@ def _read_ini(text: str, file: str, b: _Builder) -> None:
             _ini_host_line(line, group, file, number, b)
         elif state == "vars":
             if "=" not in line:
-                raise AnsibleInventoryError(f"expected key=value in [{group}:vars], got {line!r}", file, number)
+                raise AnsibleInventoryError(f"expected key=value in [{group}:vars], got {quoted(line)}", file, number)
             key, value = (part.strip() for part in line.split("=", 1))
             b.set_group_var(group, key, _Var(_ini_checked(value, file, number), file, number))
         else:
             match = INI_GROUP_NAME.match(line)
             if not match:
-                raise AnsibleInventoryError(f"expected a group name in [{group}:children], got {line!r}",
+                raise AnsibleInventoryError(f"expected a group name in [{group}:children], got {quoted(line)}",
                                             file, number)
             child = match.group(1)
             if child not in b.groups:
@@ -579,7 +579,7 @@ def _ini_host_line(line: str, group: str, file: str, number: int, b: _Builder) -
     variables: dict[str, _Var] = {}
     for token in tokens[1:]:
         if "=" not in token:
-            raise AnsibleInventoryError(f"expected key=value after host {tokens[0]!r}, got {token!r}",
+            raise AnsibleInventoryError(f"expected key=value after host {tokens[0]!r}, got {quoted(token)}",
                                         file, number)
         key, value = token.split("=", 1)
         variables[key] = _Var(_ini_checked(value, file, number), file, number)
@@ -631,7 +631,7 @@ def _kind(node: Optional[yaml.Node]) -> str:
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    return "null" if node.tag == "tag:yaml.org,2002:null" else repr(node.value)
+    return "null" if node.tag == "tag:yaml.org,2002:null" else quoted(node.value)
 
 
 def _construct(node: yaml.Node, file: str) -> Any:

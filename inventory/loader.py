@@ -49,6 +49,7 @@ from inventory.model import (
     SshSettings,
     Waiver,
 )
+from inventory.source_error import SourceFileError, quoted
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 # The suites ship beside this package; their check names are read from the files, not imported.
@@ -179,7 +180,7 @@ def _describe(at: _At) -> str:
     if node.tag == _NULL:
         return "null"
     if node.tag == _STR:
-        return repr(node.value)
+        return quoted(node.value)
     return node.value
 
 
@@ -350,7 +351,7 @@ def _string_list(at: _At) -> tuple[str, ...]:
 def _version(at: _At) -> str:
     value = _string(at)
     if not re.fullmatch(r"\d+(\.\d+)*", value):
-        raise at.error(f"expected a dotted version like '4.18', got {value!r}")
+        raise at.error(f"expected a dotted version like '4.18', got {quoted(value)}")
     return value
 
 
@@ -726,7 +727,7 @@ def _jump(at: _At) -> str:
     for hop in value.split(","):
         match = _JUMP_HOP.fullmatch(hop)
         if not match or (match.group(1) and not 1 <= int(match.group(1)) <= 65535):
-            raise at.error(f"expected [user@]host[:port] (like ssh -J), got {value!r}")
+            raise at.error(f"expected [user@]host[:port] (like ssh -J), got {quoted(value)}")
     return value
 
 
@@ -836,7 +837,6 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
     """
     from inventory.ansible_inventory import read_ansible_inventory
     from inventory.slurm_conf import live_partition_nodes, read_slurm_conf
-    from inventory.source_error import SourceFileError
 
     fields = _fields(item, SOURCE_KEYS)
     if len(fields) != 1:
@@ -976,7 +976,7 @@ def _iso_date(at: _At) -> str:
             raise ValueError
         datetime.date.fromisoformat(value)
     except ValueError:
-        raise at.error(f"expected a date as YYYY-MM-DD, got {value!r}") from None
+        raise at.error(f"expected a date as YYYY-MM-DD, got {quoted(value)}") from None
     return value
 
 
@@ -1137,7 +1137,7 @@ def _scratch(at: _At) -> tuple[ScratchPath, ...]:
             raise _wrong_type(item, "a path or a mapping with 'path'")
         path = _string(path_at)
         if not path.startswith("/"):
-            raise path_at.error(f"scratch paths must be absolute, got {path!r}")
+            raise path_at.error(f"scratch paths must be absolute, got {quoted(path)}")
         path = posixpath.normpath(path)
         if path == "/" or path.startswith("//"):
             raise path_at.error(f"{path!r} is not a scratch directory")

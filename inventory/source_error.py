@@ -3,6 +3,16 @@ from __future__ import annotations
 
 from typing import Optional
 
+QUOTED_CHARS = 60  # past this, an error quotes a value's start and says how long it is
+
+
+def quoted(value: str) -> str:
+    """A value as a one-line error quotes it: whole when short; else its start and its length,
+    so that a wrong file (a passwd, a hosts file) or a pasted key does not flood the line."""
+    if len(value) <= QUOTED_CHARS:
+        return repr(value)
+    return f"{value[:QUOTED_CHARS - 20]!r}... ({len(value):,} characters)"
+
 
 class SourceFileError(Exception):
     """A source file handover will not read; str() is one line naming the file and line."""

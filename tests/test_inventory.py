@@ -855,3 +855,17 @@ def test_a_run_without_overrides_records_none_and_shows_no_section(tmp_path):
         results = recorded_run(tmp_path / str(len(without)), inventory, without)
         assert results["run"]["expect_overrides"] == []
         assert 'class="overrides"' not in render_html(results)
+
+
+def test_a_wrong_file_is_quoted_by_its_start_and_length_not_whole(tmp_path):
+    """A passwd given as the inventory, or a key pasted into a field, must not flood the line."""
+    passwd = "\n".join(f"user{n}:x:{n}:{n}::/home/user{n}:/bin/sh" for n in range(200))
+    message = str(error_of(write(tmp_path, passwd + "\n")))
+    assert message.startswith(f"{tmp_path / 'inv.yaml'}:1: expected an inventory mapping, got 'user0:x:0")
+    assert message.endswith(f"... ({len(passwd.replace(chr(10), ' ')):,} characters)")
+    assert len(message) < len(str(tmp_path)) + 140
+    jump = "a" * 500
+    inventory = f"cluster: demo\nprofile: cpu-only\nnodes: [a]\nssh: {{jump: '{jump}@'}}\n"
+    message = str(error_of(write(tmp_path, inventory)))
+    assert message.endswith("ssh.jump: expected [user@]host[:port] (like ssh -J), got "
+                            f"{jump[:40]!r}... (501 characters)")
