@@ -131,7 +131,10 @@ def running_soak(inventory: str, out: Optional[str]) -> Optional[Path]:
 
 def stop_soak(run_dir: Path, inventory: Optional[str]) -> int:
     """End the soak of run_dir on every node; 0 when every node was reached, else 1."""
-    plan = soak.SoakPlan.load(run_dir)
+    try:
+        plan = soak.SoakPlan.load(run_dir)
+    except soak.SoakError as error:
+        raise soak.SoakError(f"--soak-stop: {error}") from None
     try:
         inventory = inventory or str(read_ledger(run_dir).header.get("inventory", {}).get("path"))
         cluster = load_inventory(inventory)

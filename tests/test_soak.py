@@ -415,7 +415,8 @@ def test_a_wrong_soak_key_is_one_line_naming_the_field(tmp_path, written, proble
 @pytest.mark.parametrize("option, says", [
     (["--soak-duration", "24x"], "--soak-duration '24x'"),
     (["--soak-duration", "15s"], "--soak-duration 15s is shorter than one load round (round_s=60): give at least 60s"),
-    (["--soak-attach", "."], "--soak-attach: soak.json: no such file")])
+    (["--soak-attach", "."], "--soak-attach: soak.json: no such file"),
+    (["--soak-stop", "."], "--soak-stop: soak.json: no such file")])
 def test_bad_soak_options_are_one_line_and_a_usage_error(option, says, tmp_path):
     done = subprocess.run([sys.executable, "-m", "pytest", "--inventory", "inventory/local.yaml", "--out",
                            str(tmp_path), "-m", "soak", *option], cwd=ROOT, capture_output=True, text=True, timeout=120)
