@@ -58,6 +58,11 @@ SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 # Cluster, group, node, profile and metric names end up in pytest ids and report anchors.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
 NAME_RULE = "use letters, digits, '.', '_' and '-'"
+# An address or a login, wherever it comes from: a host name or IP address, a plain login; nothing
+# that ssh, or mpirun's host list handed to ssh, would read as an option or split (`-oProxyCommand=`,
+# `a,b`, blanks).
+ADDRESS_PATTERN = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")
+USER_PATTERN = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$\\-]*")
 
 SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "host_keys", "jump", "connect_timeout")
 # Where a node sits in the fabric (rack, leaf switch): pair schedules and collectives group by them.
@@ -718,21 +723,38 @@ def _timeout(at: _At) -> float:
     return seconds
 
 
-_JUMP_HOP = re.compile(r"(?:[^@\s,]+@)?(?:\[[0-9A-Fa-f:.]+\]|[^@\s,:\[\]]+)(?::(\d+))?")
+_JUMP_HOP = re.compile(r"(?:([^@\s,]+)@)?(\[[0-9A-Fa-f:.]+\]|[^@\s,:\[\]]+)(?::(\d+))?")
 
 
 def _jump(at: _At) -> str:
-    """ssh -J syntax: [user@]host[:port], several hops separated by commas."""
+    """ssh -J syntax: [user@]host[:port], several hops separated by commas; each user a login
+    and each host a host name or IP address, as for the nodes themselves."""
     value = _string(at)
     for hop in value.split(","):
         match = _JUMP_HOP.fullmatch(hop)
-        if not match or (match.group(1) and not 1 <= int(match.group(1)) <= 65535):
+        if not match or (match.group(3) and not 1 <= int(match.group(3)) <= 65535) \
+                or (match.group(1) and not USER_PATTERN.fullmatch(match.group(1))) \
+                or not (match.group(2).startswith("[") or ADDRESS_PATTERN.fullmatch(match.group(2))):
             raise at.error(f"expected [user@]host[:port] (like ssh -J), got {quoted(value)}")
     return value
 
 
+def _address(at: _At) -> str:
+    value = _string(at)
+    if not ADDRESS_PATTERN.fullmatch(value):
+        raise at.error(f"expected a host name or IP address, got {quoted(value)}")
+    return value
+
+
+def _user(at: _At) -> str:
+    value = _string(at)
+    if not USER_PATTERN.fullmatch(value):
+        raise at.error(f"expected a login name, got {quoted(value)}")
+    return value
+
+
 _SETTING_READERS: dict[str, Callable[[_At], Any]] = {
-    "user": _string,
+    "user": _user,
     "port": _port,
     "identity_file": _path_setting,
     "known_hosts": _path_setting,
@@ -798,9 +820,9 @@ def _node_entries(at: _At) -> list[_NodeEntry]:
                 _NodeEntry(
                     name=_name(fields["name"], "node name"),
                     at=item,
-                    address=_string(fields["address"]) if "address" in fields else None,
+                    address=_address(fields["address"]) if "address" in fields else None,
                     settings=_settings(fields),
-                    data_address=_string(fields["data_address"]) if "data_address" in fields else None,
+                    data_address=_address(fields["data_address"]) if "data_address" in fields else None,
                 )
             ]
         elif isinstance(item.node, yaml.ScalarNode) and item.node.tag != _NULL:
@@ -817,10 +839,6 @@ def _node_entries(at: _At) -> list[_NodeEntry]:
 
 
 SOURCE_KEYS = ("slurm", "ansible")
-# What another file may give as an address or user: a host name or IP address, a plain login;
-# nothing that ssh or mpirun's host list would read as an option or split (`-o...`, `a,b`, blanks).
-_SOURCE_ADDRESS = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")
-_SOURCE_USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$\\-]*")
 
 
 def _is_source_entry(item: _At) -> bool:
@@ -889,9 +907,9 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
     for name, address, settings in found:
         if not NAME_PATTERN.fullmatch(name):
             raise item.error(f"invalid node name {name!r} from {source}; {NAME_RULE}")
-        if address is not None and not _SOURCE_ADDRESS.fullmatch(address):
+        if address is not None and not ADDRESS_PATTERN.fullmatch(address):
             raise item.error(f"node {name!r} from {source}: address {address!r} is not a host name or IP address")
-        if "user" in settings and not _SOURCE_USER.fullmatch(settings["user"]):
+        if "user" in settings and not USER_PATTERN.fullmatch(settings["user"]):
             raise item.error(f"node {name!r} from {source}: user {settings['user']!r} is not a login name")
         entries.append(_NodeEntry(name, item, address, {k: _Setting(v, item) for k, v in settings.items()},
                                   source=source, files=files))

@@ -496,11 +496,41 @@ def test_unknown_key_in_a_profile_points_at_the_profile(tmp_path, key):
      "unknown host key policy 'accept'; did you mean 'accept-new'? allowed: strict, accept-new"),
     ("{jump: 'admin@bastion:99999'}", "ssh.jump",
      "expected [user@]host[:port] (like ssh -J), got 'admin@bastion:99999'"),
+    # What ssh would read as an option (mpirun hands hosts and users to ssh as words of their own)
+    ("{user: '-oProxyCommand=x'}", "ssh.user", "expected a login name, got '-oProxyCommand=x'"),
+    ("{user: 'a b'}", "ssh.user", "expected a login name, got 'a b'"),
+    ("{jump: '-oProxyCommand=x'}", "ssh.jump",
+     "expected [user@]host[:port] (like ssh -J), got '-oProxyCommand=x'"),
+    ("{jump: 'ops@bastion,-oProxyCommand=x'}", "ssh.jump",
+     "expected [user@]host[:port] (like ssh -J), got 'ops@bastion,-oProxyCommand=x'"),
+    ("{jump: '-l@bastion'}", "ssh.jump", "expected [user@]host[:port] (like ssh -J), got '-l@bastion'"),
     ("[root]", "ssh", "expected a mapping, got a list"),
 ])
 def test_wrong_ssh_values(tmp_path, ssh, field, problem):
     path = write(tmp_path, f"cluster: demo\nprofile: cpu-only\nssh: {ssh}\nnodes: [gpu001]\n")
     assert_error(path, 3, field, problem)
+
+
+@pytest.mark.parametrize("node, field, problem", [
+    ("{name: a, address: '-oProxyCommand=x'}", "nodes[0].address",
+     "expected a host name or IP address, got '-oProxyCommand=x'"),
+    ("{name: a, data_address: 'a,b'}", "nodes[0].data_address", "expected a host name or IP address, got 'a,b'"),
+    ("{name: a, address: '[::1]'}", "nodes[0].address", "expected a host name or IP address, got '[::1]'"),
+    ("{name: a, user: '-l'}", "nodes[0].user", "expected a login name, got '-l'"),
+])
+def test_an_address_or_user_that_ssh_would_read_as_an_option_is_refused(tmp_path, node, field, problem):
+    assert_error(write(tmp_path, f"cluster: demo\nprofile: cpu-only\nnodes: [{node}]\n"), 3, field, problem)
+
+
+def test_addresses_users_and_jumps_as_ssh_takes_them_are_kept(tmp_path):
+    path = write(tmp_path, "cluster: demo\nprofile: cpu-only\n"
+                           "ssh: {jump: 'ops@bastion:2222,[2001:db8::1]:22,jump2'}\n"
+                           "nodes: [{name: a, address: 'fe80::1%eth0', data_address: 10.0.0.1, user: svc.acme},\n"
+                           "        {name: b, address: gpu002.example.com, user: 'j.doe@corp'}]\n")
+    a, b = load_inventory(path).nodes
+    assert (a.address, a.data_address, a.ssh.user) == ("fe80::1%eth0", "10.0.0.1", "svc.acme")
+    assert (b.address, b.ssh.user, b.ssh.jump) == ("gpu002.example.com", "j.doe@corp",
+                                                   "ops@bastion:2222,[2001:db8::1]:22,jump2")
 
 
 @pytest.mark.parametrize("line_text, field, problem", [
