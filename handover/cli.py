@@ -11,12 +11,15 @@ Running the acceptance suites is pytest's job: pytest --inventory inventory/<clu
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from functools import cache
 from pathlib import Path
 from typing import Callable
 
 EXIT_USAGE = 2
+EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # as a shell reports a command that `| head` cut short
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     diff.set_defaults(handler=cmd_diff)
 
     args = parser.parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except BrokenPipeError:
+        # The reader went away (`handover inventory big.yaml | head`): stop quietly, as cat
+        # does, and keep Python's exit-time flush of the dead pipe from printing a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
 
 
 def fail(message: str) -> int:
@@ -156,14 +165,31 @@ def cmd_inventory(args) -> int:
         print(f"group {group}: {hostlist.collect_hostlist(list(members))}")
     for scratch in cluster.scratch:
         print(f"scratch {scratch.path} ({scratch.kind}{', destructive' if scratch.destructive else ''})")
-    for node in cluster.nodes:
-        if node.transport == "local":
-            print(f"node {node.name}: this machine; from {node.source}")
-            continue
-        user = node.ssh.user or "(ssh default)"
-        port = node.ssh.port or "(ssh default)"
-        print(f"node {node.name}: address {node.address}, user {user}, port {port}; from {node.source}")
+    for reach, names in _reached_alike(cluster.nodes).items():
+        if len(names) == 1:
+            print(f"node {names[0]}: {reach.replace(OWN_NAME, names[0])}")
+        else:
+            print(f"nodes {hostlist.collect_hostlist(names)} ({len(names):,}): "
+                  f"{reach.replace(OWN_NAME, 'its own name')}")
     return 0
+
+
+OWN_NAME = "\0"  # stands for a node's own name where that is its address
+
+
+def _reached_alike(nodes) -> dict[str, list[str]]:
+    """How nodes are reached -> the nodes reached so but for their own name, in listed order:
+    1,024 nodes from one hostlist are one line, not 1,024."""
+    alike: dict[str, list[str]] = {}
+    for node in nodes:
+        if node.transport == "local":
+            reach = f"this machine; from {node.source}"
+        else:
+            address = OWN_NAME if node.address == node.name else node.address
+            reach = (f"address {address}, user {node.ssh.user or '(ssh default)'}, "
+                     f"port {node.ssh.port or '(ssh default)'}; from {node.source}")
+        alike.setdefault(reach, []).append(node.name)
+    return alike
 
 
 @cache

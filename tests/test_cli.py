@@ -26,6 +26,32 @@ def test_inventory_lists_the_nodes_in_hostlist_form():
     assert "profile cpu-only" in done.stdout and "transport local" in done.stdout
 
 
+def test_inventory_lists_nodes_reached_alike_in_one_line(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text("cluster: fleet\nprofile: cpu-only\nssh: {user: ops}\n"
+                    "nodes: ['gpu[0001-1024]', {name: gpu2000, address: 10.0.0.1}, {name: gpu2001, port: 2222}]\n")
+    done = handover("inventory", path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[3:] == [
+        "nodes gpu[0001-1024] (1,024): address its own name, user ops, port (ssh default); from yaml",
+        "node gpu2000: address 10.0.0.1, user ops, port (ssh default); from yaml",
+        "node gpu2001: address gpu2001, user ops, port 2222; from yaml"]
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
+    """`handover inventory big.yaml --json | head`: no BrokenPipeError traceback, a shell's 141."""
+    path = tmp_path / "fleet.yaml"
+    nodes = ", ".join(f"{{name: n{index}, address: 10.0.{index // 250}.{index % 250 + 1}}}" for index in range(4000))
+    path.write_text(f"cluster: fleet\nprofile: cpu-only\nnodes: [{nodes}]\n")
+    listing = subprocess.Popen([sys.executable, "-m", "handover.cli", "inventory", str(path), "--json"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert listing.stdout is not None and listing.stderr is not None
+    assert listing.stdout.readline() == "{\n"
+    listing.stdout.close()
+    assert listing.wait(timeout=120) == 141
+    assert listing.stderr.read() == ""
+
+
 def test_parse_an_unknown_tool_names_the_known_ones(tmp_path):
     sample = tmp_path / "out.txt"
     sample.write_text("hello\n")
