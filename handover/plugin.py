@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import hostlist
 import pytest
 
 from handover.failures import NodeBusy
@@ -149,9 +150,21 @@ def stop_soak(run_dir: Path, inventory: Optional[str]) -> int:
         outcome = run.stop()
     finally:
         run.close()
-    for node, what in outcome.items():
-        print(f"handover: soak {plan.soak_id} on {node}: {what}")
+    for line in stop_lines(plan.soak_id, outcome):
+        print(line)
     return 1 if any(what.startswith("not reached") for what in outcome.values()) else 0
+
+
+def stop_lines(soak_id: str, outcome: dict[str, str]) -> list[str]:
+    """A line per outcome, naming its nodes by hostlist: 1,024 nodes stopped alike are one line."""
+    alike: dict[str, list[str]] = {}
+    for node, what in outcome.items():
+        alike.setdefault(what, []).append(node)
+    lines = []
+    for what, nodes in alike.items():
+        where = nodes[0] if len(nodes) == 1 else f"{hostlist.collect_hostlist(nodes)} ({len(nodes):,} nodes)"
+        lines.append(f"handover: soak {soak_id} on {where}: {what}")
+    return lines
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -22,11 +22,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import hostlist
 import pytest
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from nodes import ns_inventory
 from test_e2e import ROOT, handover, results_of, run_dir_of
 
+from handover.plugin import stop_lines
 from inventory.loader import InventoryError, load_profile
 from inventory.model import ScratchPath
 from reports.html import TEMPLATE_DIR
@@ -596,10 +598,27 @@ def test_a_fleets_soak_table_lists_the_failed_nodes_then_a_few_more():
     assert soak_table(section).rows[2].figures == ["97.5 %", "10"]
 
 
+def stopped_on(stdout: str) -> dict[str, str]:
+    """--soak-stop's lines: node -> what happened there."""
+    outcome = {}
+    for match in re.finditer(r"^handover: soak \S+ on (\S+)(?: \([\d,]+ nodes\))?: (.*)$", stdout, re.MULTILINE):
+        outcome.update(dict.fromkeys(hostlist.expand_hostlist(match[1]), match[2]))
+    return outcome
+
+
+def test_soak_stop_says_what_happened_in_a_line_per_outcome_not_per_node():
+    outcome = {f"gpu{i:04d}": "stopped; its samples are in raw/" for i in range(1, 1025)}
+    outcome["gpu0007"] = "not reached: gpu0007 unreachable: lost at 10:00:00"
+    assert stop_lines("s1", outcome) == [
+        "handover: soak s1 on gpu[0001-0006,0008-1024] (1,023 nodes): stopped; its samples are in raw/",
+        "handover: soak s1 on gpu0007: not reached: gpu0007 unreachable: lost at 10:00:00"]
+    assert stopped_on("\n".join(stop_lines("s1", outcome)))["gpu1024"] == "stopped; its samples are in raw/"
+
+
 def test_a_second_soak_is_refused_where_one_runs_and_stopping_it_mid_run_is_judged_as_far_as_it_got(soaked):
     stopped = soaked["stopped_mid_run"]
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert "on node1: stopped; the harness following it has its samples" in stopped.stdout, stopped.stdout
+    assert stopped_on(stopped.stdout)["node1"] == "stopped; the harness following it has its samples", stopped.stdout
     results = results_of(soaked["second_run"])
     refused = entry(results, "soak_heartbeat", "node4")
     assert refused["outcome"] == "failed" and "another soak runs there" in refused["message"], refused
@@ -618,7 +637,7 @@ def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     # node4's supervisor, cut off from the harness, had ended its load at the end time by itself
     # and waited to be collected; told so, it removed its folder and ended
-    assert "on node4: stopped; the run was already signed" in stopped.stdout, stopped.stdout
+    assert stopped_on(stopped.stdout)["node4"].startswith("stopped; the run was already signed"), stopped.stdout
     for name in soaked["cluster"].node_names():
         assert namespace_processes(soaked["cluster"], name) == [], name
     assert list(soaked["scratch"].iterdir()) == [] and list(soaked["shared"].iterdir()) == [], stopped.stdout
