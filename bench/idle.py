@@ -11,9 +11,9 @@ connects to every node (a fan-out of `true`), and measures CPU over --window sec
   OpenSSH     N plain `ssh` clients to the same nodes, ServerAliveInterval 3 (the harness's
               heartbeat), their CPU summed from /proc: what an operator's own ssh would cost
 
-then how many nodes were lost meanwhile (no answer to heartbeats), a warm fan-out of `true`,
-and the close of every connection. Run from the repository root as root:
-`.venv/bin/python bench/idle.py --sizes 64,253,1024`.
+with the nodes lost (no answer to their heartbeats) in the harness's window and in the 0.1 s
+poll's; then a warm fan-out of `true`, and the close of every connection. Run from the
+repository root as root: `.venv/bin/python bench/idle.py --sizes 64,253,1024`.
 """
 from __future__ import annotations
 
@@ -124,6 +124,11 @@ def fan_out_true(transports: dict[str, Transport]) -> tuple[float, int]:
     return time.perf_counter() - started, sum(not result.ok for result in results.values())
 
 
+def lost_nodes(transports: dict[str, Transport]) -> int:
+    """The nodes marked lost so far: no answer to their heartbeats for LINK_DEAD_AFTER_S."""
+    return sum(transport.loss is not None for transport in transports.values())
+
+
 def rss_mib() -> float:
     return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
 
@@ -141,11 +146,12 @@ def measure(n: int, window_s: float, workdir: Path) -> dict:
                 raise RuntimeError(f"{cold_failed} of {n} nodes did not connect")
             log(f"N={n}: {n} connections in {cold_s:.1f} s; idling {window_s:g} s three ways")
             harness = harness_cpu_percent(window_s)
+            lost = lost_nodes(transports)
             set_paramiko_poll(PARAMIKO_POLL_S)
             polling = harness_cpu_percent(window_s)
+            lost_polling = lost_nodes(transports) - lost
             set_paramiko_poll(IDLE_POLL_S)
             openssh = openssh_cpu_percent(nodes, window_s)
-            lost = sum(transport.loss is not None for transport in transports.values())
             warm_s, _ = fan_out_true(transports)
             rss = rss_mib()
         finally:
@@ -153,14 +159,16 @@ def measure(n: int, window_s: float, workdir: Path) -> dict:
             close_everywhere(transports.values())
             close_s = time.perf_counter() - started
     return {"nodes": n, "cold_s": cold_s, "harness_cpu_pct": harness, "poll_cpu_pct": polling,
-            "openssh_cpu_pct": openssh, "lost": lost, "warm_s": warm_s, "close_s": close_s, "rss_mib": rss}
+            "openssh_cpu_pct": openssh, "lost": lost, "lost_polling": lost_polling, "warm_s": warm_s,
+            "close_s": close_s, "rss_mib": rss}
 
 
 def table(rows: list[dict]) -> str:
-    header = ("N", "harness % CPU", "0.1 s poll % CPU", "OpenSSH % CPU", "lost", "cold s", "warm s", "close s",
-              "harness RSS MiB")
-    lines = [header] + [(str(row["nodes"]), f"{row['harness_cpu_pct']:.1f}", f"{row['poll_cpu_pct']:.1f}",
-                         f"{row['openssh_cpu_pct']:.1f}", str(row["lost"]), f"{row['cold_s']:.1f}",
+    header = ("N", "harness % CPU", "lost", "0.1 s poll % CPU", "lost, 0.1 s poll", "OpenSSH % CPU", "cold s",
+              "warm s", "close s", "harness RSS MiB")
+    lines = [header] + [(str(row["nodes"]), f"{row['harness_cpu_pct']:.1f}", str(row["lost"]),
+                         f"{row['poll_cpu_pct']:.1f}", str(row["lost_polling"]),
+                         f"{row['openssh_cpu_pct']:.1f}", f"{row['cold_s']:.1f}",
                          f"{row['warm_s']:.2f}", f"{row['close_s']:.2f}", f"{row['rss_mib']:.0f}")
                         for row in rows]
     return markdown_table(lines)
