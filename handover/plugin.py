@@ -97,6 +97,12 @@ def add_soak_options(group) -> None:
 def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
     """--soak-stop ends a soak and pytest with it; a soak to attach to becomes the run resumed."""
     option = config.option
+    if option.inventory and getattr(option, "numprocesses", None):
+        # pytest-xdist's workers would each be an acceptance run of the whole inventory, and
+        # each would find the nodes held by the others: every check would fail as busy.
+        raise pytest.UsageError(f"-n/--numprocesses {option.numprocesses}: an acceptance run already runs "
+                                "every node's checks at once; pytest-xdist's workers would be runs that "
+                                "refuse each other's nodes. Run without -n")
     try:
         mix = soak.parse_mix(option.soak_mix)
         if option.soak_duration:

@@ -125,6 +125,7 @@ def test_without_an_inventory_the_plugin_is_inert(tmp_path):
     ("nodes", "nosuch[1-2]", "--nodes: nosuch1, nosuch2 match no node of"),
     ("nodes", "gpu[01-", "--nodes 'gpu[01-'"),
     ("resume", "/nonexistent/run", "--resume: /nonexistent/run/ledger.jsonl: no ledger here"),
+    ("numprocesses", "2", "-n/--numprocesses 2: an acceptance run already runs every node's checks at once"),
 ])
 def test_bad_options_are_one_line_in_either_form(operator_tree, sign_key, form, option, value, message):
     done = pytest_in(operator_tree["elsewhere"], *options(
