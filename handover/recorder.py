@@ -47,14 +47,12 @@ class Recorder:
         gc.freeze()
         session.config.add_cleanup(gc.unfreeze)
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
-        outcome = yield
-        report = outcome.get_result()
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+        """pytest's report of the check (made here in its place), filed in the ledger."""
         error = call.excinfo.value if call.excinfo else None
-        if isinstance(error, CheckFailure):
-            # An expected kind of failure: the reason and the evidence, not a traceback.
-            report.longrepr = f"[{error.kind}] {error}" + (f"\n{error.log}" if error.log else "")
+        report = (failure_report(item, call, error) if isinstance(error, CheckFailure)
+                  else pytest.TestReport.from_item_and_call(item, call))
         if report.when == "call" or (report.when == "setup" and not report.passed) or \
                 (report.when == "teardown" and report.failed):
             entry = check_entry(item, call, report, self._waivers)
@@ -63,6 +61,18 @@ class Recorder:
                 report.outcome = "skipped"  # as pytest's own xfail does: shown, not counted failed
                 report.wasxfail = f"waived ({waived['owner']}): {waived['reason']}"
             self._append(entry)
+        return report
+
+
+def failure_report(item: pytest.Item, call: pytest.CallInfo, error: CheckFailure) -> pytest.TestReport:
+    """An expected kind of failure as pytest reports it, with the reason and the evidence where a
+    traceback would be. pytest's own report formats the traceback first, parsing the suite's source
+    for every frame: about 14 ms a failure, 200 s of CPU for 1,024 unreachable nodes' 14 checks."""
+    report = pytest.TestReport.from_item_and_call(item, pytest.CallInfo.from_call(lambda: None, call.when))
+    report.outcome = "failed"
+    report.longrepr = f"[{error.kind}] {error}" + (f"\n{error.log}" if error.log else "")
+    report.start, report.stop, report.duration = call.start, call.stop, call.duration
+    return report
 
 
 def test_id(item: pytest.Item) -> str:
