@@ -24,13 +24,18 @@ from handover.recorder import SUITES_DIR, Recorder, test_id
 from handover.session import BUSY_NODES, AcceptanceSession, SessionError
 from inventory.loader import InventoryError, load_inventory
 from reports.ledger import LedgerError, read_ledger
-from reports.verdict import terminal_summary
+from reports.verdict import REASONS_SHOWN, terminal_summary
 from runners import soak
 from runners.fanout import Progress
 from runners.soak import SOAK_FILE
 
 PROGRESS_EVERY_S = 15  # without a terminal (CI logs), one progress line this often
 STOPPED = "handover: the run stopped: a run file could not be written (see above)"
+# Past this many failed checks pytest's FAILURES section is left out (unless --tb asks for it):
+# it repeats the reasons the short summary and the report give, and pytest builds it in time that
+# grows with the square of the failures (pytest-dev/pytest#13360): 1,024 unreachable nodes' 14,336
+# failed checks spent minutes there.
+FAILURES_SECTION_MAX = 200
 
 MARKERS = {
     "system": "system configuration (OS, kernel, CPU, memory, drivers)",
@@ -245,6 +250,7 @@ class SessionHooks:
         self._retest: Optional[set[str]] = None  # for --retest: the test ids to run again
         self._pytest_session: Optional[pytest.Session] = None
         self._selected = False  # every plugin has narrowed the items (-k, -m, --resume)
+        self._failures_left_out = 0  # failed checks whose FAILURES section was left out
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """A misspelt marker in -m (`-m quik`) is a usage error, never a run that quietly
@@ -321,6 +327,9 @@ class SessionHooks:
             self._pytest_session.shouldstop = STOPPED
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if session.testsfailed > FAILURES_SECTION_MAX and session.config.option.tbstyle == "auto":
+            session.config.option.tbstyle = "no"  # read by the terminal summary, which comes next
+            self._failures_left_out = session.testsfailed
         rendered = self.session.finish(exitstatus, exitstatus == pytest.ExitCode.INTERRUPTED)
         if rendered and rendered.verdict.gate_failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -328,8 +337,17 @@ class SessionHooks:
             session.exitstatus = pytest.ExitCode.INTERRUPTED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        for note in self.session.lock_notes:
+        if self._failures_left_out:
+            terminalreporter.write_line(
+                f"handover: pytest's FAILURES section is left out: {self._failures_left_out:,} checks failed "
+                f"(more than {FAILURES_SECTION_MAX}); each one's reason is in the short summary below and in the "
+                "report (--tb=short prints the section)", yellow=True)
+        notes = self.session.lock_notes
+        for note in notes[:REASONS_SHOWN]:
             terminalreporter.write_line(f"handover: {note}", yellow=True)
+        if len(notes) > REASONS_SHOWN:
+            terminalreporter.write_line(f"handover: ... and {len(notes) - REASONS_SHOWN:,} more nodes not locked "
+                                        "(the ledger's locks entry names each)", yellow=True)
         if self.session.stopped is not None:
             self._summarise_stop(terminalreporter)
         rendered = self.session.rendered

@@ -8,6 +8,7 @@ and makes its node `waived`, never `passed`, but it does not fail the verdict or
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -21,8 +22,12 @@ INCOMPLETE = "INCOMPLETE"
 FAILED_OUTCOMES = ("failed", "error")
 CHECKS_NAMED = 5  # a reason for checks that failed alike names this many, then counts the rest
 # Beyond this many nodes a run is a fleet: the report summarises (reports.html), and nodes whose
-# reasons say the same but for their name share one reason, naming them by hostlist.
+# reasons say the same but for their name (address, clock times) share one, named by hostlist.
 FLEET_NODES = 64
+# Words that differ from node to node by nature in reasons otherwise the same: a node's IPv4
+# address and the clock time its trouble began (a rack that lost power: "lost at 10:00:03
+# (... Unable to connect to port 22 on 10.0.3.34)" on every node, a second and an address apart).
+PER_NODE_WORDS = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b|\b\d\d:\d\d:\d\d\b")
 REASONS_SHOWN = 20  # reasons (and as many warnings) a terminal shows below the headline; the report has all
 
 
@@ -184,13 +189,14 @@ def terminal_summary(verdict: Verdict, shown: int = REASONS_SHOWN) -> list[str]:
 
 def _alike(reasons: list[tuple[str, str]], fleet: bool) -> list[str]:
     """'node: reason' for each (node, reason); in a fleet, the nodes whose reasons are the same
-    but for their own name share one, in first-seen order: 'gpu[0034,0134] (2 nodes): peermem
-    failed (expectation): gpu0034: ...', the first node's words standing for all."""
+    but for their own name, address and clock times (PER_NODE_WORDS) share one, in first-seen
+    order: 'gpu[0034,0134] (2 nodes): peermem failed (expectation): gpu0034: ...', the first
+    node's words standing for all."""
     if not fleet:
         return [f"{where}: {reason}" for where, reason in reasons]
     groups: dict[str, list[tuple[str, str]]] = {}
     for where, reason in reasons:
-        groups.setdefault(reason.replace(where, "\0"), []).append((where, reason))
+        groups.setdefault(PER_NODE_WORDS.sub("\0", reason.replace(where, "\0")), []).append((where, reason))
     lines = []
     for members in groups.values():
         names = [where for where, _ in members]

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from handover.plugin import FAILURES_SECTION_MAX
+from reports.verdict import REASONS_SHOWN
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -137,6 +140,30 @@ def test_stopped_node_fails_as_unreachable_and_the_others_pass(ns_cluster_factor
     assert uniformity["outcome"] == "passed" and "no facts from node2" in uniformity["message"]
     assert "NOT CERTIFIED" in (run_dir / "report.html").read_text()
     assert ssh_keygen_verifies(run_dir, "report.html")
+
+
+def test_a_fleet_that_cannot_be_reached_reads_as_one_reason_without_a_failures_section(sign_key, tmp_path):
+    """65 nodes (a fleet) whose SSH port refuses, each at its own address: 910 failed checks.
+    Their reasons differ only by name, address and clock time, so the verdict gives one; pytest's
+    FAILURES section, past FAILURES_SECTION_MAX, is left out and said so (--tb=short brings it
+    back); the lock notes show the first REASONS_SHOWN and count the rest."""
+    nodes = ", ".join(f"{{name: d{index:04d}, address: 127.0.0.{index + 1}}}" for index in range(65))
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text(f"cluster: fleet\nprofile: cpu-only\nnodes: [{nodes}]\nssh: {{port: 1, host_keys: "
+                         f"accept-new, known_hosts: {tmp_path / 'known_hosts'}, connect_timeout: 2}}\n")
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "  - d[0000-0064] (65 nodes): fabric_manager, peermem, pcie_acs, iommu, cpu_governor and 9 more " \
+           "checks failed (unreachable): d0000 unreachable: " in done.stdout, done.stdout
+    assert ("handover: pytest's FAILURES section is left out: 910 checks failed (more than "
+            f"{FAILURES_SECTION_MAX})") in done.stdout and "= FAILURES =" not in done.stdout
+    assert f"handover: ... and {65 - REASONS_SHOWN} more nodes not locked (the ledger's locks entry names each)" \
+           in done.stdout
+    assert done.stdout.count(" not locked: ") == REASONS_SHOWN
+    assert any(line.startswith("FAILED ") and "test_memory[d0064]" in line for line in done.stdout.splitlines())
+    asked = run_suites(inventory, tmp_path / "out2", sign_key, "-m", "system", "--tb=short")
+    assert "= FAILURES =" in asked.stdout and "section is left out" not in asked.stdout
+    assert "[unreachable] d0000 unreachable: lost at " in asked.stdout and "Traceback" not in asked.stdout
 
 
 def test_nodes_option_and_k_select_nodes(ns_cluster, sign_key, tmp_path):

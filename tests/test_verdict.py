@@ -204,7 +204,10 @@ def test_in_a_fleet_nodes_that_failed_alike_share_one_reason_named_by_their_host
             entries += [check(node, "reachable"), check(node, "cpu", metrics=[metric("cpu_cores", 16, "cores")]),
                         check(node, "memory", "failed", kind="expectation", message=f"{node}: 8 DIMMs, not 16")]
         elif node in down:
-            entries += [check(node, name, "failed", kind="unreachable", message=f"{node} unreachable: refused")
+            # as a rack's nodes go: a second and an address apart
+            lost = (f"{node} unreachable: lost at 10:00:0{node[-1]} (NoValidConnectionsError: [Errno None] Unable "
+                    f"to connect to port 22 on 10.0.3.{node[-2:]} (after 3 tries)); not tried again")
+            entries += [check(node, name, "failed", kind="unreachable", message=lost)
                         for name in ("reachable", "memory", "cpu")]
         elif node == "gpu0050":
             entries += [*node_checks(node)[:2], check(node, "cpu", "failed", kind="sanity", message="lscpu failed")]
@@ -216,7 +219,9 @@ def test_in_a_fleet_nodes_that_failed_alike_share_one_reason_named_by_their_host
     verdict = verdict_of(write_run(tmp_path, entries, head=header(nodes)))
     assert verdict.reasons[:4] == [
         "gpu[0003,0013,0023] (3 nodes): memory failed (expectation): gpu0003: 8 DIMMs, not 16",
-        "gpu[0040-0041] (2 nodes): reachable, memory, cpu failed (unreachable): gpu0040 unreachable: refused",
+        "gpu[0040-0041] (2 nodes): reachable, memory, cpu failed (unreachable): gpu0040 unreachable: lost at "
+        "10:00:00 (NoValidConnectionsError: [Errno None] Unable to connect to port 22 on 10.0.3.40 (after 3 tries)); "
+        "not tried again",
         "gpu0050: cpu failed (sanity): lscpu failed",
         "gpu[0060-0061] (2 nodes): mandatory check 'memory' has no result"]
     assert node_row(verdict, "gpu0013")["reasons"] == ["gpu0013: memory failed (expectation): gpu0013: 8 DIMMs, not 16"]
