@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, NoReturn, Optional
@@ -33,6 +34,7 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import yaml  # noqa: E402
 from netns import MAX_NODES, NamespaceCluster, netns_available  # noqa: E402
 
 from inventory.loader import load_inventory  # noqa: E402
@@ -60,6 +62,7 @@ def sizes_up_to(largest: int) -> Callable[[str], list[int]]:
 
 
 sizes_arg = sizes_up_to(MAX_NODES)  # namespace nodes: one /24 each cluster
+FLEET_MAX = 2048  # nodes: eight namespace clusters' worth
 
 
 def positive_int(text: str) -> int:
@@ -69,10 +72,11 @@ def positive_int(text: str) -> int:
     return value
 
 
-def cluster_arguments(description: str, default_sizes: str) -> argparse.ArgumentParser:
+def cluster_arguments(description: str, default_sizes: str, largest: int = MAX_NODES) -> argparse.ArgumentParser:
     """The options every namespace-cluster bench takes: the sizes, and runs per measurement."""
     parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
-    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg(default_sizes),
+    sizes = sizes_up_to(largest)
+    parser.add_argument("--sizes", type=sizes, default=sizes(default_sizes),
                         help=f"cluster sizes to measure, comma-separated (default {default_sizes})")
     parser.add_argument("--repeat", type=positive_int, default=3,
                         help="runs per measurement; the median is reported (default 3)")
@@ -104,6 +108,33 @@ def namespace_nodes(n: int, workdir: Path) -> Iterator[tuple[Path, float, Namesp
     finally:
         log(f"N={n}: stopping the nodes")
         cluster.stop()
+
+
+@contextmanager
+def fleet(n: int, workdir: Path) -> Iterator[tuple[Path, list[Node]]]:
+    """N started sshd nodes, in clusters of up to MAX_NODES with a prefix each (c0n1, c1n1, ...),
+    and one inventory for them all (each node with its cluster's key and known_hosts); every
+    cluster stopped on the way out."""
+    with ExitStack() as stack:
+        entries: list[dict] = []
+        inventory: dict = {}
+        for index in range(math.ceil(n / MAX_NODES)):
+            size = min(MAX_NODES, n - index * MAX_NODES)
+            cluster = NamespaceCluster(workdir / f"n{n}c{index}", size, prefix=f"c{index}n", start_timeout=180)
+            stack.callback(cluster.stop)
+            log(f"N={n}: starting cluster {index + 1} ({size} nodes)")
+            cluster.start()
+            written = cluster.write_inventory(workdir / f"n{n}c{index}" / "inventory.yaml")
+            inventory = yaml.safe_load(written.read_text())
+            ssh = inventory["ssh"]
+            entries += [{**node, "identity_file": ssh["identity_file"], "known_hosts": ssh["known_hosts"]}
+                        for node in inventory["nodes"]]
+        for key in ("identity_file", "known_hosts"):
+            inventory["ssh"].pop(key)
+        path = workdir / f"n{n}" / "inventory.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump({**inventory, "nodes": entries}, sort_keys=False))
+        yield path, load_inventory(path).nodes
 
 
 def openssh_argv(node: Node) -> list[str]:

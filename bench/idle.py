@@ -18,16 +18,14 @@ repository root as root: `.venv/bin/python bench/idle.py --sizes 64,253,1024`.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import subprocess
 import sys
 import threading
 import time
-from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 for _path in (ROOT, ROOT / "bench", ROOT / "tests"):
@@ -36,6 +34,8 @@ for _path in (ROOT, ROOT / "bench", ROOT / "tests"):
 
 import paramiko  # noqa: E402
 from fanout import (  # noqa: E402
+    FLEET_MAX,
+    fleet,
     log,
     machine,
     markdown_table,
@@ -45,35 +45,16 @@ from fanout import (  # noqa: E402
     run_bench,
     sizes_up_to,
 )
-from netns import MAX_NODES, NamespaceCluster  # noqa: E402
 
 from handover.session import raise_open_files  # noqa: E402
-from inventory.loader import load_inventory  # noqa: E402
 from inventory.model import Node  # noqa: E402
 from runners.fanout import close_everywhere, fan_out  # noqa: E402
 from runners.neighbours import neighbour_table_warning  # noqa: E402
 from runners.ssh import IDLE_POLL_S  # noqa: E402
 from runners.transport import HEARTBEAT_S, Transport, make_transport  # noqa: E402
 
-FLEET_MAX = 2048  # nodes: eight namespace clusters' worth
 PARAMIKO_POLL_S = 0.1  # paramiko's own socket timeout
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-@contextmanager
-def fleet(n: int, workdir: Path) -> Iterator[list[Node]]:
-    """N started sshd nodes, in clusters of up to MAX_NODES with a prefix each; all stopped on
-    the way out."""
-    with ExitStack() as stack:
-        nodes: list[Node] = []
-        for index in range(math.ceil(n / MAX_NODES)):
-            size = min(MAX_NODES, n - index * MAX_NODES)
-            cluster = NamespaceCluster(workdir / f"n{n}c{index}", size, prefix=f"c{index}n", start_timeout=180)
-            stack.callback(cluster.stop)
-            log(f"N={n}: starting cluster {index + 1} ({size} nodes)")
-            cluster.start()
-            nodes += load_inventory(cluster.write_inventory(workdir / f"n{n}c{index}" / "inventory.yaml")).nodes
-        yield nodes
 
 
 def harness_cpu_percent(window_s: float) -> float:
@@ -135,7 +116,7 @@ def rss_mib() -> float:
 
 def measure(n: int, window_s: float, workdir: Path) -> dict:
     raise_open_files(2 * n)  # the harness's connections, and the OpenSSH clients' pipes
-    with fleet(n, workdir) as nodes:
+    with fleet(n, workdir) as (_, nodes):
         crowded = neighbour_table_warning(nodes)
         if crowded:
             raise RuntimeError(crowded)

@@ -1,7 +1,7 @@
 """Benchmark: the system suite on N real sshd nodes, against `xargs -P ssh` doing the same work.
 
-For each cluster size N this starts N sshd nodes in network namespaces (tests/netns.py), then,
-in the same run and on the same nodes:
+For each cluster size N this starts N sshd nodes in network namespaces (tests/netns.py; past 253
+nodes, several clusters under one inventory), then, in the same run and on the same nodes:
 
   harness   `pytest --inventory CLUSTER.yaml -m system`: the whole acceptance run (start-up,
             collection, the fan-outs, the ledger, the signed report), in its own process
@@ -39,13 +39,13 @@ for _path in (ROOT, ROOT / "tests"):  # the harness packages, and tests/netns.py
         sys.path.insert(0, str(_path))
 
 from fanout import (  # noqa: E402
+    FLEET_MAX,
     cluster_arguments,
+    fleet,
     log,
     machine,
     markdown_table,
     measure_sizes,
-    namespace_nodes,
-    openssh_argv,
     run_bench,
 )
 
@@ -80,33 +80,35 @@ def harness_run(inventory: Path, out: Path) -> tuple[float, float, int]:
 
 
 def xargs_script(inventory: Path, workdir: Path) -> tuple[Path, Path]:
-    """A file of node addresses and the per-node script xargs runs: one ssh per payload."""
+    """The nodes, a line each (address, key, known_hosts: each cluster of a fleet has its own),
+    and the per-node script xargs runs with them: one plain ssh per payload."""
     cluster = load_inventory(inventory)
-    first = cluster.nodes[0]
-    ssh = openssh_argv(first)
-    lines = ["#!/bin/sh", "set -e"]
+    lines = ["#!/bin/sh", "set -e", "address=$1 key=$2 known_hosts=$3"]
     for name in PAYLOADS:
         payload = workdir / f"{name}.py"
         payload.write_text(payloads.load(name))
-        lines.append(f'{shlex.join(ssh)} "$1" {shlex.quote(first.python)} - < {shlex.quote(str(payload))} > /dev/null')
+        lines.append('ssh -o BatchMode=yes -o UserKnownHostsFile="$known_hosts" -o StrictHostKeyChecking=yes '
+                     f'-i "$key" -l root "$address" {shlex.quote(cluster.nodes[0].python)} - '
+                     f'< {shlex.quote(str(payload))} > /dev/null')
     script = workdir / "per-node.sh"
     script.write_text("\n".join(lines) + "\n")
     script.chmod(0o755)
     hosts = workdir / "hosts"
-    hosts.write_text("".join(f"{node.address}\n" for node in cluster.nodes))
+    hosts.write_text("".join(f"{node.address} {node.ssh.identity_file} {node.ssh.known_hosts}\n"
+                             for node in cluster.nodes))
     return hosts, script
 
 
 def xargs_run(hosts: Path, script: Path, n: int) -> float:
     with hosts.open("rb") as listed:
-        wall, _, _, status = timed(["xargs", "-P", str(n), "-n", "1", str(script)], stdin=listed.fileno())
+        wall, _, _, status = timed(["xargs", "-P", str(n), "-n", "3", str(script)], stdin=listed.fileno())
     if status != 0:
         raise RuntimeError(f"xargs -P ssh exited {status}")
     return wall
 
 
 def measure(n: int, *, repeat: int, workdir: Path) -> dict:
-    with namespace_nodes(n, workdir) as (inventory, _, _):
+    with fleet(n, workdir) as (inventory, _):
         hosts, script = xargs_script(inventory, workdir / f"n{n}")
         harness, xargs = [], []
         for run in range(repeat):
@@ -160,7 +162,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = cluster_arguments(__doc__, "1,8,32,64")
+    parser = cluster_arguments(__doc__, "1,8,32,64", largest=FLEET_MAX)
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures to FILE")
     args = parser.parse_args(argv)
     when = datetime.now(timezone.utc)
