@@ -25,9 +25,10 @@ CHECKS_NAMED = 5  # a reason for checks that failed alike names this many, then 
 # reasons say the same but for their name (address, clock times) share one, named by hostlist.
 FLEET_NODES = 64
 # Words that differ from node to node by nature in reasons otherwise the same: a node's IPv4
-# address and the clock time its trouble began (a rack that lost power: "lost at 10:00:03
-# (... Unable to connect to port 22 on 10.0.3.34)" on every node, a second and an address apart).
-PER_NODE_WORDS = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b|\b\d\d:\d\d:\d\d\b")
+# address, the clock time its trouble began and how far into a command it came (a rack that lost
+# power: "lost at 10:00:03 (... Unable to connect to port 22 on 10.0.3.34)" on every node, a
+# second and an address apart; "no answer to SSH keepalives for 12 s, 14 s into `...`").
+PER_NODE_WORDS = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b|\b\d\d:\d\d:\d\d\b|\b\d+ s into\b")
 REASONS_SHOWN = 20  # reasons (and as many warnings) a terminal shows below the headline; the report has all
 
 

@@ -209,6 +209,9 @@ def test_in_a_fleet_nodes_that_failed_alike_share_one_reason_named_by_their_host
                     f"to connect to port 22 on 10.0.3.{node[-2:]} (after 3 tries)); not tried again")
             entries += [check(node, name, "failed", kind="unreachable", message=lost)
                         for name in ("reachable", "memory", "cpu")]
+        elif node in ("gpu0044", "gpu0045"):  # lost in the middle of a command, each at its own second
+            cut = f"{node} unreachable: no answer to SSH keepalives for 12 s, 1{node[-1]} s into `python3 - gpu_config`"
+            entries += [check(node, "reachable"), check(node, "memory", "failed", kind="unreachable", message=cut)]
         elif node == "gpu0050":
             entries += [*node_checks(node)[:2], check(node, "cpu", "failed", kind="sanity", message="lscpu failed")]
         elif node in ("gpu0060", "gpu0061"):
@@ -217,11 +220,13 @@ def test_in_a_fleet_nodes_that_failed_alike_share_one_reason_named_by_their_host
             entries += node_checks(node)
     entries.append(check(None, "uniformity"))
     verdict = verdict_of(write_run(tmp_path, entries, head=header(nodes)))
-    assert verdict.reasons[:4] == [
+    assert verdict.reasons[:5] == [
         "gpu[0003,0013,0023] (3 nodes): memory failed (expectation): gpu0003: 8 DIMMs, not 16",
         "gpu[0040-0041] (2 nodes): reachable, memory, cpu failed (unreachable): gpu0040 unreachable: lost at "
         "10:00:00 (NoValidConnectionsError: [Errno None] Unable to connect to port 22 on 10.0.3.40 (after 3 tries)); "
         "not tried again",
+        "gpu[0044-0045] (2 nodes): memory failed (unreachable): gpu0044 unreachable: no answer to SSH keepalives "
+        "for 12 s, 14 s into `python3 - gpu_config`",
         "gpu0050: cpu failed (sanity): lscpu failed",
         "gpu[0060-0061] (2 nodes): mandatory check 'memory' has no result"]
     assert node_row(verdict, "gpu0013")["reasons"] == ["gpu0013: memory failed (expectation): gpu0013: 8 DIMMs, not 16"]
