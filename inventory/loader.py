@@ -739,18 +739,18 @@ def _jump(at: _At) -> str:
     return value
 
 
-def _address(at: _At) -> str:
-    value = _string(at)
-    if not ADDRESS_PATTERN.fullmatch(value):
-        raise at.error(f"expected a host name or IP address, got {quoted(value)}")
-    return value
+def _matching(pattern: re.Pattern[str], expected: str) -> Callable[[_At], str]:
+    """A reader of strings the whole of which pattern matches."""
+    def read(at: _At) -> str:
+        value = _string(at)
+        if not pattern.fullmatch(value):
+            raise at.error(f"expected {expected}, got {quoted(value)}")
+        return value
+    return read
 
 
-def _user(at: _At) -> str:
-    value = _string(at)
-    if not USER_PATTERN.fullmatch(value):
-        raise at.error(f"expected a login name, got {quoted(value)}")
-    return value
+_address = _matching(ADDRESS_PATTERN, "a host name or IP address")
+_user = _matching(USER_PATTERN, "a login name")
 
 
 _SETTING_READERS: dict[str, Callable[[_At], Any]] = {
