@@ -449,8 +449,11 @@ def kill_sshd(cluster, name: str) -> None:
     cluster.stop_sshd(name)
     for pid in subprocess.run(["ip", "netns", "pids", cluster.node(name).namespace], capture_output=True,
                               text=True).stdout.split():
-        if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
-            os.kill(int(pid), signal.SIGKILL)
+        try:  # a session may end between the listing and the look (the killed harness's, here)
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
+                os.kill(int(pid), signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
 
 
 def samples_of(path: Path) -> int:
