@@ -48,7 +48,8 @@ def node_name(index: int) -> str:
     return f"gpu{index + 1:04d}"
 
 
-def synthetic_ledger(template: list[dict], count: int, seed: int = 1) -> list[dict]:
+def synthetic_ledger(template: list[dict], count: int, seed: int = 1,
+                     unreachable_every: int = UNREACHABLE_EVERY) -> list[dict]:
     """The template's entries for `count` nodes, as the module docstring says."""
     rng = random.Random(seed)
     header, per_node, cluster, ends = template[0], {}, [], []
@@ -70,7 +71,7 @@ def synthetic_ledger(template: list[dict], count: int, seed: int = 1) -> list[di
             copied = json.loads(_NODE.sub(rename, json.dumps(entry)))
             if copied["type"] == "check":
                 vary(copied, rng, scale)
-                if index % UNREACHABLE_EVERY == UNREACHABLE_EVERY // 2:
+                if index % unreachable_every == unreachable_every // 2:
                     copied.update(outcome="failed", kind="unreachable", metrics=[],
                                   message=f"{copied['node']} unreachable: no answer within the connect timeout (10 s)")
                     if "pairs" in copied:  # a pair check measured none; other checks gain no pairs key
@@ -147,11 +148,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=positive_int, default=1024, help="nodes in the synthetic run (default 1024)")
     parser.add_argument("--repeat", type=positive_int, default=3, help="runs per figure; the median (default 3)")
+    parser.add_argument("--unreachable-every", type=positive_int, default=UNREACHABLE_EVERY, metavar="K",
+                        help=f"1 node in K unreachable (default {UNREACHABLE_EVERY}; 1: none can be reached)")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="leave the rendered run in DIR")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures to FILE")
     args = parser.parse_args(argv)
     template = [json.loads(line) for line in TEMPLATE.read_text().splitlines()]
-    entries = synthetic_ledger(template, args.nodes)
+    entries = synthetic_ledger(template, args.nodes, unreachable_every=args.unreachable_every)
     checks = sum(entry["type"] == "check" for entry in entries)
     when = datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory(prefix="handover-bench-report-") as tmp:
@@ -168,7 +171,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         blank = Path(tmp) / "blank.html"
         blank.write_text("<!doctype html><title>blank</title>")
         figures = {
-            "nodes": args.nodes, "checks": checks,
+            "nodes": args.nodes, "checks": checks, "unreachable_every": args.unreachable_every,
             "report_s": statistics.median(run[0] for run in runs),
             "report_cpu_s": statistics.median(run[1] for run in runs),
             "report_peak_mib": statistics.median(run[2] for run in runs) / 1024,
@@ -177,7 +180,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             "load_s": chromium_load_s(run_dir / "report.html", blank, args.repeat),
             "load_average": os.getloadavg()[0],  # others' work on the machine: wall times stretch with it
         }
-    print(f"`handover report` on {args.nodes} nodes ({checks} check entries), median of {args.repeat}; "
+    print(f"`handover report` on {args.nodes} nodes ({checks} check entries, 1 node in "
+          f"{args.unreachable_every} unreachable), median of {args.repeat}; "
           f"{machine()['cpus']} CPUs, {when:%Y-%m-%d %H:%M} UTC")
     for name, goal in [("report_s", GOALS["report_s"]), ("report_cpu_s", None), ("report_peak_mib", None),
                        ("report_html_mb", GOALS["report_html_mb"]), ("results_json_mb", GOALS["results_json_mb"]),

@@ -36,7 +36,7 @@ from reports.files import write_atomically
 from reports.results import RESULTS_FILE
 from reports.retest import addendum_view
 from reports.soak_view import SoakTable, soak_table
-from reports.verdict import FLEET_NODES
+from reports.verdict import FLEET_NODES, masked_node_words
 
 REPORT_FILE = "report.html"
 SIGNED_FILES = (RESULTS_FILE, REPORT_FILE)  # signed as they are rendered
@@ -304,6 +304,11 @@ class Failure:
     raw: list[str]
     metrics: list[MetricRow]
     action: str = ""
+    # a fleet's failures of a check alike but for their node's own words are one block: `nodes`
+    # is then their hostlist, `count` how many, and the details are those of `shown`, the first
+    count: int = 1
+    nodes: str = ""
+    shown: str = ""
 
 
 @dataclass
@@ -477,6 +482,7 @@ def build_view(results: dict) -> View:
     checks = list(results.get("checks") or [])
     node_entries = list(results.get("nodes") or [])
     layout = _layout(run, node_entries, checks)
+    fleet = len(layout.nodes) > FLEET_NODES
     status_of = {text(n.get("name")): text(n.get("status")) for n in node_entries}
     status_of[CLUSTER_ROW] = text(verdict.get("cluster_checks"))
 
@@ -484,13 +490,16 @@ def build_view(results: dict) -> View:
     reasons = [text(r) for r in verdict.get("reasons") or []]
     cluster = text(run.get("cluster")) or "unnamed cluster"
     standing_out = [o for o in results.get("outliers") or [] if isinstance(o, dict)]
-    metrics = _metrics(checks, layout, standing_out)
     skips, skip_anchors = _skips(checks, layout)
+    failures, failure_anchors = _failures(checks, layout, fleet=fleet)
+    layout.anchors = {**{i: f"waived-{i}" for i, check in enumerate(checks) if _outcome(check) == "waived"},
+                      **failure_anchors, **skip_anchors}
+    metrics = _metrics(checks, layout, standing_out)
     node_warnings: dict[str, list[str]] = {}
     for outlier in standing_out:
         node_warnings.setdefault(text(outlier.get("node")), []).append(_outlier_text(outlier))
     return View(
-        soak=soak_table(results, shown=FLEET_WORST if len(layout.nodes) > FLEET_NODES else None),
+        soak=soak_table(results, shown=FLEET_WORST if fleet else None),
         title=f"{cluster}: {status} — handover report {text(run.get('run_id'))}",
         cluster=cluster,
         profile=text(run.get("profile")),
@@ -503,11 +512,11 @@ def build_view(results: dict) -> View:
         interrupted=bool(run.get("interrupted")),
         node_counts=_node_counts(node_entries),
         check_counts=_check_counts(checks),
-        matrix=_matrix(checks, layout, status_of, standing_out, node_warnings, skip_anchors),
+        matrix=_matrix(checks, layout, status_of, standing_out, node_warnings),
         symbols=SYMBOLS,
-        attention_nodes=_attention(node_entries, node_warnings),
+        attention_nodes=_attention(node_entries, node_warnings, fleet=fleet),
         metrics=metrics,
-        failures=_failures(checks, layout),
+        failures=failures,
         skips=skips,
         provenance=_provenance(run),
         tools=_tools(run.get("tools") or []),
@@ -529,29 +538,32 @@ def build_view(results: dict) -> View:
         expect_overrides=_expect_overrides(run.get("expect_overrides") or []),
         search_example=("" if not layout.nodes else f"e.g. {layout.nodes[0]}" if len(layout.nodes) == 1
                         else f"e.g. {layout.nodes[-1]} or {_compress(layout.nodes[:2])}"),
-        node_data=_node_data(checks, layout, node_entries, node_warnings, skip_anchors),
+        node_data=_node_data(checks, layout, node_entries, node_warnings),
     )
 
 
-def _attention(node_entries: list[dict], node_warnings: dict[str, list[str]]) -> list[dict]:
+def _attention(node_entries: list[dict], node_warnings: dict[str, list[str]], fleet: bool) -> list[dict]:
     """The nodes that did not pass or have outliers, with why; nodes with the same status and
     reasons and no outlier share a row named by their hostlist (six nodes missing the same six
-    mandatory checks are one row of six reasons, not six)."""
-    alike: dict[tuple, list[str]] = {}
+    mandatory checks are one row of six reasons, not six). In a fleet, reasons alike but for the
+    node's own words (masked_node_words) are the same, the first node's standing for all."""
+    alike: dict[tuple, list[tuple[str, list[str]]]] = {}
     for entry in node_entries:
         name = text(entry.get("name"))
         if entry.get("status") == "passed" and name not in node_warnings:
             continue
-        reasons = tuple(text(r) for r in entry.get("reasons") or [])
-        key = (text(entry.get("status")), reasons, name if name in node_warnings else "")
-        alike.setdefault(key, []).append(name)
-    return [{"name": names[0] if len(names) == 1 else _compress(names), "count": len(names), "status": status,
-             "reasons": list(reasons), "warnings": node_warnings.get(names[0], []) if outlier else []}
-            for (status, reasons, outlier), names in alike.items()]
+        reasons = [text(r) for r in entry.get("reasons") or []]
+        likeness = tuple(masked_node_words(r, name) for r in reasons) if fleet else tuple(reasons)
+        key = (text(entry.get("status")), likeness, name if name in node_warnings else "")
+        alike.setdefault(key, []).append((name, reasons))
+    return [{"name": found[0][0] if len(found) == 1 else _compress(name for name, _ in found),
+             "count": len(found), "status": status, "reasons": found[0][1],
+             "warnings": node_warnings.get(found[0][0], []) if outlier else []}
+            for (status, _, outlier), found in alike.items()]
 
 
 def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
-               node_warnings: dict[str, list[str]], skip_anchors: dict[int, str]) -> str:
+               node_warnings: dict[str, list[str]]) -> str:
     """Each node's results for the page's node search, as JSON fit for a <script> data block:
     {columns: [check], outcomes: [outcome], metrics: [[name, unit]], messages: [first line],
     nodes: [[name, status, reasons, warnings, matrix row, [[column, outcome, rail, message,
@@ -573,7 +585,7 @@ def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
             key = (text(metric.get("name")), text(metric.get("unit")))
             figures.append([metric_index.setdefault(key, len(metric_index)), _number(metric.get("value")),
                             _ok(metric.get("ok"))])
-        anchor = skip_anchors.get(index, "") if outcome == "skipped" else _anchor(index, outcome)
+        anchor = layout.anchor(index)
         rail = check.get("rail")
         per_node.setdefault(entry["row"], []).append(
             [layout.position[entry["check"]], outcome_index[outcome],
@@ -633,6 +645,9 @@ class Layout:
     entries: list[dict]  # one per check entry: index, row, check, area, outcome, rank
     columns: list[Column]
     position: dict[str, int]  # check name -> column number
+    # check entry -> the id of the block below that details it (a failure, a waived failure, a
+    # skip; alike ones share a block), once build_view has made the blocks
+    anchors: dict[int, str] = field(default_factory=dict)
 
     @property
     def cluster_row(self) -> int:
@@ -644,6 +659,10 @@ class Layout:
 
     def label(self, row: int) -> str:
         return CLUSTER_ROW if row == self.cluster_row else self.nodes[row]
+
+    def anchor(self, index: int) -> str:
+        """The id of the block that details check entry `index`; "" for one without (a pass)."""
+        return self.anchors.get(index, "")
 
     def order(self, index: int, check: dict) -> tuple:
         """Reading order for per-check sections: node rows as in the matrix, then its columns."""
@@ -702,16 +721,6 @@ def _outcome(check: dict) -> str:
     return outcome
 
 
-def _anchor(check_index: int, outcome: str) -> str:
-    if outcome in FAILED_OUTCOMES:
-        return f"fail-{check_index}"
-    if outcome == "waived":
-        return f"waived-{check_index}"
-    if outcome == "skipped":
-        return f"skip-{check_index}"
-    return ""
-
-
 def _first_line(value) -> str:
     lines = text(value).strip().splitlines()
     return lines[0] if lines else ""
@@ -719,15 +728,16 @@ def _first_line(value) -> str:
 
 def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str],
             standing_out: Optional[list[dict]] = None,
-            node_warnings: Optional[dict[str, list[str]]] = None,
-            skip_anchors: Optional[dict[int, str]] = None) -> Matrix:
+            node_warnings: Optional[dict[str, list[str]]] = None) -> Matrix:
     """standing_out: results.json's outliers, marked on their (node, check) cells;
-    node_warnings: each node's outliers as lines, beside its status; skip_anchors: a skipped
-    entry -> the skipped-checks row it is listed in.
+    node_warnings: each node's outliers as lines, beside its status; a cell links to the block
+    that details its worst entry (layout.anchor).
 
-    Beyond FLEET_NODES nodes, the nodes that passed without a warning and whose squares are all
-    alike are one row, named by their hostlist, after the nodes that need a look: a thousand
-    rows of green squares hide the few that matter, and cost seconds to load."""
+    Beyond FLEET_NODES nodes, nodes without a warning whose status and squares are all alike
+    are one row, named by their hostlist (for nodes that did not pass, alike means each square's
+    failure is the same block of Failures): the nodes unlike the others first, then alike ones
+    that did not pass, then the alike passed ones. A thousand rows of green squares hide the few
+    that matter, a rack lost together is one row, and neither costs seconds to load."""
     columns = layout.columns
     # Worst outcome per (row, check); ties go to the earliest entry so the anchor is stable.
     # Plain dicts in one pass: pandas lookups per cell cost seconds at a thousand nodes.
@@ -762,7 +772,7 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str],
             if key in worst:
                 outcome, first = worst[key]
                 tooltip = _tooltip([*marked.get(key, []), *(_cell_line(checks[i], label) for i in members[key])])
-                anchor = (skip_anchors or {}).get(first, "") if outcome == "skipped" else _anchor(first, outcome)
+                anchor = layout.anchor(first)
                 cells.append(Cell(outcome, SYMBOLS[outcome], tooltip, anchor, outlier=key in marked))
             elif column.check in (cluster_checks if is_cluster else per_node_checks):
                 cells.append(Cell("missing", SYMBOLS["missing"], f"{label} · {column.check}: no result"))
@@ -770,27 +780,37 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str],
                 cells.append(Cell("blank"))
         return cells
 
+    def anchor_of(row: int, column: Column) -> str:
+        key = (row, column.check)
+        return layout.anchor(worst[key][1]) if key in worst else ""
+
     node_rows = range(len(layout.nodes))
-    alike: dict[tuple[str, ...], list[int]] = {}
+    alike: dict[tuple, list[int]] = {}
     if len(layout.nodes) > FLEET_NODES:
         for row in node_rows:
             label = layout.label(row)
-            if status_of.get(label) == "passed" and not warnings_of.get(label) \
-                    and not any((row, column.check) in marked for column in columns):
-                alike.setdefault(tuple(state(row, column, False) for column in columns), []).append(row)
+            if warnings_of.get(label) or any((row, column.check) in marked for column in columns):
+                continue
+            status = status_of.get(label, "")
+            states = tuple(state(row, column, False) for column in columns)
+            # nodes that did not pass are alike when each square's failure is one block of Failures
+            blocks = () if status == "passed" else tuple(anchor_of(row, column) for column in columns)
+            alike.setdefault((status, states, blocks), []).append(row)
     collapsed = {row for rows in alike.values() for row in rows if len(rows) > 1}
     matrix_rows = [MatrixRow(layout.label(row), False, status_of.get(layout.label(row), ""),
                              cells_of(row, layout.label(row), False), warnings_of.get(layout.label(row), []),
                              rows=[row])
                    for row in node_rows if row not in collapsed]
-    for states, rows in sorted(alike.items(), key=lambda item: -len(item[1])):
+    for (status, states, _), rows in sorted(alike.items(), key=lambda item: (item[0][0] == "passed", -len(item[1]))):
         if len(rows) < 2:
             continue
         where = _compress(layout.label(row) for row in rows)
-        cells = [Cell(outcome, SYMBOLS.get(outcome, ""),
-                      "" if outcome == "blank" else f"{where} · {column.check}: {outcome} on all {len(rows)} nodes")
-                 for outcome, column in zip(states, columns, strict=True)]
-        matrix_rows.append(MatrixRow(where, False, "passed", cells, rows=rows))
+        cells = []
+        for outcome, column in zip(states, columns, strict=True):
+            anchors = {anchor_of(row, column) for row in rows}
+            tooltip = "" if outcome == "blank" else f"{where} · {column.check}: {outcome} on all {len(rows)} nodes"
+            cells.append(Cell(outcome, SYMBOLS.get(outcome, ""), tooltip, anchors.pop() if len(anchors) == 1 else ""))
+        matrix_rows.append(MatrixRow(where, False, status, cells, rows=rows))
     if has_cluster_row:
         row = layout.cluster_row
         matrix_rows.append(MatrixRow(CLUSTER_ROW, True, status_of.get(CLUSTER_ROW, ""),
@@ -844,14 +864,29 @@ def _check_counts(checks: list[dict]) -> list[Count]:
     return counts
 
 
-def _failures(checks: list[dict], layout: Layout) -> list[Failure]:
-    failed = [(i, c) for i, c in enumerate(checks) if _outcome(c) in FAILED_OUTCOMES]
-    failures = []
-    for index, check in sorted(failed, key=lambda pair: layout.order(*pair)):
+def _failures(checks: list[dict], layout: Layout, fleet: bool) -> tuple[list[Failure], dict[int, str]]:
+    """The failed checks in matrix order, and each one's block id. In a fleet, failures of a
+    check alike but for the node's own words (its name, address, clock times: PER_NODE_WORDS)
+    and with the same figures share a block named by their hostlist: 1,024 nodes lost together
+    are one block per check, not 14,000 (each node's own message stays in the node search)."""
+    failed = sorted(((i, c) for i, c in enumerate(checks) if _outcome(c) in FAILED_OUTCOMES),
+                    key=lambda pair: layout.order(*pair))
+    alike: dict[tuple, list[tuple[int, dict]]] = {}
+    for index, check in failed:
+        per_node = fleet and check.get("node") is not None
+        alike.setdefault(_failure_likeness(check) if per_node else (index,), []).append((index, check))
+    failures: list[Failure] = []
+    anchors: dict[int, str] = {}
+    for found in alike.values():
+        index, check = found[0]
+        anchor = f"fail-{index}"
+        anchors.update((member, anchor) for member, _ in found)
         metrics = [_metric_row(check, metric, "") for metric in check.get("metrics") or []]
+        rail = check.get("rail")
+        nodes = _compress(text(member.get("node")) for _, member in found) if len(found) > 1 else ""
         failures.append(Failure(
-            anchor=f"fail-{index}",
-            where=_where(check),
+            anchor=anchor,
+            where=nodes + (f" rail {text(rail)}" if rail is not None else "") if nodes else _where(check),
             is_cluster=check.get("node") is None,
             check=text(check.get("check")),
             area=text(check.get("area")),
@@ -865,8 +900,24 @@ def _failures(checks: list[dict], layout: Layout) -> list[Failure]:
             raw=[text(r) for r in check.get("raw") or []],
             metrics=[m for m in metrics if m.ok is False] or metrics,
             action=text(check.get("action")),
+            count=len(found),
+            nodes=nodes,
+            shown=text(check.get("node")) if nodes else "",
         ))
-    return failures
+    return failures, anchors
+
+
+def _failure_likeness(check: dict) -> tuple:
+    """What a fleet's alike failures of a check share: outcome, kind, action, rail, figures, and
+    message and log with the node's own words masked."""
+    node = text(check.get("node"))
+
+    def masked(value) -> str:
+        return masked_node_words(text(value).strip(), node)
+
+    figures = tuple((text(m.get("name")), text(m.get("value")), text(m.get("ok"))) for m in check.get("metrics") or [])
+    return (text(check.get("check")), _outcome(check), text(check.get("kind")), text(check.get("action")),
+            text(check.get("rail")), figures, masked(check.get("message")), masked(check.get("log_excerpt")))
 
 
 def _waived(checks: list[dict], layout: Layout) -> list[Waived]:
@@ -927,7 +978,7 @@ def _areas(checks: list[dict], layout: Layout) -> list[AreaSummary]:
                                 where=_compress(dict.fromkeys(text(check.get("node")) or CLUSTER_ROW
                                                               for _, check, _ in found)), count=len(found),
                                 message=_first_line(found[0][1].get("message")),
-                                anchor=_anchor(found[0][0], found[0][2]))
+                                anchor=layout.anchor(found[0][0]))
                     for (waived, check_name, kind, action), found in alike.items()]
         failures = _merged_across_checks(failures)
         failures.sort(key=lambda failure: (failure.waived, -failure.count))
@@ -1078,8 +1129,7 @@ def _metric_view(key: str, check_name: str, metric_name: str, group: list[dict],
     for entry in records:
         check = checks[entry["index"]]
         metric = check["metrics"][entry["position"]]
-        anchor = _anchor(entry["index"], _outcome(check)) if _outcome(check) != "skipped" else ""
-        table.append(_metric_row(check, metric, anchor))
+        table.append(_metric_row(check, metric, layout.anchor(entry["index"])))
 
     values = [entry["value"] for entry in group if entry["value"] is not None]
     unit = next((entry["unit"] for entry in group if entry["unit"]), "")
@@ -1328,7 +1378,7 @@ def _pair_section(checks: list[dict], layout: Layout,
         heatmaps.append(_heatmap(f"pairs-{number}", name, rail, [(i, checks[i]) for i in members],
                                  layout))
     attribution = next(({"outcome": _outcome(c), "message": text(c.get("message")).strip(),
-                         "anchor": _anchor(i, _outcome(c))}
+                         "anchor": layout.anchor(i)}
                         for i, c in enumerate(checks) if c.get("check") == ATTRIBUTION_CHECK), None)
     return PairSection(heatmaps=heatmaps, skipped=skipped, attribution=attribution,
                        low_percent=f"{low_fraction * 100:g}%" if low_fraction else "")
@@ -1357,7 +1407,7 @@ def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, 
     counts: dict[str, int] = {}
     for index, check in members:
         node = text(check.get("node"))
-        anchor = _anchor(index, _outcome(check))
+        anchor = layout.anchor(index)
         links = cells.setdefault(node, {})
         for link in check.get("pairs") or []:
             peer = text(link.get("peer"))

@@ -24,11 +24,12 @@ CHECKS_NAMED = 5  # a reason for checks that failed alike names this many, then 
 # Beyond this many nodes a run is a fleet: the report summarises (reports.html), and nodes whose
 # reasons say the same but for their name (address, clock times) share one, named by hostlist.
 FLEET_NODES = 64
-# Words that differ from node to node by nature in reasons otherwise the same: a node's IPv4
-# address, the clock time its trouble began and how far into a command it came (a rack that lost
-# power: "lost at 10:00:03 (... Unable to connect to port 22 on 10.0.3.34)" on every node, a
+# Words that differ from node to node by nature in reasons otherwise the same: a node's IPv4 or
+# IPv6 address, the clock time its trouble began and how far into a command it came (a rack that
+# lost power: "lost at 10:00:03 (... Unable to connect to port 22 on 10.0.3.34)" on every node, a
 # second and an address apart; "no answer to SSH keepalives for 12 s, 14 s into `...`").
-PER_NODE_WORDS = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b|\b\d\d:\d\d:\d\d\b|\b\d+ s into\b")
+PER_NODE_WORDS = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b|\b\d\d:\d\d:\d\d\b|\b\d+ s into\b"
+                            r"|(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?:%[\w.-]+)?(?![\w:]|\.\d)")
 REASONS_SHOWN = 20  # reasons (and as many warnings) a terminal shows below the headline; the report has all
 
 
@@ -188,6 +189,12 @@ def terminal_summary(verdict: Verdict, shown: int = REASONS_SHOWN) -> list[str]:
     return lines
 
 
+def masked_node_words(words: str, node: str) -> str:
+    """`words` with what is its node's own masked (its name, PER_NODE_WORDS): the same for
+    two nodes whose trouble is alike."""
+    return PER_NODE_WORDS.sub("\0", words.replace(node, "\0") if node else words)
+
+
 def _alike(reasons: list[tuple[str, str]], fleet: bool) -> list[str]:
     """'node: reason' for each (node, reason); in a fleet, the nodes whose reasons are the same
     but for their own name, address and clock times (PER_NODE_WORDS) share one, in first-seen
@@ -197,7 +204,7 @@ def _alike(reasons: list[tuple[str, str]], fleet: bool) -> list[str]:
         return [f"{where}: {reason}" for where, reason in reasons]
     groups: dict[str, list[tuple[str, str]]] = {}
     for where, reason in reasons:
-        groups.setdefault(PER_NODE_WORDS.sub("\0", reason.replace(where, "\0")), []).append((where, reason))
+        groups.setdefault(masked_node_words(reason, where), []).append((where, reason))
     lines = []
     for members in groups.values():
         names = [where for where, _ in members]

@@ -614,3 +614,69 @@ def test_a_fleet_shares_rows_among_alike_nodes_and_summarises_each_metric():
     data = json.loads(root.by_id("node-data").text())
     figures = {node[0]: node[5][0][5][0][1] for node in data["nodes"]}
     assert figures == values
+
+
+def test_a_fleets_alike_failures_share_a_block_and_every_link_finds_its_block():
+    """100 nodes: ten lost together (each reason names its own address and second) fail two
+    checks alike, two fail memory with figures of their own, one fails it as an error: the ten
+    are one block per check naming their hostlist, the first node's details and the node search,
+    and one matrix row and one attention row; each other failure keeps its block (and, with its
+    outlier, its row); every link in
+    the page finds its block."""
+    nodes = [f"gpu{i:03d}" for i in range(1, 101)]
+    lost = nodes[10:20]
+    checks = []
+    for number, node in enumerate(nodes):
+        if node in lost:
+            reason = f"{node} unreachable: lost at 10:00:{number:02d} (port 22 on 10.0.3.{number} refused)"
+            checks += [check(node, name, "failed", kind="unreachable", message=reason) for name in ("memory", "cpu")]
+            continue
+        value = {"gpu050": 3.0, "gpu060": 2.5}.get(node, 20.0)
+        checks += [check(node, "memory", "failed" if value < 4 else "passed",
+                         kind="performance" if value < 4 else None, message=f"memory {value} GiB",
+                         metrics=(metric("memory_total", value, floor=4.0),)),
+                   check(node, "cpu", "error" if node == "gpu070" else "passed", message="lscpu crashed")]
+    document = results(nodes, checks, status="NOT CERTIFIED")
+    for entry in document["nodes"]:
+        if entry["name"] in lost:
+            entry["reasons"] = [c["message"] for c in checks if c["node"] == entry["name"]]
+    root = parse(render_html(document))
+
+    blocks = root.find_all("article", "failure")
+    headings = [block.find("h3").text() for block in blocks]
+    assert headings == ["gpu[011-020] (10 nodes) · memory", "gpu[011-020] (10 nodes) · cpu",
+                        "gpu050 · memory", "gpu060 · memory", "gpu070 · cpu"]
+    assert root.by_id("failures").text() == "Failures (23)"
+    memory = blocks[0]
+    assert "gpu011 unreachable: lost at 10:00:10 (port 22 on 10.0.3.10 refused)" in memory.text()
+    assert "details of gpu011, the first" in memory.text()
+    assert [a.attrs["href"] for a in memory.find_all("a") if "node=" in a.attrs["href"]] == \
+        ["#node=gpu011", "#node=gpu%5B011-020%5D"]
+    assert "memory 3.0 GiB" in blocks[2].text() and "memory 2.5 GiB" in blocks[3].text()
+
+    rows = matrix_rows(root)
+    assert [label for label, _ in rows if "gpu[011-020]" in label] == ["10 nodes alikegpu[011-020]"]
+    lost_row = next(tr for tr in root.find("table", "matrix").find("tbody").find_all("tr")
+                    if "gpu[011-020]" in tr.find("th").text())
+    assert [a.attrs["href"] for a in lost_row.find_all("a", "sq-failed")] == \
+        [f"#{blocks[0].attrs['id']}", f"#{blocks[1].attrs['id']}"]
+    attention = [tr.text() for tr in root.find("table", "attention-table").find("tbody").find_all("tr")]
+    assert len(attention) == 4 and "gpu[011-020] (10 nodes)" in attention[0]  # gpu050, gpu060 are outliers too
+
+    ids = {element.attrs["id"] for element in root.iter() if "id" in element.attrs}
+    targets = {element.attrs["href"][1:] for element in root.iter()
+               if element.tag == "a" and element.attrs.get("href", "").startswith("#")
+               and not element.attrs["href"].startswith("#node=")}
+    assert targets - ids == set()
+
+
+def test_a_small_clusters_failures_keep_a_block_each():
+    """Four nodes lost alike: each its own block, its own matrix row and its own words."""
+    nodes = ["node1", "node2", "node3", "node4"]
+    checks = [check(node, "memory", "failed", kind="unreachable", message=f"{node} unreachable at 10.0.0.{i}")
+              for i, node in enumerate(nodes)]
+    root = parse(render_html(results(nodes, checks, status="NOT CERTIFIED")))
+    assert [block.find("h3").text() for block in root.find_all("article", "failure")] == \
+        [f"{node} · memory" for node in nodes]
+    assert [label for label, _ in matrix_rows(root)] == nodes
+    assert "details of" not in root.find("article", "failure").text()

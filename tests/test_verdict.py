@@ -15,7 +15,16 @@ from handover.session import run_header
 from inventory.loader import load_inventory
 from reports.ledger import Ledger, now_iso, read_ledger
 from reports.results import build_results
-from reports.verdict import CERTIFIED, INCOMPLETE, NOT_CERTIFIED, REASONS_SHOWN, Verdict, judge, terminal_summary
+from reports.verdict import (
+    CERTIFIED,
+    INCOMPLETE,
+    NOT_CERTIFIED,
+    REASONS_SHOWN,
+    Verdict,
+    judge,
+    masked_node_words,
+    terminal_summary,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = "suites/test_system.py"
@@ -230,6 +239,19 @@ def test_in_a_fleet_nodes_that_failed_alike_share_one_reason_named_by_their_host
         "gpu0050: cpu failed (sanity): lscpu failed",
         "gpu[0060-0061] (2 nodes): mandatory check 'memory' has no result"]
     assert node_row(verdict, "gpu0013")["reasons"] == ["gpu0013: memory failed (expectation): gpu0013: 8 DIMMs, not 16"]
+
+
+@pytest.mark.parametrize("words, masked", [
+    ("gpu7 lost at 10:00:03 (port 22 on 10.0.3.34)", "\0 lost at \0 (port 22 on \0)"),
+    ("gpu7 unreachable: port 22 on 2001:db8::a3.", "\0 unreachable: port 22 on \0."),
+    ("gpu7 unreachable: [fe80::1%eth0]:22 refused", "\0 unreachable: [\0]:22 refused"),
+    ("no answer for 12 s, 14 s into `python3 - gpu_config`", "no answer for 12 s, \0 `python3 - gpu_config`"),
+    # a GPU's bus id and a driver's version say which one, not which node: kept
+    ("GPU 00000000:17:00.0 fell off the bus (driver 550.54.15)",
+     "GPU 00000000:17:00.0 fell off the bus (driver 550.54.15)"),
+])
+def test_a_nodes_own_words_are_masked_and_which_gpu_is_not(words, masked):
+    assert masked_node_words(words, "gpu7") == masked
 
 
 def test_the_terminal_summary_shows_the_first_reasons_and_warnings_and_counts_the_rest():
