@@ -143,9 +143,8 @@ def cmd_verify(args) -> int:
 def cmd_inventory(args) -> int:
     import json
 
-    import hostlist
-
     from inventory.loader import InventoryError, load_inventory
+    from reports.hostlists import counted, hostlist_of
 
     try:
         cluster = load_inventory(args.file)
@@ -158,18 +157,18 @@ def cmd_inventory(args) -> int:
         print(json.dumps({"nodes": nodes}, indent=2))
         return 0
     names = [node.name for node in cluster.nodes]
-    print(f"cluster {cluster.name}: {len(names)} node(s) {hostlist.collect_hostlist(names)}")
+    print(f"cluster {cluster.name}: {len(names)} node(s) {hostlist_of(names)}")
     print(f"profile {cluster.profile.name}: {cluster.profile.description}")
     print(f"transport {cluster.transport}")
     for group, members in cluster.groups.items():
-        print(f"group {group}: {hostlist.collect_hostlist(list(members))}")
+        print(f"group {group}: {hostlist_of(members)}")
     for scratch in cluster.scratch:
         print(f"scratch {scratch.path} ({scratch.kind}{', destructive' if scratch.destructive else ''})")
     for reach, names in _reached_alike(cluster.nodes).items():
         if len(names) == 1:
             print(f"node {names[0]}: {reach.replace(OWN_NAME, names[0])}")
         else:
-            print(f"nodes {hostlist.collect_hostlist(names)} ({len(names):,}): "
+            print(f"nodes {counted(names)}: "
                   f"{reach.replace(OWN_NAME, 'its own name')}")
     return 0
 

@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import hostlist
 import pytest
 
 from handover.failures import NodeBusy
 from handover.recorder import SUITES_DIR, Recorder, test_id
 from handover.session import BUSY_NODES, AcceptanceSession, SessionError
 from inventory.loader import InventoryError, load_inventory
+from reports.hostlists import counted
 from reports.ledger import LedgerError, read_ledger
 from reports.verdict import REASONS_SHOWN, terminal_summary
 from runners import soak
@@ -173,8 +173,7 @@ def stop_lines(soak_id: str, outcome: dict[str, str]) -> list[str]:
         alike.setdefault(what, []).append(node)
     lines = []
     for what, nodes in alike.items():
-        where = nodes[0] if len(nodes) == 1 else f"{hostlist.collect_hostlist(nodes)} ({len(nodes):,} nodes)"
-        lines.append(f"handover: soak {soak_id} on {where}: {what}")
+        lines.append(f"handover: soak {soak_id} on {counted(nodes)}: {what}")
     return lines
 
 

@@ -32,6 +32,7 @@ from inventory.loader import InventoryError, load_inventory
 from inventory.model import Cluster, Node
 from reports import signing
 from reports.files import WriteError
+from reports.hostlists import hostlist_of
 from reports.ledger import Ledger, LedgerError, RunRecord, now_iso, read_ledger
 from reports.render import RenderedRun, render_run
 from reports.retest import RETEST_OF, Original, RetestError, load_original
@@ -302,7 +303,7 @@ def select_nodes(cluster: Cluster, pattern: Optional[str]) -> list[Node]:
     chosen = [n for n in cluster.nodes if any(fnmatch.fnmatchcase(n.name, w) for w in wanted)]
     unmatched = [w for w in wanted if not any(fnmatch.fnmatchcase(n.name, w) for n in cluster.nodes)]
     if unmatched:
-        known = hostlist.collect_hostlist([n.name for n in cluster.nodes])
+        known = hostlist_of(n.name for n in cluster.nodes)
         raise SessionError(f"--nodes: {', '.join(unmatched)} match no node of "
                            f"{cluster.source_path} (it has {known})")
     return chosen

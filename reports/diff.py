@@ -15,8 +15,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-import hostlist
-
+from reports.hostlists import hostlist_of
 from reports.ledger import LedgerError, read_ledger
 from reports.results import RESULTS_FILE, build_results
 from reports.schema import SchemaError, validate_results
@@ -166,13 +165,6 @@ def _where(item: dict) -> str:
     return f"{node} rail {item['rail']}" if item.get("rail") is not None else node
 
 
-def _nodes(names: list[str]) -> str:
-    try:
-        return hostlist.collect_hostlist(names)
-    except Exception:  # hostlist raises its own BadHostlist and ValueError on odd names
-        return ", ".join(names)
-
-
 def _number(value) -> str:
     return f"{value:g}" if _finite(value) else "none"
 
@@ -198,7 +190,7 @@ def render_text(diff: dict) -> str:
         lines += [f"  {_where(item)} · {item['check']}: {item['before']} ({item['kind']}) -> passed"
                   for item in diff["fixed"]]
     nodes = diff["nodes"]
-    said = [f"{label} {_nodes(nodes[key])}" for key, label in
+    said = [f"{label} {hostlist_of(nodes[key])}" for key, label in
             (("failed", "failed"), ("fixed", "fixed"), ("added", "added"), ("missing", "missing"))
             if nodes[key]]
     if said:

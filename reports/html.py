@@ -21,11 +21,9 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Optional, Union
 
-import hostlist
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
@@ -33,6 +31,7 @@ from markupsafe import Markup
 from reports.bundle import CHECKSUMS_FILE, MANIFEST_FILES
 from reports.curves import CurveChart, build_curves, nice_ticks
 from reports.files import write_atomically
+from reports.hostlists import hostlist_of
 from reports.results import RESULTS_FILE
 from reports.retest import addendum_view
 from reports.soak_view import SoakTable, soak_table
@@ -76,6 +75,7 @@ _SCRIPT_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"))
 _environment = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True,
                            undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                            keep_trailing_newline=True)
+_environment.filters["thousands"] = "{:,}".format  # 1,024 nodes, as every other line names them
 
 
 def render_html(results: dict) -> str:
@@ -153,21 +153,6 @@ def _parse_time(value) -> Optional[datetime]:
         return datetime.fromisoformat(str(value))
     except (TypeError, ValueError):
         return None
-
-
-def _compress(names: Iterable[str]) -> str:
-    """node1,node2,node3 -> node[1-3]; falls back to a plain list for names hostlist rejects."""
-    return _hostlist(tuple(names))
-
-
-@lru_cache(maxsize=256)
-def _hostlist(names: tuple[str, ...]) -> str:
-    """Cached: at a thousand nodes many sections name the same nodes (all but the unreachable
-    ones), and hostlist takes milliseconds for each."""
-    try:
-        return hostlist.collect_hostlist(list(names))
-    except Exception:  # hostlist raises its own BadHostlist and ValueError on odd names
-        return ", ".join(names)
 
 
 def _tooltip(lines: list[str]) -> str:
@@ -537,7 +522,7 @@ def build_view(results: dict) -> View:
         addendum=addendum_view(results, text),
         expect_overrides=_expect_overrides(run.get("expect_overrides") or []),
         search_example=("" if not layout.nodes else f"e.g. {layout.nodes[0]}" if len(layout.nodes) == 1
-                        else f"e.g. {layout.nodes[-1]} or {_compress(layout.nodes[:2])}"),
+                        else f"e.g. {layout.nodes[-1]} or {hostlist_of(layout.nodes[:2])}"),
         node_data=_node_data(checks, layout, node_entries, node_warnings),
     )
 
@@ -556,7 +541,7 @@ def _attention(node_entries: list[dict], node_warnings: dict[str, list[str]], fl
         likeness = tuple(masked_node_words(r, name) for r in reasons) if fleet else tuple(reasons)
         key = (text(entry.get("status")), likeness, name if name in node_warnings else "")
         alike.setdefault(key, []).append((name, reasons))
-    return [{"name": found[0][0] if len(found) == 1 else _compress(name for name, _ in found),
+    return [{"name": found[0][0] if len(found) == 1 else hostlist_of(name for name, _ in found),
              "count": len(found), "status": status, "reasons": found[0][1],
              "warnings": node_warnings.get(found[0][0], []) if outlier else []}
             for (status, _, outlier), found in alike.items()]
@@ -804,7 +789,7 @@ def _matrix(checks: list[dict], layout: Layout, status_of: dict[str, str],
     for (status, states, _), rows in sorted(alike.items(), key=lambda item: (item[0][0] == "passed", -len(item[1]))):
         if len(rows) < 2:
             continue
-        where = _compress(layout.label(row) for row in rows)
+        where = hostlist_of(layout.label(row) for row in rows)
         cells = []
         for outcome, column in zip(states, columns, strict=True):
             anchors = {anchor_of(row, column) for row in rows}
@@ -883,7 +868,7 @@ def _failures(checks: list[dict], layout: Layout, fleet: bool) -> tuple[list[Fai
         anchors.update((member, anchor) for member, _ in found)
         metrics = [_metric_row(check, metric, "") for metric in check.get("metrics") or []]
         rail = check.get("rail")
-        nodes = _compress(text(member.get("node")) for _, member in found) if len(found) > 1 else ""
+        nodes = hostlist_of(text(member.get("node")) for _, member in found) if len(found) > 1 else ""
         failures.append(Failure(
             anchor=anchor,
             where=nodes + (f" rail {text(rail)}" if rail is not None else "") if nodes else _where(check),
@@ -932,7 +917,7 @@ def _waived(checks: list[dict], layout: Layout) -> list[Waived]:
 
 def _waivers(waivers: list) -> list[dict]:
     """The inventory's waivers, nodes as a hostlist, with how many failures each waived."""
-    return [{"check": text(w.get("check")), "nodes": _compress(text(n) for n in w.get("nodes") or []),
+    return [{"check": text(w.get("check")), "nodes": hostlist_of(text(n) for n in w.get("nodes") or []),
              "reason": text(w.get("reason")), "owner": text(w.get("owner")),
              "expires": text(w.get("expires")) or "no end", "waived": int(_number(w.get("waived")) or 0)}
             for w in waivers if isinstance(w, dict)]
@@ -975,7 +960,7 @@ def _areas(checks: list[dict], layout: Layout) -> list[AreaSummary]:
             key = (outcome == "waived", text(check.get("check")), text(check.get("kind")), text(check.get("action")))
             alike.setdefault(key, []).append(found)
         failures = [AreaFailure(check=check_name, kind=kind, action=action, waived=waived,
-                                where=_compress(dict.fromkeys(text(check.get("node")) or CLUSTER_ROW
+                                where=hostlist_of(dict.fromkeys(text(check.get("node")) or CLUSTER_ROW
                                                               for _, check, _ in found)), count=len(found),
                                 message=_first_line(found[0][1].get("message")),
                                 anchor=layout.anchor(found[0][0]))
@@ -1026,7 +1011,7 @@ def _skips(checks: list[dict], layout: Layout) -> tuple[list[Skip], dict[int, st
         anchor = f"skip-{found[0][0]}"
         anchors.update((index, anchor) for index, _ in found)
         where = (_where(found[0][1]) if len(found) == 1 else
-                 _compress(dict.fromkeys(text(check.get("node")) or CLUSTER_ROW for _, check in found))
+                 hostlist_of(dict.fromkeys(text(check.get("node")) or CLUSTER_ROW for _, check in found))
                  + (f" rail {text(found[0][1].get('rail'))}" if found[0][1].get("rail") is not None else ""))
         skips.append(Skip(anchor=anchor, where=where, check=name, kind=kind,
                           message=text(found[0][1].get("message")).strip(), count=len(found)))
@@ -1497,7 +1482,7 @@ def _provenance(run: dict) -> dict:
         "started": text(run.get("started")) or "not recorded",
         "finished": finished_text,
         "duration": duration or "—",
-        "nodes": f"{len(nodes)}: {_compress(nodes)}" if nodes else "none recorded",
+        "nodes": f"{len(nodes):,}: {hostlist_of(nodes)}" if nodes else "none recorded",
     }
 
 
@@ -1514,7 +1499,7 @@ def _tools(tools: list[dict]) -> list[dict]:
     for (tool, version), group in frame.groupby(["tool", "version"], sort=False):
         nodes = list(dict.fromkeys(group["node"]))
         lines.append({"tool": tool, "version": version, "count": len(nodes),
-                      "nodes": _compress(nodes), "mixed": bool(versions_per_tool[str(tool)] > 1)})
+                      "nodes": hostlist_of(nodes), "mixed": bool(versions_per_tool[str(tool)] > 1)})
     return sorted(lines, key=lambda line: (line["tool"], -line["count"], line["version"]))
 
 

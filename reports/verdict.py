@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-import hostlist
+from reports.hostlists import counted, hostlist_of
 
 CERTIFIED = "CERTIFIED"
 NOT_CERTIFIED = "NOT CERTIFIED"
@@ -157,7 +157,7 @@ def judge(profile: dict, nodes: list[str], checks: list[dict], planned: list[str
     if interrupted:
         incomplete.insert(0, "the run was interrupted before it finished")
     waived_count = sum(len(where) for where in waived.values())
-    waived_reasons = [f"waived: {check} failed on {_compress(where)} ({owner}: {reason})"
+    waived_reasons = [f"waived: {check} failed on {hostlist_of(where)} ({owner}: {reason})"
                       for (check, owner, reason), where in waived.items()]
     if failures:
         return Verdict(NOT_CERTIFIED, failures + incomplete + waived_reasons, node_rows, untested,
@@ -208,7 +208,7 @@ def _alike(reasons: list[tuple[str, str]], fleet: bool) -> list[str]:
     lines = []
     for members in groups.values():
         names = [where for where, _ in members]
-        who = _compress(names) + (f" ({len(names)} nodes)" if len(names) > 1 else "")
+        who = counted(names)
         lines.append(f"{who}: {members[0][1]}")
     return lines
 
@@ -243,14 +243,6 @@ def outlier_line(outlier: dict) -> str:
 def is_waived(entry: dict) -> bool:
     """A failure the inventory waived when it was recorded (see handover.recorder)."""
     return entry.get("outcome") in FAILED_OUTCOMES and isinstance(entry.get("waived"), dict)
-
-
-def _compress(names: list[str]) -> str:
-    """node1,node2,node3 -> node[1-3]; a plain list for names hostlist rejects."""
-    try:
-        return hostlist.collect_hostlist(names)
-    except Exception:  # hostlist raises its own BadHostlist and ValueError on odd names
-        return ", ".join(names)
 
 
 def cluster_status(entries: list[dict]) -> Optional[str]:

@@ -33,7 +33,7 @@ def test_inventory_lists_nodes_reached_alike_in_one_line(tmp_path):
     done = handover("inventory", path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[3:] == [
-        "nodes gpu[0001-1024] (1,024): address its own name, user ops, port (ssh default); from yaml",
+        "nodes gpu[0001-1024] (1,024 nodes): address its own name, user ops, port (ssh default); from yaml",
         "node gpu2000: address 10.0.0.1, user ops, port (ssh default); from yaml",
         "node gpu2001: address gpu2001, user ops, port 2222; from yaml"]
 
