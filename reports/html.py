@@ -76,6 +76,7 @@ _environment = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescap
                            undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                            keep_trailing_newline=True)
 _environment.filters["thousands"] = "{:,}".format  # 1,024 nodes, as every other line names them
+_environment.filters["hostlist"] = hostlist_of
 
 
 def render_html(results: dict) -> str:
@@ -382,6 +383,7 @@ class Heatmap:
     compact: bool  # too many nodes to print figures in the cells
     counts: dict  # state -> number of pairs
     matrix: bool = True  # node x node; False for a fleet: only the nodes with bad pairs
+    unmeasured: list[str] = field(default_factory=list)  # nodes whose own check measured no pair
 
 
 @dataclass
@@ -1433,7 +1435,8 @@ def _heatmap(key: str, name: str, rail: Optional[str], members: list[tuple[int, 
     criterion = text(main.get("criterion")) if main and main.get("criterion") else ""
     return Heatmap(key=key, check=name, rail=rail, metric=metric_name, unit=unit,
                    criterion=criterion, median=_with_unit(median, unit), nodes=nodes, rows=rows,
-                   compact=len(nodes) > COMPACT_NODES, counts=counts, matrix=matrix)
+                   compact=len(nodes) > COMPACT_NODES, counts=counts, matrix=matrix,
+                   unmeasured=[node for node in nodes if node in cells and not cells[node]])
 
 
 def _short_figure(value: Optional[float]) -> str:

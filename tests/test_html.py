@@ -561,6 +561,22 @@ def test_a_fleet_lists_the_nodes_with_bad_pairs_instead_of_a_matrix():
     assert rows[slow].find("td", "bad").text() == "8/8" and "suspect" in rows[slow].find("th").classes()
     assert {e.text() for e in rows[slow].iter() if "hc-low" in e.classes()} == partners
     assert len(output.encode()) < 2_000_000
+    assert "measured no pair" not in section.text()
+
+
+def test_a_fleets_pair_section_names_the_nodes_that_measured_no_pair():
+    """100 nodes in a ring, three of them lost before they measured: the fleet's pair list
+    names them by hostlist (their peers' pairs with them failed and are listed as bad)."""
+    nodes = [f"gpu{i:03d}" for i in range(1, 101)]
+    lost = {"gpu010", "gpu011", "gpu050"}
+    ring = [(nodes[i], nodes[(i + 1) % len(nodes)]) for i in range(len(nodes))]
+    links = {pair: (None, "fail") if lost & set(pair) else (9.0, "ok") for pair in ring}
+    entries = link_checks(nodes, links, median=9.0, outcomes={node: "failed" for node in lost})
+    for entry in entries:
+        if entry["node"] in lost:
+            entry.update(kind="unreachable", message=f"{entry['node']} unreachable", pairs=[], metrics=[])
+    section = parse(render_html(results(nodes, entries, status="NOT CERTIFIED"))).find("section", "heatmap")
+    assert "3 node(s) measured no pair of their own (gpu[010-011,050])" in section.text()
 
 
 @pytest.mark.parametrize("fraction", [None, 0.25, 0.75])
