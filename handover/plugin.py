@@ -24,7 +24,7 @@ from handover.session import BUSY_NODES, AcceptanceSession, SessionError
 from inventory.loader import InventoryError, load_inventory
 from reports.hostlists import counted
 from reports.ledger import LedgerError, read_ledger
-from reports.verdict import REASONS_SHOWN, terminal_summary
+from reports.verdict import FLEET_NODES, REASONS_SHOWN, alike, terminal_summary
 from runners import soak
 from runners.fanout import Progress
 from runners.soak import SOAK_FILE
@@ -164,6 +164,18 @@ def stop_soak(run_dir: Path, inventory: Optional[str]) -> int:
     for line in stop_lines(plan.soak_id, outcome):
         print(line)
     return 1 if any(what.startswith("not reached") for what in outcome.values()) else 0
+
+
+def lock_lines(notes: dict[str, str], fleet: bool) -> list[str]:
+    """A line per node not locked, the first REASONS_SHOWN and a count of the rest; in a fleet,
+    nodes not locked alike but for their own words share one: 'd[0000-1023] (1,024 nodes): d0000
+    not locked: d0000 unreachable: ...'."""
+    said = alike(notes.items()) if fleet else [([node], note) for node, note in notes.items()]
+    lines = [note if len(nodes) == 1 else f"{counted(nodes)}: {note}" for nodes, note in said[:REASONS_SHOWN]]
+    if len(said) > REASONS_SHOWN:
+        rest = sum(len(nodes) for nodes, _ in said[REASONS_SHOWN:])
+        lines.append(f"... and {rest:,} more nodes not locked (the ledger's locks entry names each)")
+    return lines
 
 
 def stop_lines(soak_id: str, outcome: dict[str, str]) -> list[str]:
@@ -341,12 +353,8 @@ class SessionHooks:
                 f"handover: pytest's FAILURES section is left out: {self._failures_left_out:,} checks failed "
                 f"(more than {FAILURES_SECTION_MAX}); each one's reason is in the short summary below and in the "
                 "report (--tb=short prints the section)", yellow=True)
-        notes = self.session.lock_notes
-        for note in notes[:REASONS_SHOWN]:
-            terminalreporter.write_line(f"handover: {note}", yellow=True)
-        if len(notes) > REASONS_SHOWN:
-            terminalreporter.write_line(f"handover: ... and {len(notes) - REASONS_SHOWN:,} more nodes not locked "
-                                        "(the ledger's locks entry names each)", yellow=True)
+        for line in lock_lines(self.session.lock_notes, fleet=len(self.session.nodes) > FLEET_NODES):
+            terminalreporter.write_line(f"handover: {line}", yellow=True)
         if self.session.stopped is not None:
             self._summarise_stop(terminalreporter)
         rendered = self.session.rendered

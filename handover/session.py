@@ -63,7 +63,7 @@ class AcceptanceSession:
         self.retested: list[dict] = []  # its outstanding checks, as collection found them
         self.busy_nodes = busy_nodes
         self.locks: Optional[NodeLocks] = None
-        self.lock_notes: list[str] = []  # nodes not locked for this run, in words
+        self.lock_notes: dict[str, str] = {}  # node -> why it is not locked for this run, in words
         self.refused: dict[str, str] = {}  # node -> why its checks may not run
         self.key = key
         self.out = out
@@ -217,12 +217,12 @@ class AcceptanceSession:
                      "not_held": not_held})
         busy = [node for node, lock in taken.items() if lock.state == "busy"]
         if self.busy_nodes == "ignore":
-            self.lock_notes = [f"{not_held[node]}; checked anyway (--busy-nodes ignore)" for node in busy]
+            self.lock_notes = {node: f"{not_held[node]}; checked anyway (--busy-nodes ignore)" for node in busy}
         else:
             self.refused = {node: f"{not_held[node]}; its figures now would measure both runs "
                                   f"({_after_busy(taken[node])})" for node in busy}
             self.cluster_run.nodes = [n for n in self.cluster_run.nodes if n.name not in self.refused]
-        self.lock_notes += [why for node, why in not_held.items() if node not in busy]
+        self.lock_notes.update((node, why) for node, why in not_held.items() if node not in busy)
 
     def _soak_attached(self) -> str:
         """The soak of the run directory this session resumes ('' for none): its load does not

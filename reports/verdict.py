@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from reports.hostlists import counted, hostlist_of
 
@@ -202,15 +202,16 @@ def _alike(reasons: list[tuple[str, str]], fleet: bool) -> list[str]:
     node's words standing for all."""
     if not fleet:
         return [f"{where}: {reason}" for where, reason in reasons]
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for where, reason in reasons:
-        groups.setdefault(masked_node_words(reason, where), []).append((where, reason))
-    lines = []
-    for members in groups.values():
-        names = [where for where, _ in members]
-        who = counted(names)
-        lines.append(f"{who}: {members[0][1]}")
-    return lines
+    return [f"{counted(names)}: {words}" for names, words in alike(reasons)]
+
+
+def alike(said: Iterable[tuple[str, str]]) -> list[tuple[list[str], str]]:
+    """(nodes, words) for each set of nodes whose (node, words) are the same but for their own
+    (masked_node_words), in first-seen order; the first node's words stand for all."""
+    groups: dict[str, tuple[list[str], str]] = {}
+    for node, words in said:
+        groups.setdefault(masked_node_words(words, node), ([], words))[0].append(node)
+    return list(groups.values())
 
 
 def check_of(test_id: str) -> str:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from nodes import ns_inventory, wait_for_no_leftovers
 
+from handover.plugin import lock_lines
+from reports.verdict import REASONS_SHOWN
 from runners.node_lock import NodeLock, NodeLocks, Owner
 from runners.transport import make_transport
 
@@ -136,3 +138,21 @@ def test_the_lock_file_names_its_owner_and_a_foreign_file_names_nobody():
     assert Owner.parse("") is None and Owner.parse("4242 not json") is None
     assert NodeLock("gpu01", "busy", owner=None).describe() == (
         "gpu01 is in use by another run (not yet named in its lock file)")
+
+
+def test_nodes_not_locked_alike_are_one_line_in_a_fleet_and_a_line_each_otherwise():
+    """A rack that refuses SSH: in a fleet one line names it by hostlist and the first node's
+    words; a node busy otherwise keeps its line; past REASONS_SHOWN lines, the rest are counted.
+    Below a fleet each node keeps its own line."""
+    refused = {f"d{i:04d}": f"d{i:04d} not locked: d{i:04d} unreachable: Unable to connect to port 22 on "
+                            f"10.0.3.{i} (after 3 tries)" for i in range(70)}
+    notes = {**refused, "d0070": "d0070 not locked: no flock on the node"}
+    assert lock_lines(notes, fleet=True) == [
+        "d[0000-0069] (70 nodes): d0000 not locked: d0000 unreachable: Unable to connect to port 22 on "
+        "10.0.3.0 (after 3 tries)", "d0070 not locked: no flock on the node"]
+    each = lock_lines(notes, fleet=False)
+    assert each[:REASONS_SHOWN] == list(notes.values())[:REASONS_SHOWN]
+    assert each[REASONS_SHOWN:] == [f"... and {71 - REASONS_SHOWN} more nodes not locked (the ledger's locks "
+                                    "entry names each)"]
+    apart = {f"d{i:04d}": f"d{i:04d} not locked: reason {i}" for i in range(30)}
+    assert lock_lines(apart, fleet=True)[-1].startswith(f"... and {30 - REASONS_SHOWN} more nodes not locked")
