@@ -248,13 +248,15 @@ def cmd_diff(args) -> int:
     import json
 
     from reports.diff import DiffError, diff_runs, load_run, render_text
+    from reports.verdict import FLEET_NODES
 
     try:
         old, new = load_run(args.old_run), load_run(args.new_run)
     except DiffError as error:
         return fail(str(error))
     found = diff_runs(old, new, args.threshold)
-    print(json.dumps(found, indent=2) if args.json else render_text(found), end="\n" if args.json else "")
+    fleet = len((new.get("run") or {}).get("nodes") or []) > FLEET_NODES
+    print(json.dumps(found, indent=2) if args.json else render_text(found, fleet), end="\n" if args.json else "")
     return 1 if found["worse"] else 0
 
 

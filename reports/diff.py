@@ -15,11 +15,11 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from reports.hostlists import hostlist_of
+from reports.hostlists import counted, hostlist_of
 from reports.ledger import LedgerError, read_ledger
 from reports.results import RESULTS_FILE, build_results
 from reports.schema import SchemaError, validate_results
-from reports.verdict import CERTIFIED, FAILED_OUTCOMES, INCOMPLETE, NOT_CERTIFIED
+from reports.verdict import CERTIFIED, FAILED_OUTCOMES, INCOMPLETE, NOT_CERTIFIED, masked_node_words
 
 DEFAULT_THRESHOLD = 0.1
 STATUS_RANK = {CERTIFIED: 0, INCOMPLETE: 1, NOT_CERTIFIED: 2}
@@ -160,17 +160,34 @@ def _first_line(value) -> str:
 # For a terminal
 
 
-def _where(item: dict) -> str:
-    node = item.get("node") or "cluster"
-    return f"{node} rail {item['rail']}" if item.get("rail") is not None else node
+def _where(items: list[dict]) -> str:
+    """The node (or the nodes, by hostlist and count) and the rail of alike items."""
+    rail = items[0].get("rail")
+    where = counted([item.get("node") or "cluster" for item in items])
+    return f"{where} rail {rail}" if rail is not None else where
+
+
+def _alike(items: list[dict], fleet: bool, *fields: str) -> list[list[dict]]:
+    """Each item alone; in a fleet, items of other nodes alike in `fields` and in their message
+    but for the node's own words (masked_node_words) together, in first-seen order."""
+    if not fleet:
+        return [[item] for item in items]
+    groups: dict[tuple, list[dict]] = {}
+    for item in items:
+        message = masked_node_words(str(item.get("message") or ""), str(item.get("node") or ""))
+        key = (item.get("node") is None and item["test_id"], *(item.get(name) for name in fields), message)
+        groups.setdefault(key, []).append(item)
+    return list(groups.values())
 
 
 def _number(value) -> str:
     return f"{value:g}" if _finite(value) else "none"
 
 
-def render_text(diff: dict) -> str:
-    """The differences as a person reads them in a terminal, the worse ones marked."""
+def render_text(diff: dict, fleet: bool = False) -> str:
+    """The differences as a person reads them in a terminal, the worse ones marked. In a fleet
+    (more than FLEET_NODES nodes), the nodes that changed alike share a line, named by hostlist:
+    a rack lost is a line per check, not 44,000; each item stays in --json."""
     lines = []
     for side in ("old", "new"):
         run = diff[side]
@@ -180,15 +197,16 @@ def render_text(diff: dict) -> str:
         lines.append(f"verdict: {verdict['old']} -> {verdict['new']}" + (" (worse)" if verdict["worse"] else ""))
     if diff["new_failures"]:
         lines.append(f"new failures ({len(diff['new_failures'])}):")
-        for item in diff["new_failures"]:
-            lines.append(f"  {_where(item)} · {item['check']}: {item['before'] or 'no result'} -> {item['after']} "
+        for items in _alike(diff["new_failures"], fleet, "check", "rail", "before", "after", "kind", "action"):
+            item = items[0]
+            lines.append(f"  {_where(items)} · {item['check']}: {item['before'] or 'no result'} -> {item['after']} "
                          f"({item['kind']}): {item['message']}" + ("" if item["worse"] else " (waived)"))
             if item["action"] and item["worse"]:
                 lines.append(f"    next: {item['action']}")
     if diff["fixed"]:
         lines.append(f"fixed ({len(diff['fixed'])}):")
-        lines += [f"  {_where(item)} · {item['check']}: {item['before']} ({item['kind']}) -> passed"
-                  for item in diff["fixed"]]
+        lines += [f"  {_where(items)} · {items[0]['check']}: {items[0]['before']} ({items[0]['kind']}) -> passed"
+                  for items in _alike(diff["fixed"], fleet, "check", "rail", "before", "kind")]
     nodes = diff["nodes"]
     said = [f"{label} {hostlist_of(nodes[key])}" for key, label in
             (("failed", "failed"), ("fixed", "fixed"), ("added", "added"), ("missing", "missing"))
@@ -197,14 +215,25 @@ def render_text(diff: dict) -> str:
         lines.append("nodes: " + "; ".join(said) + (" (missing is worse)" if nodes["missing"] else ""))
     if diff["metrics"]:
         lines.append(f"metrics ({len(diff['metrics'])}):")
-        for item in diff["metrics"]:
-            change = f" ({item['change']:+.1%})" if item["change"] is not None else ""
-            band = f" {item['criterion']}" if item["criterion"] and "band" in item["why"] else ""
-            lines.append(f"  {_where(item)} · {item['check']} · {item['metric']}: {_number(item['old'])} -> "
-                         f"{_number(item['new'])} {item['unit'] or ''}".rstrip()
-                         + f"{change}: {item['why']}{band}" + (f" ({item['direction']})"
-                                                               if item["direction"] != "unknown" else ""))
+        for items in _alike(diff["metrics"], fleet, "check", "rail", "metric", "unit", "why", "direction", "criterion"):
+            lines.append(_metric_line(items))
     if not (diff["new_failures"] or diff["fixed"] or said or diff["metrics"]) and verdict["old"] == verdict["new"]:
         lines.append("no differences")
     lines.append("something got worse" if diff["worse"] else "nothing got worse")
     return "\n".join(lines) + "\n"
+
+
+def _metric_line(items: list[dict]) -> str:
+    """'gpu001 · stress_ng · stress_cpu: 100 -> 65 bogo-ops/s (-35.0%): moved more than 10% (worse)';
+    for alike nodes, the range of their changes and the one that moved most."""
+    changes = [item["change"] for item in items if item["change"] is not None]
+    most = max(items, key=lambda item: abs(item["change"]) if item["change"] is not None else -1.0)
+    figures = f"{_number(most['old'])} -> {_number(most['new'])} {most['unit'] or ''}".rstrip()
+    if len(items) == 1:
+        said = figures + (f" ({most['change']:+.1%})" if most["change"] is not None else "")
+    else:
+        spread = f"{min(changes):+.1%} to {max(changes):+.1%}, " if changes else ""
+        said = f"{spread}the most {most['node']}: {figures}"
+    band = f" {most['criterion']}" if most["criterion"] and "band" in most["why"] else ""
+    direction = f" ({most['direction']})" if most["direction"] != "unknown" else ""
+    return f"  {_where(items)} · {most['check']} · {most['metric']}: {said}: {most['why']}{band}{direction}"

@@ -216,3 +216,42 @@ def test_a_threshold_that_is_no_fraction_is_a_usage_error(runs, capsys):
     assert status == 2 and "expected a fraction such as 0.1, got 'ten'" in err
     status, help_text, _ = diff_command(capsys, "--help")
     assert status == 0 and "0 when nothing got worse, 1 when" in " ".join(help_text.split())
+
+
+def fleet_run(nodes: list[str], checks: list[dict], status: str) -> dict:
+    """A results document of many nodes, with what diff_runs reads."""
+    failed = {c["node"] for c in checks if c["outcome"] == "failed"}
+    return {"run": {"run_id": status.lower(), "cluster": "fleet", "nodes": nodes}, "verdict": {"status": status},
+            "nodes": [{"name": n, "status": "failed" if n in failed else "passed"} for n in nodes], "checks": checks}
+
+
+def fleet_check(node: str, check: str, outcome: str = "passed", message: str = "", rate: float = 100.0) -> dict:
+    return {"test_id": f"suites/test_system.py::test_{check}[{node}]", "check": check, "node": node,
+            "outcome": outcome, "kind": "unreachable" if outcome == "failed" else None, "message": message,
+            "metrics": [{"name": "stress_cpu", "value": rate, "unit": "bogo-ops/s", "ok": True, "band": [50, None]}]
+            if check == "stress_ng" and outcome == "passed" else []}
+
+
+def test_in_a_fleet_the_nodes_that_changed_alike_share_a_line():
+    """70 nodes: a rack of 20 lost (each reason names its own address), 30 others' CPU rate fell
+    by 20-30 %: two lines of new failures (one per check) and one line of metrics with the range
+    and the node that moved most; --json keeps every item. Below a fleet, a line each."""
+    nodes = [f"gpu{i:03d}" for i in range(1, 71)]
+    rack, slow = nodes[:20], nodes[20:50]
+    old = fleet_run(nodes, [fleet_check(n, c) for n in nodes for c in ("memory", "stress_ng")], "CERTIFIED")
+    lost = {n: f"{n} unreachable: port 22 on 10.0.3.{i} refused" for i, n in enumerate(rack)}
+    new = fleet_run(nodes, [fleet_check(n, c, "failed", lost[n]) if n in rack else
+                            fleet_check(n, c, rate=80.0 - (slow.index(n) % 3) * 5 if n in slow else 100.0)
+                            for n in nodes for c in ("memory", "stress_ng")], "NOT CERTIFIED")
+    found = diff_runs(old, new)
+    assert len(found["new_failures"]) == 40 and len(found["metrics"]) == 30
+    lines = render_text(found, fleet=True).splitlines()
+    assert "new failures (40):" in lines and "metrics (30):" in lines
+    assert [line for line in lines if line.startswith("  ")] == [
+        "  gpu[001-020] (20 nodes) · memory: passed -> failed (unreachable): gpu001 unreachable: port 22 on "
+        "10.0.3.0 refused",
+        "  gpu[001-020] (20 nodes) · stress_ng: passed -> failed (unreachable): gpu001 unreachable: port 22 on "
+        "10.0.3.0 refused",
+        "  gpu[021-050] (30 nodes) · stress_ng · stress_cpu: -30.0% to -20.0%, the most gpu023: 100 -> 70 "
+        "bogo-ops/s: moved more than 10% (worse)"]
+    assert len([line for line in render_text(found).splitlines() if line.startswith("  ")]) == 70
