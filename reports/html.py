@@ -521,7 +521,7 @@ def build_view(results: dict) -> View:
         warnings=[text(w) for w in verdict.get("warnings") or []],
         banner_warnings=[text(w) for w in verdict.get("warnings") or []][:BANNER_WARNINGS],
         outliers=_outlier_rows(standing_out, metrics),
-        addendum=addendum_view(results, text),
+        addendum=addendum_view(results, text, fleet=fleet),
         expect_overrides=_expect_overrides(run.get("expect_overrides") or []),
         search_example=("" if not layout.nodes else f"e.g. {layout.nodes[0]}" if len(layout.nodes) == 1
                         else f"e.g. {layout.nodes[-1]} or {hostlist_of(layout.nodes[:2])}"),

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from reports.bundle import Finding, sha256_of, verify
+from reports.hostlists import counted
 from reports.ledger import LedgerError, RunRecord, read_ledger
 from reports.results import RESULTS_FILE, build_results, report_id
-from reports.verdict import CERTIFIED, FAILED_OUTCOMES, INCOMPLETE, NOT_CERTIFIED, Verdict
+from reports.verdict import CERTIFIED, FAILED_OUTCOMES, INCOMPLETE, NOT_CERTIFIED, Verdict, masked_node_words
 
 RETEST_OF = "retest_of"
 NOT_RUN = "not run"  # the original planned it, or the profile makes it mandatory, and it has no result
@@ -240,21 +241,26 @@ def tie_findings(run_dir: Path, results: dict, signed: Iterable[str],
 _ROW_ORDER = {"failed": 0, "error": 0, "skipped": 1, None: 2, "passed": 3}  # still failing first
 
 
-def addendum_view(results: dict, clean: Callable[[object], str]) -> Optional[dict]:
+def addendum_view(results: dict, clean: Callable[[object], str], fleet: bool = False) -> Optional[dict]:
     """What the report's addendum banner and table show, as plain strings (clean: the report's
-    own text filter); None for a run that is not a re-test."""
+    own text filter); None for a run that is not a re-test. In a fleet, the checks of nodes
+    whose row is alike but for the node's own words share a row, the nodes by hostlist."""
     tie = (results.get("run") or {}).get(RETEST_OF)
     if not isinstance(tie, dict):
         return None
-    ordered: list[tuple[int, dict]] = []
-    for row in results.get("retest") or []:
+    alike: dict[tuple, tuple[int, dict, list[str]]] = {}
+    for number, row in enumerate(results.get("retest") or []):
         original, new = row.get("original") or {}, row.get("retest")
         outcome = new.get("outcome") if isinstance(new, dict) else None
-        ordered.append((_ROW_ORDER.get(outcome, 2), {
-            "check": clean(row.get("check")), "where": clean(row.get("node") or "cluster"),
-            "original": clean(original.get("outcome")), "original_message": clean(original.get("message")),
-            "retest": clean(outcome or "not re-tested"), "retest_message": clean((new or {}).get("message"))}))
-    rows = [row for _, row in sorted(ordered, key=lambda pair: pair[0])]
+        node = clean(row.get("node") or "")
+        shown = {"check": clean(row.get("check")), "original": clean(original.get("outcome")),
+                 "original_message": clean(original.get("message")), "retest": clean(outcome or "not re-tested"),
+                 "retest_message": clean((new or {}).get("message"))}
+        key = (tuple(masked_node_words(value, node) for value in shown.values()) if fleet and node else (number,))
+        alike.setdefault(key, (_ROW_ORDER.get(outcome, 2), shown, []))[2].append(node or "cluster")
+    rows = [{**shown, "where": counted(nodes), "count": len(nodes)}
+            for _, shown, nodes in sorted(alike.values(), key=lambda group: group[0])]
     return {"report_id": clean(tie.get("report_id")), "run_id": clean(tie.get("run_id")),
             "results_sha256": clean(tie.get("results_sha256")), "rows": rows,
-            "passing": sum(1 for row in rows if row["retest"] == "passed")}
+            "checks": sum(row["count"] for row in rows),
+            "passing": sum(row["count"] for row in rows if row["retest"] == "passed")}

@@ -24,7 +24,7 @@ from handover.session import AcceptanceSession, SessionError
 from reports.html import render_html
 from reports.ledger import RunRecord
 from reports.render import verify_run
-from reports.retest import NOT_RUN, RETEST_OF, Original, build_addendum
+from reports.retest import NOT_RUN, RETEST_OF, Original, addendum_view, build_addendum
 from reports.schema import validate_ledger_entry, validate_results
 from reports.verdict import CERTIFIED, INCOMPLETE, NOT_CERTIFIED
 
@@ -375,3 +375,21 @@ def test_a_cluster_wide_pass_is_judged_again_only_beside_a_retested_node():
     cluster_only = [entry("memory", "n1", "passed"), entry("uniformity", None, "failed"), entry("os", None, "passed")]
     only = Original(Path("/nowhere"), record(cluster_only, [c["test_id"] for c in cluster_only]), "POD-2", "2" * 64)
     assert [row["check"] for row in only.outstanding(collected(("uniformity", None), ("os", None)))] == ["uniformity"]
+
+
+def test_a_fleets_addendum_rows_alike_share_one():
+    """A re-test of 70 nodes lost in the original: 66 pass now, 4 fail alike but for their own
+    address; in a fleet that is two rows naming their nodes, with the counts of checks."""
+    nodes = [f"gpu{i:03d}" for i in range(1, 71)]
+    rows = [{"check": "memory", "node": node,
+             "original": {"outcome": "failed", "message": f"{node} unreachable at 10.0.0.{i}"},
+             "retest": {"outcome": "failed", "message": f"{node}: memory_total = 1 GiB at 10.0.1.{i}"}
+             if i % 20 == 7 else {"outcome": "passed", "message": ""}} for i, node in enumerate(nodes)]
+    results = {"run": {RETEST_OF: {"report_id": "POD-1", "run_id": "1", "results_sha256": "2" * 64}}, "retest": rows}
+    view = addendum_view(results, str, fleet=True)
+    assert (view["checks"], view["passing"]) == (70, 66)
+    assert [(row["where"], row["retest"], row["count"]) for row in view["rows"]] == [
+        ("gpu[008,028,048,068] (4 nodes)", "failed", 4),
+        ("gpu[001-007,009-027,029-047,049-067,069-070] (66 nodes)", "passed", 66)]
+    assert view["rows"][0]["retest_message"] == "gpu008: memory_total = 1 GiB at 10.0.1.7"
+    assert len(addendum_view(results, str)["rows"]) == 70
