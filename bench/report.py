@@ -76,6 +76,7 @@ def synthetic_ledger(template: list[dict], count: int, seed: int = 1,
                                   message=f"{copied['node']} unreachable: no answer within the connect timeout (10 s)")
                     if "pairs" in copied:  # a pair check measured none; other checks gain no pairs key
                         copied["pairs"] = []
+                    copied.pop("series", None)  # nor did a curve's check draw its curve
                 elif index % FAILED_EVERY == FAILED_EVERY // 3 and position == 3:
                     copied.update(outcome="failed", kind="expectation",
                                   message=f"{copied['node']}: not what the profile expects")
