@@ -70,6 +70,7 @@ _CONTROL_CHARS = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x08\x0b\x0c\x0e-\
 # The page's one script, the node search; the policy allows it, and the data block it reads, by hash.
 NODE_SEARCH_SCRIPT = (TEMPLATE_DIR / "node_search.js").read_text(encoding="utf-8")
 NODE_MESSAGE_CHARS = 200
+NODE_NAME_MARK = "\0"  # stands for the node's own name in the node search's messages
 _SCRIPT_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"))
 
 _environment = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True,
@@ -552,14 +553,21 @@ def _attention(node_entries: list[dict], node_warnings: dict[str, list[str]], fl
 def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
                node_warnings: dict[str, list[str]]) -> str:
     """Each node's results for the page's node search, as JSON fit for a <script> data block:
-    {columns: [check], outcomes: [outcome], metrics: [[name, unit]], messages: [first line],
-    nodes: [[name, status, reasons, warnings, matrix row, [[column, outcome, rail, message,
-    anchor, [[metric, value, ok]]]]]]}, names and messages by their index in the lists, so a
-    thousand nodes' detail stays about 2 MB that the browser parses only when asked.
+    {columns: [check], outcomes: [outcome], metrics: [[name, unit]], texts: [a reason or a
+    message's first line, its node's name as NODE_NAME_MARK], nodes: [[name, status, [reason],
+    warnings, matrix row, [[column, outcome, rail, message, anchor, [[metric, value, ok]]]]]]},
+    names, reasons and messages by their index in the lists, so a thousand nodes' detail stays
+    about 2 MB that the browser parses only when asked.
     Its "<", ">" and "&" are JSON escapes, so no string in it can close the block."""
     outcomes = list(OUTCOME_RANK)
     metric_index: dict[tuple[str, str], int] = {}
-    message_index: dict[str, int] = {}  # a skip's reason is the same on a thousand nodes: once
+    # a skip's reason is the same on a thousand nodes: once; so is "gpu0001 unreachable: ..." with
+    # the node's name as NODE_NAME_MARK (text() leaves no NUL in a message), put back by the script
+    text_index: dict[str, int] = {}
+
+    def said(words: str, node: str) -> int:
+        return text_index.setdefault(words.replace(node, NODE_NAME_MARK), len(text_index))
+
     status_of = {text(n.get("name")): n for n in node_entries}
     per_node: dict[int, list] = {}  # matrix row -> its entries
     outcome_index = {outcome: number for number, outcome in enumerate(outcomes)}
@@ -574,17 +582,16 @@ def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
                             _ok(metric.get("ok"))])
         anchor = layout.anchor(index)
         rail = check.get("rail")
+        message = _first_line(check.get("message"))[:NODE_MESSAGE_CHARS]
         per_node.setdefault(entry["row"], []).append(
-            [layout.position[entry["check"]], outcome_index[outcome],
-             None if rail is None else text(rail),
-             message_index.setdefault(_first_line(check.get("message"))[:NODE_MESSAGE_CHARS], len(message_index)),
-             anchor, figures])
+            [layout.position[entry["check"]], outcome_index[outcome], None if rail is None else text(rail),
+             said(message, layout.nodes[entry["row"]]), anchor, figures])
     nodes = [[name, text((status_of.get(name) or {}).get("status")) or "untested",
-              [text(r) for r in (status_of.get(name) or {}).get("reasons") or []],
+              [said(text(r), name) for r in (status_of.get(name) or {}).get("reasons") or []],
               node_warnings.get(name, []), row, sorted(per_node.get(row, []), key=lambda e: e[0])]
              for row, name in enumerate(layout.nodes)]
     document = {"columns": [column.check for column in layout.columns], "outcomes": outcomes,
-                "metrics": [list(key) for key in metric_index], "messages": list(message_index), "nodes": nodes}
+                "metrics": [list(key) for key in metric_index], "texts": list(text_index), "nodes": nodes}
     encoded = json.dumps(document, separators=(",", ":"), ensure_ascii=False)
     for character, escape in _SCRIPT_ESCAPES:
         encoded = encoded.replace(character, escape)

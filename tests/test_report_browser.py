@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import importlib.util
 import json
 import os
 import select
@@ -238,6 +239,39 @@ def test_six_node_report_loads_clean_and_its_node_search_shows_a_node(browser, s
     for line in [commands[0], *commands[2].splitlines()]:
         done = subprocess.run(["bash", "-c", line], cwd=page.parent, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, f"{line}: {done.stdout}{done.stderr}"
+
+
+def synthetic_fleet(nodes: int) -> list[dict]:
+    """bench/report.py's fleet built from the recorded four-node quick run (1 node in 10 here
+    unreachable, each of its checks failed so, its messages and reasons naming it)."""
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.synthetic_ledger(recorded("nscluster-4-quick.ledger.jsonl"), nodes, unreachable_every=10)
+
+
+@needs_chromium
+def test_a_fleets_node_search_gives_each_node_its_own_words(browser, signing_key, tmp_path):
+    """70 nodes, 7 unreachable: the page keeps "gpuNNNN unreachable: ..." once, the node's name
+    marked; the search puts each node's own name back in its reasons and messages, and its failed
+    checks link to their (shared) block of Failures."""
+    page = rendered_report(tmp_path, synthetic_fleet(70), signing_key)
+    browser.events.clear()
+    browser.open(page)
+    assert browser.errors() == []
+    browser.search("gpu0016")
+    card = browser.evaluate("""(() => {
+        const card = document.querySelector('#node-detail .node-card');
+        return {node: card.dataset.node, notes: [...card.querySelectorAll('.node-notes li')].map(li => li.textContent),
+                messages: [...card.querySelectorAll('tbody tr td:nth-child(3)')].map(td => td.textContent),
+                links: [...card.querySelectorAll('tbody tr td:first-child a')].map(a => a.getAttribute('href'))};
+    })()""")
+    assert card["node"] == "gpu0016" and card["notes"] and card["messages"]
+    assert all(note.startswith("gpu0016: ") and "gpu0016 unreachable" in note for note in card["notes"])
+    assert set(card["messages"]) == {"gpu0016 unreachable: no answer within the connect timeout (10 s)"}
+    blocks = browser.evaluate("[...document.querySelectorAll('article.failure')].map(a => a.id)")
+    assert card["links"] and {link[1:] for link in card["links"]} <= set(blocks)
+    print(f"screenshot: {browser.screenshot(tmp_path / 'report-70-nodes-gpu0016.png')}")
 
 
 @needs_chromium

@@ -67,13 +67,17 @@
     return data.nodes.filter(function (node) { return node[0].toLowerCase().indexOf(lower) >= 0; });
   }
 
+  // a reason or message, the node's own name put back where the data marks it (NUL)
+  function said(text, node) { return data.texts[text].split("\u0000").join(node[0]); }
+
   function detail(node) {
     var section = element("section", "node-card");
     section.setAttribute("data-node", node[0]);
     var header = element("h3", null, node[0] + " ");
     header.appendChild(element("span", "badge badge-" + node[1], node[1]));
     section.appendChild(header);
-    var notes = node[2].concat(node[3].map(function (warning) { return "outlier: " + warning; }));
+    var notes = node[2].map(function (text) { return said(text, node); })
+      .concat(node[3].map(function (warning) { return "outlier: " + warning; }));
     if (notes.length) {
       var list = element("ul", "node-notes");
       notes.forEach(function (note) { list.appendChild(element("li", null, note)); });
@@ -94,7 +98,7 @@
         link.setAttribute("href", "#" + entry[4]);
       } else { cell.textContent = name; }
       row.appendChild(element("td")).appendChild(element("span", "badge badge-" + outcome, outcome));
-      row.appendChild(element("td", "wrap", data.messages[entry[3]]));
+      row.appendChild(element("td", "wrap", said(entry[3], node)));
       var figures = row.appendChild(element("td", "wrap"));
       entry[5].forEach(function (figure, index) {
         var metric = data.metrics[figure[0]];
