@@ -18,6 +18,7 @@ Run from the repository root: `.venv/bin/python bench/unreachable.py --sizes 1,6
 from __future__ import annotations
 
 import argparse
+import re
 import resource
 import subprocess
 import sys
@@ -62,7 +63,8 @@ def run_suite(n: int, folder: Path) -> dict:
                           text=True, timeout=3600)
     wall, cpu = time.perf_counter() - started, children_cpu_s() - cpu
     lines = done.stdout.splitlines()
-    failed = sum(line.startswith("FAILED ") for line in lines)
+    counted = re.search(r"(\d+) failed", lines[-1] if lines else "")
+    failed = int(counted.group(1)) if counted else 0
     if done.returncode != 1 or not failed:
         raise RuntimeError(f"N={n}: expected failed checks, got exit {done.returncode}: {done.stdout[-2000:]}")
     verdict = lines.index("verdict: NOT CERTIFIED")

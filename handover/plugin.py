@@ -10,7 +10,9 @@ form (`--opt value`, `--opt=value`); without a test path it runs the installed s
 """
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -31,10 +33,11 @@ from runners.soak import SOAK_FILE
 
 PROGRESS_EVERY_S = 15  # without a terminal (CI logs), one progress line this often
 STOPPED = "handover: the run stopped: a run file could not be written (see above)"
-# Past this many failed checks pytest's FAILURES section is left out (unless --tb asks for it):
-# it repeats the reasons the short summary and the report give, and pytest builds it in time that
-# grows with the square of the failures (pytest-dev/pytest#13360): 1,024 unreachable nodes' 14,336
-# failed checks spent minutes there.
+# Past this many failed checks pytest's listings of each are left out unless asked for: the
+# FAILURES section (--tb), which pytest builds in time that grows with the square of the failures
+# (pytest-dev/pytest#13360: 1,024 unreachable nodes' 14,336 failed checks spent minutes there),
+# and the short summary's FAILED lines (-r), which would push the verdict 14,336 lines up. The
+# verdict names them alike, the report and junit.xml each one.
 FAILURES_SECTION_MAX = 200
 
 MARKERS = {
@@ -166,6 +169,29 @@ def stop_soak(run_dir: Path, inventory: Optional[str]) -> int:
     return 1 if any(what.startswith("not reached") for what in outcome.values()) else 0
 
 
+def leave_out_failure_listings(config: pytest.Config) -> list[tuple[str, str]]:
+    """Turn off pytest's listings of each failed check that the command line did not ask for
+    (FAILURES_SECTION_MAX says why); (what was left out, the option that asks for it) for each."""
+    left = []
+    if config.option.tbstyle == "auto":
+        config.option.tbstyle = "no"  # read by the terminal summary, which comes next
+        left.append(("FAILURES section", "--tb=short"))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and "f" in reporter.reportchars and not _asked_for_report_chars(config):
+        reporter.reportchars = reporter.reportchars.replace("f", "")
+        left.append(("short summary's FAILED lines", "-rf"))
+    return left
+
+
+def _asked_for_report_chars(config: pytest.Config) -> bool:
+    """Whether -r/--report-chars was given: on the command line, in PYTEST_ADDOPTS or in addopts
+    (its value alone cannot tell the default from an explicit -rfE)."""
+    words = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", "")),
+             *config.getini("addopts")]
+    return any(word.startswith("--report-chars") or
+               (word.startswith("-") and not word.startswith("--") and "r" in word[1:]) for word in words)
+
+
 def lock_lines(notes: dict[str, str], fleet: bool) -> list[str]:
     """A line per node not locked, the first REASONS_SHOWN and a count of the rest; in a fleet,
     nodes not locked alike but for their own words share one: 'd[0000-1023] (1,024 nodes): d0000
@@ -261,7 +287,8 @@ class SessionHooks:
         self._retest: Optional[set[str]] = None  # for --retest: the test ids to run again
         self._pytest_session: Optional[pytest.Session] = None
         self._selected = False  # every plugin has narrowed the items (-k, -m, --resume)
-        self._failures_left_out = 0  # failed checks whose FAILURES section was left out
+        self._left_out: list[tuple[str, str]] = []  # pytest's listings of each failed check left out
+        self._failed_checks = 0
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """A misspelt marker in -m (`-m quik`) is a usage error, never a run that quietly
@@ -338,9 +365,9 @@ class SessionHooks:
             self._pytest_session.shouldstop = STOPPED
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if session.testsfailed > FAILURES_SECTION_MAX and session.config.option.tbstyle == "auto":
-            session.config.option.tbstyle = "no"  # read by the terminal summary, which comes next
-            self._failures_left_out = session.testsfailed
+        if session.testsfailed > FAILURES_SECTION_MAX:
+            self._failed_checks = session.testsfailed
+            self._left_out = leave_out_failure_listings(session.config)
         rendered = self.session.finish(exitstatus, exitstatus == pytest.ExitCode.INTERRUPTED)
         if rendered and rendered.verdict.gate_failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -348,11 +375,14 @@ class SessionHooks:
             session.exitstatus = pytest.ExitCode.INTERRUPTED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self._failures_left_out:
+        if self._left_out:
+            listings = " and ".join(listing for listing, _ in self._left_out)
+            options = " and ".join(option for _, option in self._left_out)
+            are, ask = ("are", "ask for them") if len(self._left_out) > 1 else ("is", "asks for it")
             terminalreporter.write_line(
-                f"handover: pytest's FAILURES section is left out: {self._failures_left_out:,} checks failed "
-                f"(more than {FAILURES_SECTION_MAX}); each one's reason is in the short summary below and in the "
-                "report (--tb=short prints the section)", yellow=True)
+                f"handover: {self._failed_checks:,} checks failed (more than {FAILURES_SECTION_MAX}): pytest's "
+                f"{listings} {are} left out ({options} {ask}); the verdict below names them, the report and "
+                "junit.xml each one", yellow=True)
         for line in lock_lines(self.session.lock_notes, fleet=len(self.session.nodes) > FLEET_NODES):
             terminalreporter.write_line(f"handover: {line}", yellow=True)
         if self.session.stopped is not None:
