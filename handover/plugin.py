@@ -206,13 +206,10 @@ def lock_lines(notes: dict[str, str], fleet: bool) -> list[str]:
 
 def stop_lines(soak_id: str, outcome: dict[str, str]) -> list[str]:
     """A line per outcome, naming its nodes by hostlist: 1,024 nodes stopped alike are one line."""
-    alike: dict[str, list[str]] = {}
+    by_outcome: dict[str, list[str]] = {}
     for node, what in outcome.items():
-        alike.setdefault(what, []).append(node)
-    lines = []
-    for what, nodes in alike.items():
-        lines.append(f"handover: soak {soak_id} on {counted(nodes)}: {what}")
-    return lines
+        by_outcome.setdefault(what, []).append(node)
+    return [f"handover: soak {soak_id} on {counted(nodes)}: {what}" for what, nodes in by_outcome.items()]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

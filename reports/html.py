@@ -70,7 +70,7 @@ _CONTROL_CHARS = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x08\x0b\x0c\x0e-\
 # The page's one script, the node search; the policy allows it, and the data block it reads, by hash.
 NODE_SEARCH_SCRIPT = (TEMPLATE_DIR / "node_search.js").read_text(encoding="utf-8")
 NODE_MESSAGE_CHARS = 200
-NODE_NAME_MARK = "\0"  # stands for the node's own name in the node search's messages
+NODE_NAME_MARK = "\0"  # stands for the node's own name in the node search's reasons and messages
 _SCRIPT_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"))
 
 _environment = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True,
@@ -566,7 +566,7 @@ def _node_data(checks: list[dict], layout: "Layout", node_entries: list[dict],
     text_index: dict[str, int] = {}
 
     def said(words: str, node: str) -> int:
-        return text_index.setdefault(words.replace(node, NODE_NAME_MARK), len(text_index))
+        return text_index.setdefault(words.replace(node, NODE_NAME_MARK) if node else words, len(text_index))
 
     status_of = {text(n.get("name")): n for n in node_entries}
     per_node: dict[int, list] = {}  # matrix row -> its entries
