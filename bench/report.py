@@ -6,7 +6,8 @@ the N nodes (default 1,024, named gpu0001...) takes the per-node entries of one 
 turn, every other node name in them (pair peers, raw paths) moved by the same offset, so pairs
 stay ring neighbours; every figure is scaled by a random factor around 1 (sd 2 %). A few nodes are
 made to differ as a real fleet does: 1 in 200 unreachable (every check failed as such), 1 in 100
-with a failed check, 1 in 50 with figures 20 % low. The cluster-wide entries are kept once.
+with a failed check, 1 in 50 with figures 20 % low; 32 nodes to a rack. The cluster-wide entries
+are kept once.
 
 It then times `handover report RUN_DIR` in its own process (wall, CPU, peak RSS), gives the sizes of
 report.html and results.json, and the time headless Chromium takes to load report.html and print
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "bench" / "data" / "nscluster-4-quick.ledger.jsonl"
 GOALS = {"report_s": 5.0, "report_html_mb": 10.0, "results_json_mb": 15.0, "load_s": 3.0}
 UNREACHABLE_EVERY, FAILED_EVERY, SLOW_EVERY = 200, 100, 50
+RACK_NODES = 32  # nodes per rack, as the inventory's `rack:` would place them
 JITTER = 0.02
 _NODE = re.compile(r"\bnode(\d+)\b")
 
@@ -82,7 +84,8 @@ def synthetic_ledger(template: list[dict], count: int, seed: int = 1,
                                   message=f"{copied['node']}: not what the profile expects")
             entries.append(copied)
     names = [node_name(index) for index in range(count)]
-    header = dict(header, nodes=names)
+    header = dict(header, nodes=names, node_places={name: {"rack": f"r{index // RACK_NODES + 1:02d}", "leaf": None}
+                                                    for index, name in enumerate(names)})
     for entry in ends:
         if entry["type"] == "selection":
             entry = dict(entry, nodes=names, tests=[e["test_id"] for e in entries if e["type"] == "check"]

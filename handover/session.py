@@ -393,6 +393,8 @@ def run_header(cluster: Cluster, nodes: list[Node]) -> dict:
         "argv": sys.argv,
         "nodes": [node.name for node in nodes],
         "node_sources": {node.name: node.source for node in nodes},  # results.json nodes[].source
+        # where the inventory places each node that it places: results.json nodes[].rack and .leaf
+        "node_places": {node.name: {"rack": node.rack, "leaf": node.leaf} for node in nodes if node.rack or node.leaf},
         # The facts of profile.expect the inventory changed, with the profile's value and why.
         "expect_overrides": [override.as_dict() for override in cluster.expect_overrides],
         **cluster.delivery(),  # cluster_id, waivers, sign_off: the delivery's record

@@ -32,7 +32,7 @@ from reports.bundle import CHECKSUMS_FILE, MANIFEST_FILES
 from reports.curves import CurveChart, build_curves, nice_ticks
 from reports.files import write_atomically
 from reports.hostlists import hostlist_of
-from reports.results import RESULTS_FILE
+from reports.results import PLACES, RESULTS_FILE
 from reports.retest import addendum_view
 from reports.soak_view import SoakTable, soak_table
 from reports.verdict import FLEET_NODES, masked_node_words
@@ -336,6 +336,19 @@ class AreaSummary:
 
 
 @dataclass
+class Place:
+    """The nodes the inventory places in one rack (or under one leaf), in run order, each a
+    square of its status: a rack that lost power or cooling is a row of red."""
+
+    name: str
+    nodes: list[tuple[str, str]]  # (node, status)
+
+    @property
+    def passed(self) -> int:
+        return sum(status == "passed" for _, status in self.nodes)
+
+
+@dataclass
 class Skip:
     """Checks skipped alike on the nodes listed (the message is the first one's)."""
 
@@ -455,6 +468,8 @@ class View:
     fleet_worst: int = FLEET_WORST
     search_example: str = ""  # a node name and a hostlist of this run, for the search box
     node_data: str = "{}"  # every node's results, compact JSON for the node search (see _node_data)
+    place_level: str = ""  # "rack" or "leaf": what `places` groups by; "" where the inventory places no nodes
+    places: list[Place] = field(default_factory=list)
 
     @property
     def warning_count(self) -> str:
@@ -527,7 +542,24 @@ def build_view(results: dict) -> View:
         search_example=("" if not layout.nodes else f"e.g. {layout.nodes[0]}" if len(layout.nodes) == 1
                         else f"e.g. {layout.nodes[-1]} or {hostlist_of(layout.nodes[:2])}"),
         node_data=_node_data(checks, layout, node_entries, node_warnings),
+        **_places(node_entries),
     )
+
+
+NOT_PLACED = "not placed"
+
+
+def _places(node_entries: list[dict]) -> dict:
+    """The nodes by rack, or by leaf where no rack is given (results.json nodes[].rack, .leaf),
+    racks in the order their first node runs; nothing unless the nodes sit in two places or more."""
+    for level in PLACES:
+        by_place: dict[str, list[tuple[str, str]]] = {}
+        for entry in node_entries:
+            place = text(entry.get(level)) or NOT_PLACED
+            by_place.setdefault(place, []).append((text(entry.get("name")), text(entry.get("status"))))
+        if len(by_place) >= 2:  # two racks, or a rack and nodes placed in none
+            return {"place_level": level, "places": [Place(name, nodes) for name, nodes in by_place.items()]}
+    return {}
 
 
 def _attention(node_entries: list[dict], node_warnings: dict[str, list[str]], fleet: bool) -> list[dict]:

@@ -48,6 +48,7 @@ RATE_UNITS = ("IOPS",)  # rates without "/s" in their unit: low is bad
 TIME_UNITS = ("s", "ms", "us", "µs", "ns")  # times (latency, step time): high is bad
 DEFAULT_OUTLIER_RULE = OutlierRule()  # a profile without `outliers:`
 EXPECT_OVERRIDE_KEYS = ("key", "value", "profile_value", "reason")
+PLACES = ("rack", "leaf")  # where the inventory placed a node: results.json nodes[].rack, .leaf
 RESULTS_FILE = "results.json"
 METRICS_CSV = "metrics.csv"
 
@@ -87,7 +88,8 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
                                  for override in header.get("expect_overrides") or []],
         },
         "verdict": {"status": verdict.status, "reasons": verdict.reasons, "waived": verdict.waived},
-        "nodes": [{**node, "source": (header.get("node_sources") or {}).get(node["name"])}
+        "nodes": [{**node, "source": (header.get("node_sources") or {}).get(node["name"]),
+                   **{key: ((header.get("node_places") or {}).get(node["name"]) or {}).get(key) for key in PLACES}}
                   for node in verdict.nodes],
         "checks": [{k: v for k, v in entry.items() if k != "type"} for entry in record.checks],
         "outliers": found,

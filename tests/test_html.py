@@ -696,3 +696,44 @@ def test_a_small_clusters_failures_keep_a_block_each():
         [f"{node} · memory" for node in nodes]
     assert [label for label, _ in matrix_rows(root)] == nodes
     assert "details of" not in root.find("article", "failure").text()
+
+
+def test_the_nodes_by_rack_are_a_row_of_squares_each(tmp_path):
+    """An inventory placing four of six nodes in two racks (`rack:` on their groups): the run's
+    ledger and results.json give each node its rack (null for the two it places nowhere), and the
+    report draws each rack as a row of squares of its nodes' statuses, a lost rack red, each
+    square leading to its node's results. Without racks or leaves there is no such picture."""
+    from handover.session import run_header
+    from inventory.loader import load_inventory
+    from reports.ledger import Ledger, now_iso, read_ledger
+    from reports.results import build_results
+
+    path = tmp_path / "pod.yaml"
+    path.write_text("cluster: pod\nprofile: cpu-only\nnodes: ['n[1-6]']\ngroups:\n"
+                    "  a: {nodes: 'n[1-2]', rack: r01, leaf: leaf01}\n  b: {nodes: 'n[3-4]', rack: r02}\n")
+    cluster = load_inventory(path)
+    ledger = Ledger.create(tmp_path, cluster.name, run_header(cluster, list(cluster.nodes)))
+    lost = {"n3", "n4"}
+    checks = [check(node, "reachable", "failed" if node in lost else "passed",
+                    kind="unreachable" if node in lost else None) for node in (n.name for n in cluster.nodes)]
+    ledger.append({"type": "selection", "nodes": [n.name for n in cluster.nodes],
+                   "tests": [c["test_id"] for c in checks]})
+    for entry in checks:
+        ledger.append({"type": "check", "depth": ["quick"], **entry})
+    ledger.append({"type": "end", "finished": now_iso(), "exitstatus": 1, "interrupted": False})
+    document = build_results(read_ledger(ledger.run_dir))[0]
+    assert [(n["name"], n["rack"], n["leaf"]) for n in document["nodes"]] == [
+        ("n1", "r01", "leaf01"), ("n2", "r01", "leaf01"), ("n3", "r02", None), ("n4", "r02", None),
+        ("n5", None, None), ("n6", None, None)]
+
+    root = parse(render_html(document))
+    assert root.by_id("places").text() == "By rack"
+    status = {n["name"]: n["status"] for n in document["nodes"]}  # incomplete: cpu-only's other mandatory checks
+    assert status["n3"] == "failed" and status["n1"] != "failed"
+    rows = root.find("table", "places").find("tbody").find_all("tr")
+    assert [tr.find("td").text() for tr in rows] == ["r01", "r02", "not placed"]
+    squares = [[(a.attrs["class"], a.attrs["href"], a.attrs["title"]) for a in tr.find_all("a")] for tr in rows]
+    assert squares == [[(f"pl-{status[n]}", f"#node={n}", f"{n}: {status[n]}") for n in nodes]
+                       for nodes in (["n1", "n2"], ["n3", "n4"], ["n5", "n6"])]
+    assert [td.text() for td in rows[1].find_all("td")][1:4] == ["2", "0", "2"]
+    assert "By rack" not in render_html(results(["n1", "n2"], [check("n1", "memory"), check("n2", "memory")]))
