@@ -305,8 +305,9 @@ def test_results_document(tmp_path):
     assert results["verdict"] == {"status": verdict.status, "reasons": verdict.reasons,
                                   "cluster_checks": verdict.cluster_checks, "waived": 0}
     assert results["verdict"]["status"] == "NOT CERTIFIED"
-    # each node row as the verdict judged it, with where the inventory found the node (none named here)
-    assert results["nodes"] == [{**row, "source": None} for row in verdict.nodes]
+    # each node row as the verdict judged it, with where the inventory found and placed the node
+    # (none named here)
+    assert results["nodes"] == [{**row, "source": None, "rack": None, "leaf": None} for row in verdict.nodes]
     assert [row["name"] for row in results["nodes"]] == ["n1", "n2"]
     assert [c["test_id"] for c in results["checks"]] == [e["test_id"] for e in MIXED]
     assert results["checks"][0] == {k: v for k, v in MIXED[0].items() if k != "type"}
