@@ -849,9 +849,10 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
     """`{slurm: {conf, partition}}` or `{ansible: {inventory, group}}`: the nodes another file lists.
 
     The files are read, never run (inventory/slurm_conf.py, inventory/ansible_inventory.py), and
-    what they say is data: each node's name, address, and from Ansible its port, user and key, as
-    the node's own settings (over the inventory's groups and ssh:). slurm.conf's Port is slurmd's,
-    not SSH's, so it is not used. Without conf:, the partition is read from the live Slurm (`sinfo`).
+    what they say is data: each node's name, address, from Ansible its port, user and key, and from
+    Slurm's topology.conf its leaf switch, as the node's own settings (over the inventory's groups
+    and ssh:). slurm.conf's Port is slurmd's, not SSH's, so it is not used. Without conf:, the
+    partition is read from the live Slurm (`sinfo`).
     """
     from inventory.ansible_inventory import read_ansible_inventory
     from inventory.slurm_conf import live_partition_nodes, read_slurm_conf
@@ -883,7 +884,9 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
                                                            conf.partitions, "partitions"))
                 source = f"slurm.conf {written} partition {name}"
                 empty = f"partition {name!r} in {shown} has no nodes"
-                found = [(n.name, n.address if n.address_given else None, {}) for n in conf.partition_nodes(name)]
+                found = [(n.name, n.address if n.address_given else None,
+                          {"leaf": conf.leaves[n.name]} if n.name in conf.leaves else {})
+                         for n in conf.partition_nodes(name)]
         else:
             spec = _fields(at, ("inventory", "group"), required=("inventory", "group"))
             written, name = _string(spec["inventory"]), _string(spec["group"])
@@ -911,6 +914,9 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
             raise item.error(f"node {name!r} from {source}: address {address!r} is not a host name or IP address")
         if "user" in settings and not USER_PATTERN.fullmatch(settings["user"]):
             raise item.error(f"node {name!r} from {source}: user {settings['user']!r} is not a login name")
+        if "leaf" in settings and not NAME_PATTERN.fullmatch(settings["leaf"]):
+            raise item.error(f"node {name!r} from {source}: leaf switch {settings['leaf']!r} (topology.conf) "
+                             f"is not a name; {NAME_RULE}")
         entries.append(_NodeEntry(name, item, address, {k: _Setting(v, item) for k, v in settings.items()},
                                   source=source, files=files))
     return entries

@@ -12,7 +12,10 @@ as Slurm's parser reads them (src/common/parse_config.c, read_config.c, node_con
 - `NodeName=` lines with hostlist expressions, `NodeAddr`/`NodeHostname`/`Port` lists matched to
   the names one by one (or one value for all), `NodeName=DEFAULT` merged into the lines after it;
 - `NodeSet=` (by `Nodes=` and/or `Feature=`) and `PartitionName=` with `Nodes=ALL`, nodesets and
-  hostlists, `PartitionName=DEFAULT` likewise.
+  hostlists, `PartitionName=DEFAULT` likewise;
+- with `TopologyPlugin=topology/tree`, the topology.conf beside slurm.conf (where Slurm reads it,
+  topology.conf(5)): each node's leaf switch, the first `SwitchName=` whose `Nodes=` lists it
+  (`Switches=` lines join switches above the leaves, and are passed over).
 
 Every other line and option is ignored. A partition's nodes come in the order of their NodeName
 lines (Slurm keeps a partition as a bitmap over that table). Nothing here runs anything.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
@@ -65,6 +68,7 @@ class SlurmConf:
     partitions: dict[str, _Record]
     nodesets: dict[str, _Record]
     files: tuple[str, ...] = ()  # every file read, includes too, in reading order
+    leaves: dict[str, str] = field(default_factory=dict)  # node -> its leaf switch (topology.conf)
 
     def partition_nodes(self, name: str) -> list[SlurmNode]:
         """The partition's nodes in NodeName order; an unknown partition names those there are."""
@@ -102,6 +106,8 @@ class SlurmConf:
 _KEY_VALUE = re.compile(r'\s*([A-Za-z0-9_.]+)\s*([-*+/]?)=\s*(?:"([^"]*)"|(\S+))(?=\s|$)')
 _INCLUDE = re.compile(r"include\s+(\S+)", re.IGNORECASE)
 _NEEDED = ("nodename", "nodeset", "partitionname")
+TREE_TOPOLOGY = "topology/tree"
+TOPOLOGY_FILE = "topology.conf"
 
 
 def read_slurm_conf(path: Union[str, os.PathLike]) -> SlurmConf:
@@ -109,13 +115,15 @@ def read_slurm_conf(path: Union[str, os.PathLike]) -> SlurmConf:
     top = os.path.normpath(os.path.abspath(path))
     reader = _Reader(top)
     reader.read(top, ())
-    return SlurmConf(top, reader.nodes, reader.partitions, reader.nodesets, tuple(reader.files))
+    leaves = reader.read_topology() if (reader.topology or "").lower() == TREE_TOPOLOGY else {}
+    return SlurmConf(top, reader.nodes, reader.partitions, reader.nodesets, tuple(reader.files), leaves)
 
 
 class _Reader:
     def __init__(self, top: str):
         self.top = top
         self.cluster: Optional[str] = None
+        self.topology: Optional[str] = None  # TopologyPlugin
         self.nodes: dict[str, SlurmNode] = {}
         self.partitions: dict[str, _Record] = {}
         self.nodesets: dict[str, _Record] = {}
@@ -137,9 +145,29 @@ class _Reader:
             key = first.group(1).lower()
             if key == "clustername":
                 self.cluster = _value(first)
+            elif key == "topologyplugin":
+                self.topology = _value(first)
             elif key in _NEEDED:
                 pairs = _pairs(line, file, line_number)
                 getattr(self, f"_{key}")(pairs, file, line_number)
+
+    def read_topology(self) -> dict[str, str]:
+        """Each node's leaf switch from the topology.conf beside slurm.conf; {} without one."""
+        file = os.path.join(os.path.dirname(self.top), TOPOLOGY_FILE)
+        if not os.path.isfile(file):
+            return {}
+        text = _text(file, ())
+        self.files.append(file)
+        leaves: dict[str, str] = {}
+        for line_number, line in _logical_lines(text):
+            if not line.strip():
+                continue
+            pairs = _pairs(line, file, line_number)
+            if "switchname" not in pairs:
+                raise SlurmConfError("topology/tree lines start with SwitchName=", file, line_number)
+            for name in _hostlist(pairs["nodes"], file, line_number, "Nodes") if "nodes" in pairs else ():
+                leaves.setdefault(name, pairs["switchname"])
+        return leaves
 
     def _include_path(self, written: str, file: str, line: int) -> str:
         if "*" in written:

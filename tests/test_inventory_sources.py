@@ -552,3 +552,37 @@ def test_cli_inventory_refuses_a_plugin_config_in_one_line(tmp_path):
     assert done.stderr == (f"handover: {tmp_path / 'constructed.yml'}:1: an inventory plugin configuration "
                            "(`plugin:`), which Ansible would run; handover runs nothing from an inventory: give "
                            "a static INI or YAML file\n")
+
+
+def test_slurm_nodes_take_their_leaf_switch_from_topology_conf_beside_slurm_conf(tmp_path):
+    """slurm.conf's man page example with `TopologyPlugin=topology/tree` added (the test writes
+    that line) and topology.conf's man page example beside it: each node of the partition sits
+    under the first leaf switch whose Nodes= lists it (the spine's Switches= line is passed over),
+    a node no switch lists takes its group's `leaf:`, and the inventory's digest covers
+    topology.conf. Without the plugin line Slurm reads no topology, and neither does this."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text((SLURM / "schedmd_man5_example_slurm.conf").read_text() + "TopologyPlugin=topology/tree\n")
+    shutil.copy(SLURM / "schedmd_man5_example_topology.conf", tmp_path / "topology.conf")
+    path = write(tmp_path, """
+        cluster: c
+        profile: cpu-only
+        nodes:
+          - {slurm: {conf: slurm.conf, partition: debug}}
+        groups:
+          outside: {nodes: "dev[18-25]", leaf: edge}
+        """, "inv.yaml")
+    cluster = load_inventory(path)
+    leaves = {node.name: node.leaf for node in cluster.nodes}
+    assert leaves == {**{f"dev{i}": "s0" for i in range(6)}, **{f"dev{i}": "s1" for i in range(6, 9)},
+                      **{f"dev{i}": "edge" for i in range(18, 26)}}
+    assert read_slurm_conf(conf).files[-1] == str(tmp_path / "topology.conf")
+    before = cluster.digest
+    (tmp_path / "topology.conf").write_text("SwitchName=s9 Nodes=dev[0-25]\n")
+    assert {node.leaf for node in load_inventory(path).nodes} == {"s9"} and load_inventory(path).digest != before
+    conf.write_text((SLURM / "schedmd_man5_example_slurm.conf").read_text())
+    assert read_slurm_conf(conf).leaves == {}
+    (tmp_path / "topology.conf").write_text("SwitchName=s0 Nodes=dev[0-5\n")
+    conf.write_text(conf.read_text() + "TopologyPlugin=topology/tree\n")
+    with pytest.raises(SlurmConfError) as caught:
+        read_slurm_conf(conf)
+    assert str(caught.value).startswith(f"{tmp_path / 'topology.conf'}:1: Nodes=dev[0-5: not a hostlist expression")
