@@ -185,8 +185,9 @@ def _reached_alike(nodes) -> dict[str, list[str]]:
             reach = f"this machine; from {node.source}"
         else:
             address = OWN_NAME if node.address == node.name else node.address
+            placed = "".join(f", {key} {value}" for key, value in (("rack", node.rack), ("leaf", node.leaf)) if value)
             reach = (f"address {address}, user {node.ssh.user or '(ssh default)'}, "
-                     f"port {node.ssh.port or '(ssh default)'}; from {node.source}")
+                     f"port {node.ssh.port or '(ssh default)'}{placed}; from {node.source}")
         alike.setdefault(reach, []).append(node.name)
     return alike
 

@@ -576,6 +576,9 @@ def test_slurm_nodes_take_their_leaf_switch_from_topology_conf_beside_slurm_conf
     assert leaves == {**{f"dev{i}": "s0" for i in range(6)}, **{f"dev{i}": "s1" for i in range(6, 9)},
                       **{f"dev{i}": "edge" for i in range(18, 26)}}
     assert read_slurm_conf(conf).files[-1] == str(tmp_path / "topology.conf")
+    shown = handover("inventory", path)
+    assert ("node dev0: address edev0, user (ssh default), port (ssh default), leaf s0; from slurm.conf slurm.conf "
+            "partition debug") in shown.stdout.splitlines()
     before = cluster.digest
     (tmp_path / "topology.conf").write_text("SwitchName=s9 Nodes=dev[0-25]\n")
     assert {node.leaf for node in load_inventory(path).nodes} == {"s9"} and load_inventory(path).digest != before
