@@ -855,7 +855,7 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
     partition is read from the live Slurm (`sinfo`).
     """
     from inventory.ansible_inventory import read_ansible_inventory
-    from inventory.slurm_conf import live_partition_nodes, read_slurm_conf
+    from inventory.slurm_conf import live_leaves, live_partition_nodes, read_slurm_conf
 
     fields = _fields(item, SOURCE_KEYS)
     if len(fields) != 1:
@@ -873,7 +873,9 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
                     live = live_partition_nodes(name)
                 except SourceFileError as exc:
                     raise at.whole_error(f"partition {name!r} from the live Slurm (sinfo): {exc.problem}") from None
-                found = [(n.name, n.address if n.address_given else None, {}) for n in live]
+                leaves = live_leaves()
+                found = [(n.name, n.address if n.address_given else None,
+                          {"leaf": leaves[n.name]} if n.name in leaves else {}) for n in live]
             else:
                 written = _string(spec["conf"])
                 conf = read_slurm_conf(_path_setting(spec["conf"]))

@@ -27,7 +27,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import hostlist
 
@@ -158,16 +158,7 @@ class _Reader:
             return {}
         text = _text(file, ())
         self.files.append(file)
-        leaves: dict[str, str] = {}
-        for line_number, line in _logical_lines(text):
-            if not line.strip():
-                continue
-            pairs = _pairs(line, file, line_number)
-            if "switchname" not in pairs:
-                raise SlurmConfError("topology/tree lines start with SwitchName=", file, line_number)
-            for name in _hostlist(pairs["nodes"], file, line_number, "Nodes") if "nodes" in pairs else ():
-                leaves.setdefault(name, pairs["switchname"])
-        return leaves
+        return _leaf_switches(_logical_lines(text), file)
 
     def _include_path(self, written: str, file: str, line: int) -> str:
         if "*" in written:
@@ -317,6 +308,26 @@ def _pairs(line: str, file: str, number: int) -> dict[str, str]:
     return pairs
 
 
+def _leaf_switches(lines: Iterable[tuple[int, str]], file: str) -> dict[str, str]:
+    """node -> its leaf switch from topology/tree lines (topology.conf, `scontrol show topology`):
+    the lowest `Level=` (0 where not given: in topology.conf only leaves list `Nodes=`) of the
+    `SwitchName=` lines listing it, the first of those."""
+    found: dict[str, tuple[int, str]] = {}
+    for number, line in lines:
+        if not line.strip():
+            continue
+        pairs = _pairs(line, file, number)
+        if "switchname" not in pairs:
+            raise SlurmConfError("a topology/tree line starts with SwitchName=", file, number)
+        level = pairs.get("level", "0")
+        if not level.isdigit():
+            raise SlurmConfError(f"Level={level}: not a switch level", file, number)
+        for name in _hostlist(pairs["nodes"], file, number, "Nodes") if "nodes" in pairs else ():
+            if name not in found or int(level) < found[name][0]:
+                found[name] = (int(level), pairs["switchname"])
+    return {name: switch for name, (_, switch) in found.items()}
+
+
 def _hostlist(expression: str, file: str, line: int, what: str) -> list[str]:
     try:
         names = hostlist.expand_hostlist(expression, allow_duplicates=True)
@@ -342,6 +353,7 @@ def _ports(text: str, file: str, line: int) -> list[int]:
 
 SINFO_TIMEOUT_S = 30
 LIVE_SOURCE = "sinfo"  # what errors from a live partition name as their file
+LIVE_TOPOLOGY = "scontrol show topology"  # and those from its topology
 
 
 def parse_partition_sinfo(text: str) -> list[tuple[str, str]]:
@@ -370,16 +382,34 @@ def live_partition_nodes(partition: str) -> list[SlurmNode]:
             for name, address in found]
 
 
+def live_leaves() -> dict[str, str]:
+    """Each node's leaf switch as the live Slurm's topology/tree has it (`scontrol show
+    topology`: Level=0 switches list their nodes, the ones above all theirs); {} where Slurm has
+    no topology ("No topology information available", on stderr with exit 0)."""
+    return parse_scontrol_topology(_client("scontrol", ["show", "topology"]))
+
+
+def parse_scontrol_topology(text: str) -> dict[str, str]:
+    """node -> leaf switch from `scontrol show topology`'s lines (SwitchName=, Level=, Nodes=)."""
+    return _leaf_switches(enumerate(text.splitlines(), 1), LIVE_TOPOLOGY)
+
+
 def _sinfo(arguments: list[str]) -> str:
+    return _client("sinfo", arguments)
+
+
+def _client(program: str, arguments: list[str]) -> str:
+    """A Slurm client's stdout; a missing client, a timeout or a failure is a SlurmConfError."""
+    source = LIVE_SOURCE if program == "sinfo" else LIVE_TOPOLOGY
     try:
-        done = subprocess.run(["sinfo", *arguments], capture_output=True, text=True,
+        done = subprocess.run([program, *arguments], capture_output=True, text=True,
                               timeout=SINFO_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
-        raise SlurmConfError("Slurm's sinfo is not installed here; give conf: the path of the "
-                             "cluster's slurm.conf to read it without Slurm", LIVE_SOURCE) from None
+        raise SlurmConfError(f"Slurm's {program} is not installed here; give conf: the path of the "
+                             "cluster's slurm.conf to read it without Slurm", source) from None
     except subprocess.TimeoutExpired:
-        raise SlurmConfError(f"did not answer within {SINFO_TIMEOUT_S} s", LIVE_SOURCE) from None
+        raise SlurmConfError(f"did not answer within {SINFO_TIMEOUT_S} s", source) from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise SlurmConfError(f"exited {done.returncode}: {last}", LIVE_SOURCE)
+        raise SlurmConfError(f"exited {done.returncode}: {last}", source)
     return done.stdout

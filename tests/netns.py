@@ -579,11 +579,12 @@ class SlurmCluster:
     """
 
     def __init__(self, nodes: NamespaceCluster, *, partition: str = "debug", slurmd_timeout_s: int = 4,
-                 start_timeout: float = 60.0):
+                 start_timeout: float = 60.0, topology: Optional[str] = None):
         if not nodes.nodes:
             raise ValueError("start the namespace cluster first")
         self.nodes = nodes
         self.partition = partition
+        self.topology = topology  # topology.conf's text, for TopologyPlugin=topology/tree; None: none
         self.slurmd_timeout_s = slurmd_timeout_s
         self.start_timeout = start_timeout
         self.dir = SLURM_RUN_DIR / f"{os.getpid()}-{nodes.subnet.network_address.packed[2]}"
@@ -634,6 +635,8 @@ class SlurmCluster:
             start_new_session=True)
         self._wait_for(lambda: self.socket.exists(), "munged's socket", munge_dir / "munged.log")
         self.conf.write_text(self._config())
+        if self.topology is not None:
+            (self.dir / "topology.conf").write_text(self.topology)
         with open(self.dir / "slurmctld.out", "ab") as out:
             self._slurmctld = subprocess.Popen(
                 [str(SLURMCTLD), "-D", "-i", "-f", str(self.conf)], env=self.env,
@@ -665,6 +668,7 @@ class SlurmCluster:
             "AccountingStorageType=accounting_storage/none", "MpiDefault=none",
             "ReturnToService=2", f"SlurmdTimeout={self.slurmd_timeout_s}", "InactiveLimit=0",
             "KillWait=2", "MinJobAge=5", "SlurmdParameters=config_overrides",
+            *(["TopologyPlugin=topology/tree"] if self.topology is not None else []),
         ]
         lines += [f"NodeName={node.name} NodeAddr={node.address} CPUs=16 State=UNKNOWN"
                   for node in self.nodes.nodes]

@@ -28,7 +28,7 @@ from inventory.ansible_inventory import (
     read_ansible_inventory,
 )
 from inventory.loader import InventoryError, load_inventory
-from inventory.slurm_conf import SlurmConfError, read_slurm_conf
+from inventory.slurm_conf import SlurmConfError, parse_scontrol_topology, read_slurm_conf
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM = REPO / "tests" / "data" / "slurm"
@@ -589,3 +589,14 @@ def test_slurm_nodes_take_their_leaf_switch_from_topology_conf_beside_slurm_conf
     with pytest.raises(SlurmConfError) as caught:
         read_slurm_conf(conf)
     assert str(caught.value).startswith(f"{tmp_path / 'topology.conf'}:1: Nodes=dev[0-5: not a hostlist expression")
+
+
+def test_scontrol_show_topology_gives_each_node_its_lowest_switch():
+    """Slurm 22.05's real `scontrol show topology` (tests/data/slurm-clients): the spine s2 lists
+    every node at Level=1, each node's leaf is its Level=0 switch."""
+    text = (REPO / "tests" / "data" / "slurm-clients" / "scontrol_show_topology_tree.stdout").read_text()
+    assert parse_scontrol_topology(text) == {"node1": "s0", "node2": "s0", "node3": "s1", "node4": "s1"}
+    assert parse_scontrol_topology("") == {}  # no TopologyPlugin: the message is on stderr
+    with pytest.raises(SlurmConfError) as caught:
+        parse_scontrol_topology("SwitchName=s0 Level=x Nodes=node1\n")
+    assert str(caught.value) == "scontrol show topology:1: Level=x: not a switch level"

@@ -113,11 +113,30 @@ def test_live_partition_resolves_through_sinfo(slurm_nodes, tmp_path, monkeypatc
     cluster = load_inventory(path)
     assert [(n.name, n.address, n.source) for n in cluster.nodes] == [
         (node.name, node.address, "sinfo partition debug") for node in nodes.nodes]
+    assert {n.leaf for n in cluster.nodes} == {None}  # this Slurm has no topology
     path.write_text(path.read_text().replace("partition: debug", "partition: gpu"))
     with pytest.raises(InventoryError) as caught:
         load_inventory(path)
     assert str(caught.value) == (f"{path}:5: nodes[0].slurm: partition 'gpu' from the live Slurm (sinfo): "
                                  "Slurm has no partition 'gpu' (or it has no nodes); partitions: debug")
+
+
+TREE = "SwitchName=s0 Nodes=node1\nSwitchName=s1 Nodes=node2\nSwitchName=s2 Switches=s[0-1]\n"
+
+
+def test_nodes_sit_under_the_leaf_switch_of_slurms_topology(ns_cluster_factory, tmp_path, monkeypatch):
+    """A Slurm of its own with TopologyPlugin=topology/tree (node1 under s0, node2 under s1, s2
+    above both): the live partition (sinfo, then `scontrol show topology`) and its slurm.conf with
+    the topology.conf beside it place each node under its leaf, as Slurm itself does."""
+    available, why = slurm_available()
+    if not available:
+        pytest.skip(why)
+    with SlurmCluster(ns_cluster_factory(2), topology=TREE) as slurm:
+        monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+        path = tmp_path / "tree.yaml"
+        for source in ("{partition: debug}", f"{{conf: {slurm.conf}, partition: debug}}"):
+            path.write_text(f"cluster: tree\nprofile: cpu-only\ntransport: slurm\nnodes:\n  - {{slurm: {source}}}\n")
+            assert [(n.name, n.leaf) for n in load_inventory(path).nodes] == [("node1", "s0"), ("node2", "s1")]
 
 
 def test_a_fan_out_past_its_deadline_cancels_the_step(slurm_nodes, tmp_path, monkeypatch):
