@@ -390,8 +390,11 @@ def live_leaves() -> dict[str, str]:
 
 
 def parse_scontrol_topology(text: str) -> dict[str, str]:
-    """node -> leaf switch from `scontrol show topology`'s lines (SwitchName=, Level=, Nodes=)."""
-    return _leaf_switches(enumerate(text.splitlines(), 1), LIVE_TOPOLOGY)
+    """node -> leaf switch from `scontrol show topology`'s SwitchName= lines (Level=, Nodes=);
+    another plugin's lines (topology/block's BlockName=) place no node under a switch."""
+    lines = enumerate(text.splitlines(), 1)
+    return _leaf_switches(((n, line) for n, line in lines if line.lstrip().lower().startswith("switchname=")),
+                          LIVE_TOPOLOGY)
 
 
 def _sinfo(arguments: list[str]) -> str:

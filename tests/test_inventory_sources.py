@@ -597,6 +597,7 @@ def test_scontrol_show_topology_gives_each_node_its_lowest_switch():
     text = (REPO / "tests" / "data" / "slurm-clients" / "scontrol_show_topology_tree.stdout").read_text()
     assert parse_scontrol_topology(text) == {"node1": "s0", "node2": "s0", "node3": "s1", "node4": "s1"}
     assert parse_scontrol_topology("") == {}  # no TopologyPlugin: the message is on stderr
+    assert parse_scontrol_topology("BlockName=b1 BlockIndex=0 Nodes=node[1-4] BlockSize=4\n") == {}
     with pytest.raises(SlurmConfError) as caught:
         parse_scontrol_topology("SwitchName=s0 Level=x Nodes=node1\n")
     assert str(caught.value) == "scontrol show topology:1: Level=x: not a switch level"
