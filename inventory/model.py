@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
 TRANSPORTS = ("ssh", "local", "slurm")
@@ -52,6 +52,14 @@ class Node:
     leaf: Optional[str] = None
     # Where the node was listed: "yaml", "slurm.conf PATH partition NAME", "ansible PATH group NAME".
     source: str = "yaml"
+
+
+def placement(nodes: Iterable[Node]) -> tuple[str, dict[str, Optional[str]]]:
+    """How to group nodes by where they sit: ("rack", node -> rack) where the inventory gives any
+    node a rack, else ("leaf", node -> leaf switch); None for a node it does not place."""
+    nodes = list(nodes)
+    level = "rack" if any(node.rack for node in nodes) else "leaf"
+    return level, {node.name: getattr(node, level) for node in nodes}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import pytest
 
 from handover.failures import ExpectationFailure, NodeUnreachable, PerformanceFailure, SanityFailure
 from handover.plugin import ProgressDisplay
+from inventory.model import placement
 from reports.results import outliers
 from runners import soak as soaking
 from suites.checks import Metrics, describe_kernel_events, fail_on_critical_kernel_events, kernel_log_of
@@ -315,14 +316,16 @@ def test_soak_links(soak, node, record):
 def test_soak_trends(soak, acceptance, record):
     """Temperature, power and throughput against time: a line per node, worst first (above
     TREND_NODES nodes, the WORST_SHOWN worst and the median of all); where the inventory places
-    the nodes in two racks or more, a median line per rack as well, worst first the same way."""
+    the nodes in two racks or more (else under two leaf switches or more), a median line per rack
+    (leaf) as well, worst first the same way."""
     started = soak.plan.started
-    racks = {node: acceptance.cluster.node(node).rack for node in soak.logs}
+    level, places = placement(acceptance.cluster.node(node) for node in soak.logs)
     drawn = 0
     for kind, key, label, unit, high_is_bad in TRENDS:
         lines = {node: soaking.trend(log, key, started) for node, log in soak.logs.items()}
+        grouped = soaking.group_lines(lines, places)
         for title, chosen, of in ((f"soak {kind}: {label}", lines, "nodes"),
-                                  (f"soak {kind} by rack: {label}", soaking.group_lines(lines, racks), "racks")):
+                                  (f"soak {kind} by {level}: {label}", grouped, f"{level}s")):
             shown = soaking.worst_first(chosen, high_is_bad=high_is_bad, shown_max=TREND_NODES,
                                         worst_shown=WORST_SHOWN, of=of)
             if shown:
