@@ -55,11 +55,15 @@ class Node:
 
 
 def placement(nodes: Iterable[Node]) -> tuple[str, dict[str, Optional[str]]]:
-    """How to group nodes by where they sit: ("rack", node -> rack) where the inventory gives any
-    node a rack, else ("leaf", node -> leaf switch); None for a node it does not place."""
+    """How to group nodes by where they sit, as the report does (reports.html._places): ("rack",
+    node -> rack) where they sit in two places or more by rack (nodes placed nowhere are one),
+    else ("leaf", node -> leaf switch); None for a node not placed so."""
     nodes = list(nodes)
-    level = "rack" if any(node.rack for node in nodes) else "leaf"
-    return level, {node.name: getattr(node, level) for node in nodes}
+    for level in ("rack", "leaf"):
+        places = {node.name: getattr(node, level) for node in nodes}
+        if len(set(places.values())) >= 2:
+            return level, places
+    return "rack", {node.name: node.rack for node in nodes}
 
 
 @dataclass(frozen=True)

@@ -902,11 +902,13 @@ def test_a_wrong_file_is_quoted_by_its_start_and_length_not_whole(tmp_path):
 
 
 def test_nodes_are_placed_by_rack_where_any_has_one_else_by_leaf(tmp_path):
-    """`placement`: racks where the inventory gives any (the soak's and the report's grouping),
+    """`placement`: racks where they tell nodes apart (the soak's grouping, as the report's),
     else leaf switches; a node placed nowhere is None."""
     path = tmp_path / "placed.yaml"
     path.write_text("cluster: c\nprofile: cpu-only\nnodes: ['n[1-3]']\ngroups:\n"
                     "  a: {nodes: 'n[1-2]', leaf: l1}\n  b: {nodes: n3, leaf: l2, rack: r9}\n")
     assert placement(load_inventory(path).nodes) == ("rack", {"n1": None, "n2": None, "n3": "r9"})
     path.write_text(path.read_text().replace(", rack: r9", ""))
+    assert placement(load_inventory(path).nodes) == ("leaf", {"n1": "l1", "n2": "l1", "n3": "l2"})
+    path.write_text(path.read_text() + "  all: {nodes: 'n[1-3]', rack: r1}\n")  # one rack, two leaves
     assert placement(load_inventory(path).nodes) == ("leaf", {"n1": "l1", "n2": "l1", "n3": "l2"})
