@@ -31,6 +31,7 @@ from yaml.constructor import ConstructorError, SafeConstructor
 from inventory.model import (
     ENGINES,
     HOST_KEY_POLICIES,
+    PLACES,
     SCRATCH_KINDS,
     SOAK_MIX_COUNTS,
     SOAK_MIX_DEFAULTS,
@@ -65,9 +66,7 @@ ADDRESS_PATTERN = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")
 USER_PATTERN = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$\\-]*")
 
 SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "host_keys", "jump", "connect_timeout")
-# Where a node sits in the fabric (rack, leaf switch): pair schedules and collectives group by them.
-PLACEMENT_KEYS = ("rack", "leaf")
-NODE_SETTING_KEYS = SSH_KEYS + ("python", "sudo") + PLACEMENT_KEYS
+NODE_SETTING_KEYS = SSH_KEYS + ("python", "sudo") + PLACES
 # These may be set to null in a group or node mapping to undo a cluster-wide value (e.g. no jump).
 NULLABLE_SETTINGS = ("user", "port", "identity_file", "known_hosts", "jump")
 

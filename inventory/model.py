@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
 TRANSPORTS = ("ssh", "local", "slurm")
@@ -54,16 +54,25 @@ class Node:
     source: str = "yaml"
 
 
+# Where a node sits in the fabric, coarsest first (inventory `rack:`, `leaf:`): pair schedules,
+# collectives, the soak's trends and the report's picture group by them.
+PLACES = ("rack", "leaf")
+
+
 def placement(nodes: Iterable[Node]) -> tuple[str, dict[str, Optional[str]]]:
-    """How to group nodes by where they sit, as the report does (reports.html._places): ("rack",
-    node -> rack) where they sit in two places or more by rack (nodes placed nowhere are one),
-    else ("leaf", node -> leaf switch); None for a node not placed so."""
-    nodes = list(nodes)
-    for level in ("rack", "leaf"):
-        places = {node.name: getattr(node, level) for node in nodes}
-        if len(set(places.values())) >= 2:
-            return level, places
-    return "rack", {node.name: node.rack for node in nodes}
+    """How to group nodes by where they sit (see place_by), for the soak's trends."""
+    return place_by({node.name: {"rack": node.rack, "leaf": node.leaf} for node in nodes})
+
+
+def place_by(places: Mapping[str, Mapping[str, Optional[str]]]) -> tuple[str, dict[str, Optional[str]]]:
+    """node -> {rack, leaf} -> (level, node -> its rack or leaf): by rack where the nodes sit in two
+    places or more so (nodes placed nowhere are one), else by leaf; ("", {}) where neither tells
+    them apart. The soak's trends and the report's picture group by it."""
+    for level in PLACES:
+        chosen = {name: at.get(level) or None for name, at in places.items()}
+        if len(set(chosen.values())) >= 2:
+            return level, chosen
+    return "", {}
 
 
 @dataclass(frozen=True)

@@ -372,10 +372,10 @@ def parse_partition_sinfo(text: str) -> list[tuple[str, str]]:
 def live_partition_nodes(partition: str) -> list[SlurmNode]:
     """The nodes of a partition as the Slurm this machine is a client of says (sinfo), with each
     node's NodeAddr; a missing client, an unknown partition or an error is a SlurmConfError."""
-    listed = _sinfo(["-h", "-N", "-p", partition, "-o", "%N|%o"])
+    listed = _client(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%o"], LIVE_SOURCE)
     found = parse_partition_sinfo(listed)
     if not found:
-        known = sorted(set(_sinfo(["-h", "-o", "%R"]).split()))
+        known = sorted(set(_client(["sinfo", "-h", "-o", "%R"], LIVE_SOURCE).split()))
         raise SlurmConfError(f"Slurm has no partition {partition!r} (or it has no nodes); "
                              f"partitions: {', '.join(known) or '(none)'}", LIVE_SOURCE)
     return [SlurmNode(name, name, address, None, (), LIVE_SOURCE, 0, address != name)
@@ -386,7 +386,7 @@ def live_leaves() -> dict[str, str]:
     """Each node's leaf switch as the live Slurm's topology/tree has it (`scontrol show
     topology`: Level=0 switches list their nodes, the ones above all theirs); {} where Slurm has
     no topology ("No topology information available", on stderr with exit 0)."""
-    return parse_scontrol_topology(_client("scontrol", ["show", "topology"]))
+    return parse_scontrol_topology(_client(["scontrol", "show", "topology"], LIVE_TOPOLOGY))
 
 
 def parse_scontrol_topology(text: str) -> dict[str, str]:
@@ -397,15 +397,12 @@ def parse_scontrol_topology(text: str) -> dict[str, str]:
                           LIVE_TOPOLOGY)
 
 
-def _sinfo(arguments: list[str]) -> str:
-    return _client("sinfo", arguments)
-
-
-def _client(program: str, arguments: list[str]) -> str:
-    """A Slurm client's stdout; a missing client, a timeout or a failure is a SlurmConfError."""
-    source = LIVE_SOURCE if program == "sinfo" else LIVE_TOPOLOGY
+def _client(argv: list[str], source: str) -> str:
+    """A Slurm client's stdout; a missing client, a timeout or a failure is a SlurmConfError
+    naming `source` as its file."""
+    program = argv[0]
     try:
-        done = subprocess.run([program, *arguments], capture_output=True, text=True,
+        done = subprocess.run(argv, capture_output=True, text=True,
                               timeout=SINFO_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
         raise SlurmConfError(f"Slurm's {program} is not installed here; give conf: the path of the "

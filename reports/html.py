@@ -28,11 +28,12 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
+from inventory.model import place_by
 from reports.bundle import CHECKSUMS_FILE, MANIFEST_FILES
 from reports.curves import CurveChart, build_curves, nice_ticks
 from reports.files import write_atomically
 from reports.hostlists import hostlist_of
-from reports.results import PLACES, RESULTS_FILE
+from reports.results import RESULTS_FILE
 from reports.retest import addendum_view
 from reports.soak_view import SoakTable, soak_table
 from reports.verdict import FLEET_NODES, masked_node_words
@@ -550,16 +551,16 @@ NOT_PLACED = "not placed"
 
 
 def _places(node_entries: list[dict]) -> dict:
-    """The nodes by rack, or by leaf where no rack is given (results.json nodes[].rack, .leaf),
-    racks in the order their first node runs; nothing unless the nodes sit in two places or more."""
-    for level in PLACES:
-        by_place: dict[str, list[tuple[str, str]]] = {}
-        for entry in node_entries:
-            place = text(entry.get(level)) or NOT_PLACED
-            by_place.setdefault(place, []).append((text(entry.get("name")), text(entry.get("status"))))
-        if len(by_place) >= 2:  # two racks, or a rack and nodes placed in none
-            return {"place_level": level, "places": [Place(name, nodes) for name, nodes in by_place.items()]}
-    return {}
+    """The nodes by rack, or by leaf (results.json nodes[].rack, .leaf; inventory.model.place_by
+    chooses), places in the order their first node runs; nothing where neither tells them apart."""
+    level, place_of = place_by({text(entry.get("name")): entry for entry in node_entries})
+    if not level:
+        return {}
+    by_place: dict[str, list[tuple[str, str]]] = {}
+    for entry in node_entries:
+        name = text(entry.get("name"))
+        by_place.setdefault(text(place_of[name]) or NOT_PLACED, []).append((name, text(entry.get("status"))))
+    return {"place_level": level, "places": [Place(place, nodes) for place, nodes in by_place.items()]}
 
 
 def _attention(node_entries: list[dict], node_warnings: dict[str, list[str]], fleet: bool) -> list[dict]:

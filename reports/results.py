@@ -33,7 +33,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-from inventory.model import OutlierRule
+from inventory.model import PLACES, OutlierRule
 from reports.files import write_atomically
 from reports.ledger import RunRecord
 from reports.schema import validate_results
@@ -48,7 +48,6 @@ RATE_UNITS = ("IOPS",)  # rates without "/s" in their unit: low is bad
 TIME_UNITS = ("s", "ms", "us", "µs", "ns")  # times (latency, step time): high is bad
 DEFAULT_OUTLIER_RULE = OutlierRule()  # a profile without `outliers:`
 EXPECT_OVERRIDE_KEYS = ("key", "value", "profile_value", "reason")
-PLACES = ("rack", "leaf")  # where the inventory placed a node: results.json nodes[].rack, .leaf
 RESULTS_FILE = "results.json"
 METRICS_CSV = "metrics.csv"
 
