@@ -849,12 +849,12 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
 
     The files are read, never run (inventory/slurm_conf.py, inventory/ansible_inventory.py), and
     what they say is data: each node's name, address, from Ansible its port, user and key, and from
-    Slurm's topology.conf its leaf switch, as the node's own settings (over the inventory's groups
-    and ssh:). slurm.conf's Port is slurmd's, not SSH's, so it is not used. Without conf:, the
+    Slurm's topology its leaf switch and rack (its block), as the node's own settings (over the
+    inventory's groups and ssh:). slurm.conf's Port is slurmd's, not SSH's, so it is not used. Without conf:, the
     partition is read from the live Slurm (`sinfo`).
     """
     from inventory.ansible_inventory import read_ansible_inventory
-    from inventory.slurm_conf import live_leaves, live_partition_nodes, read_slurm_conf
+    from inventory.slurm_conf import live_partition_nodes, live_places, read_slurm_conf
 
     fields = _fields(item, SOURCE_KEYS)
     if len(fields) != 1:
@@ -872,9 +872,8 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
                     live = live_partition_nodes(name)
                 except SourceFileError as exc:
                     raise at.whole_error(f"partition {name!r} from the live Slurm (sinfo): {exc.problem}") from None
-                leaves = live_leaves()
-                found = [(n.name, n.address if n.address_given else None,
-                          {"leaf": leaves[n.name]} if n.name in leaves else {}) for n in live]
+                places = live_places()
+                found = [(n.name, n.address if n.address_given else None, places.of(n.name)) for n in live]
             else:
                 written = _string(spec["conf"])
                 conf = read_slurm_conf(_path_setting(spec["conf"]))
@@ -885,8 +884,7 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
                                                            conf.partitions, "partitions"))
                 source = f"slurm.conf {written} partition {name}"
                 empty = f"partition {name!r} in {shown} has no nodes"
-                found = [(n.name, n.address if n.address_given else None,
-                          {"leaf": conf.leaves[n.name]} if n.name in conf.leaves else {})
+                found = [(n.name, n.address if n.address_given else None, conf.places.of(n.name))
                          for n in conf.partition_nodes(name)]
         else:
             spec = _fields(at, ("inventory", "group"), required=("inventory", "group"))
@@ -915,9 +913,10 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
             raise item.error(f"node {name!r} from {source}: address {address!r} is not a host name or IP address")
         if "user" in settings and not USER_PATTERN.fullmatch(settings["user"]):
             raise item.error(f"node {name!r} from {source}: user {settings['user']!r} is not a login name")
-        if "leaf" in settings and not NAME_PATTERN.fullmatch(settings["leaf"]):
-            raise item.error(f"node {name!r} from {source}: leaf switch {settings['leaf']!r} (topology.conf) "
-                             f"is not a name; {NAME_RULE}")
+        for place, what in (("leaf", "leaf switch"), ("rack", "block")):
+            if place in settings and not NAME_PATTERN.fullmatch(settings[place]):
+                raise item.error(f"node {name!r} from {source}: {what} {settings[place]!r} (Slurm's topology) "
+                                 f"is not a name; {NAME_RULE}")
         entries.append(_NodeEntry(name, item, address, {k: _Setting(v, item) for k, v in settings.items()},
                                   source=source, files=files))
     return entries

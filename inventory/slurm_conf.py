@@ -13,9 +13,13 @@ as Slurm's parser reads them (src/common/parse_config.c, read_config.c, node_con
   the names one by one (or one value for all), `NodeName=DEFAULT` merged into the lines after it;
 - `NodeSet=` (by `Nodes=` and/or `Feature=`) and `PartitionName=` with `Nodes=ALL`, nodesets and
   hostlists, `PartitionName=DEFAULT` likewise;
-- with `TopologyPlugin=topology/tree`, the topology.conf beside slurm.conf (where Slurm reads it,
-  topology.conf(5)): each node's leaf switch, the first `SwitchName=` whose `Nodes=` lists it
-  (`Switches=` lines join switches above the leaves, and are passed over).
+- where the nodes sit, from the topology files beside slurm.conf (where Slurm reads them): with
+  `TopologyPlugin=topology/tree`, topology.conf's leaf switch of each node, the first
+  `SwitchName=` whose `Nodes=` lists it (`Switches=` lines join switches above the leaves, and are
+  passed over); with `topology/block`, its `BlockName=` as the node's rack (a block is the set of
+  nodes on one low-latency domain: a GB200 NVL72 rack's NVLink, a scalable unit); a
+  topology.yaml, which Slurm reads instead of topology.conf where it exists (topology.yaml(5)),
+  gives both from its tree and block topologies, the `cluster_default` one first.
 
 Every other line and option is ignored. A partition's nodes come in the order of their NodeName
 lines (Slurm keeps a partition as a bitmap over that table). Nothing here runs anything.
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional, Union
 
 import hostlist
+import yaml
 
 from inventory.source_error import SourceFileError
 
@@ -62,13 +67,26 @@ class _Record:
 
 
 @dataclass(frozen=True)
+class SlurmPlaces:
+    """Where Slurm's topology puts each node: under a leaf switch (topology/tree), in a block
+    (topology/block), which handover takes as the node's rack."""
+
+    leaves: dict[str, str]  # node -> its leaf switch
+    racks: dict[str, str]  # node -> its block
+
+    def of(self, node: str) -> dict[str, str]:
+        """The node's `leaf` and `rack` settings, those Slurm gives."""
+        return {key: at[node] for key, at in (("leaf", self.leaves), ("rack", self.racks)) if node in at}
+
+
+@dataclass(frozen=True)
 class SlurmConf:
     path: str  # the file that was read (includes are inside it)
     nodes: dict[str, SlurmNode]  # in NodeName order
     partitions: dict[str, _Record]
     nodesets: dict[str, _Record]
     files: tuple[str, ...] = ()  # every file read, includes too, in reading order
-    leaves: dict[str, str] = field(default_factory=dict)  # node -> its leaf switch (topology.conf)
+    places: SlurmPlaces = field(default_factory=lambda: SlurmPlaces({}, {}))
 
     def partition_nodes(self, name: str) -> list[SlurmNode]:
         """The partition's nodes in NodeName order; an unknown partition names those there are."""
@@ -107,7 +125,9 @@ _KEY_VALUE = re.compile(r'\s*([A-Za-z0-9_.]+)\s*([-*+/]?)=\s*(?:"([^"]*)"|(\S+))
 _INCLUDE = re.compile(r"include\s+(\S+)", re.IGNORECASE)
 _NEEDED = ("nodename", "nodeset", "partitionname")
 TREE_TOPOLOGY = "topology/tree"
+BLOCK_TOPOLOGY = "topology/block"
 TOPOLOGY_FILE = "topology.conf"
+TOPOLOGY_YAML = "topology.yaml"  # Slurm 25.05 and later; where it exists topology.conf is ignored
 
 
 def read_slurm_conf(path: Union[str, os.PathLike]) -> SlurmConf:
@@ -115,8 +135,8 @@ def read_slurm_conf(path: Union[str, os.PathLike]) -> SlurmConf:
     top = os.path.normpath(os.path.abspath(path))
     reader = _Reader(top)
     reader.read(top, ())
-    leaves = reader.read_topology() if (reader.topology or "").lower() == TREE_TOPOLOGY else {}
-    return SlurmConf(top, reader.nodes, reader.partitions, reader.nodesets, tuple(reader.files), leaves)
+    places = reader.read_topology()
+    return SlurmConf(top, reader.nodes, reader.partitions, reader.nodesets, tuple(reader.files), places)
 
 
 class _Reader:
@@ -151,14 +171,22 @@ class _Reader:
                 pairs = _pairs(line, file, line_number)
                 getattr(self, f"_{key}")(pairs, file, line_number)
 
-    def read_topology(self) -> dict[str, str]:
-        """Each node's leaf switch from the topology.conf beside slurm.conf; {} without one."""
-        file = os.path.join(os.path.dirname(self.top), TOPOLOGY_FILE)
-        if not os.path.isfile(file):
-            return {}
-        text = _text(file, ())
-        self.files.append(file)
-        return _leaf_switches(_logical_lines(text), file)
+    def read_topology(self) -> SlurmPlaces:
+        """Where the topology file beside slurm.conf that Slurm would read places each node:
+        topology.yaml where it exists, else topology.conf as TopologyPlugin reads it."""
+        here = os.path.dirname(self.top)
+        plugin = (self.topology or "").lower()
+        yaml_file, conf_file = os.path.join(here, TOPOLOGY_YAML), os.path.join(here, TOPOLOGY_FILE)
+        if os.path.isfile(yaml_file):
+            self.files.append(yaml_file)
+            return _topology_yaml_places(_text(yaml_file, ()), yaml_file)
+        if plugin not in (TREE_TOPOLOGY, BLOCK_TOPOLOGY) or not os.path.isfile(conf_file):
+            return SlurmPlaces({}, {})
+        self.files.append(conf_file)
+        lines = _logical_lines(_text(conf_file, ()))
+        if plugin == TREE_TOPOLOGY:
+            return SlurmPlaces(_leaf_switches(lines, conf_file), {})
+        return SlurmPlaces({}, _blocks(lines, conf_file))
 
     def _include_path(self, written: str, file: str, line: int) -> str:
         if "*" in written:
@@ -328,6 +356,76 @@ def _leaf_switches(lines: Iterable[tuple[int, str]], file: str) -> dict[str, str
     return {name: switch for name, (_, switch) in found.items()}
 
 
+def _blocks(lines: Iterable[tuple[int, str]], file: str) -> dict[str, str]:
+    """node -> its block from topology/block lines (topology.conf, `scontrol show topology`):
+    the first `BlockName=` whose `Nodes=` lists it; the `BlockSizes=` line places no node."""
+    found: dict[str, str] = {}
+    for number, line in lines:
+        if not line.strip():
+            continue
+        pairs = _pairs(line, file, number)
+        if "blocksizes" in pairs and "blockname" not in pairs:
+            continue
+        if "blockname" not in pairs:
+            raise SlurmConfError("a topology/block line starts with BlockName= or BlockSizes=", file, number)
+        for name in _hostlist(pairs["nodes"], file, number, "Nodes") if "nodes" in pairs else ():
+            found.setdefault(name, pairs["blockname"])
+    return found
+
+
+def _topology_yaml_places(text: str, file: str) -> SlurmPlaces:
+    """Leaves and racks from topology.yaml's `tree` and `block` topologies (`flat` places no
+    node), the first `cluster_default: true` one first, then the others in the file's order; a
+    node keeps the first place it is given. Errors name the file and the YAML line."""
+    try:
+        document = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise SlurmConfError(f"not YAML: {getattr(exc, 'problem', exc)}", file,
+                             mark.line + 1 if mark else None) from None
+    topologies = _yaml_list(document, file, "its top level (a list of topologies)") if document else []
+    entries = [_yaml_map(entry, file, "a topology") for entry in topologies]
+    entries.sort(key=lambda entry: _yaml_scalar(entry.get("cluster_default"), file).lower() != "true")
+    leaves: dict[str, str] = {}
+    racks: dict[str, str] = {}
+    for entry in entries:
+        for kind, key, found in (("tree", "switches", leaves), ("block", "blocks", racks)):
+            if kind not in entry:
+                continue
+            body = _yaml_map(entry[kind], file, f"{kind}:")
+            for item in _yaml_list(body.get(key), file, f"{kind}: {key}:") if key in body else []:
+                fields = _yaml_map(item, file, f"an item of {key}:")
+                named = "switch" if kind == "tree" else "block"
+                if named not in fields:
+                    raise SlurmConfError(f"an item of {key}: has no {named}:", file, item.start_mark.line + 1)
+                owner = _yaml_scalar(fields[named], file)
+                if "nodes" in fields:  # in a tree only the leaf switches list nodes
+                    nodes = fields["nodes"]
+                    for name in _hostlist(_yaml_scalar(nodes, file), file, nodes.start_mark.line + 1, "nodes"):
+                        found.setdefault(name, owner)
+    return SlurmPlaces(leaves, racks)
+
+
+def _yaml_map(node: Optional[yaml.Node], file: str, what: str) -> dict[str, yaml.Node]:
+    if not isinstance(node, yaml.MappingNode):
+        raise SlurmConfError(f"{what} is not a mapping", file, node.start_mark.line + 1 if node else None)
+    return {key.value: value for key, value in node.value if isinstance(key, yaml.ScalarNode)}
+
+
+def _yaml_list(node: Optional[yaml.Node], file: str, what: str) -> list[yaml.Node]:
+    if not isinstance(node, yaml.SequenceNode):
+        raise SlurmConfError(f"{what} is not a list", file, node.start_mark.line + 1 if node else None)
+    return list(node.value)
+
+
+def _yaml_scalar(node: Optional[yaml.Node], file: str) -> str:
+    if node is None:
+        return ""
+    if not isinstance(node, yaml.ScalarNode):
+        raise SlurmConfError("expected a single value", file, node.start_mark.line + 1)
+    return str(node.value)
+
+
 def _hostlist(expression: str, file: str, line: int, what: str) -> list[str]:
     try:
         names = hostlist.expand_hostlist(expression, allow_duplicates=True)
@@ -382,19 +480,23 @@ def live_partition_nodes(partition: str) -> list[SlurmNode]:
             for name, address in found]
 
 
-def live_leaves() -> dict[str, str]:
-    """Each node's leaf switch as the live Slurm's topology/tree has it (`scontrol show
-    topology`: Level=0 switches list their nodes, the ones above all theirs); {} where Slurm has
-    no topology ("No topology information available", on stderr with exit 0)."""
+def live_places() -> SlurmPlaces:
+    """Where the live Slurm's topology places each node (`scontrol show topology`): topology/tree's
+    Level=0 switches list their nodes (the ones above all theirs), topology/block's blocks theirs;
+    none where Slurm has no topology ("No topology information available", on stderr, exit 0)."""
     return parse_scontrol_topology(_client(["scontrol", "show", "topology"], LIVE_TOPOLOGY))
 
 
-def parse_scontrol_topology(text: str) -> dict[str, str]:
-    """node -> leaf switch from `scontrol show topology`'s SwitchName= lines (Level=, Nodes=);
-    another plugin's lines (topology/block's BlockName=) place no node under a switch."""
-    lines = enumerate(text.splitlines(), 1)
-    return _leaf_switches(((n, line) for n, line in lines if line.lstrip().lower().startswith("switchname=")),
-                          LIVE_TOPOLOGY)
+def parse_scontrol_topology(text: str) -> SlurmPlaces:
+    """Leaves and racks from `scontrol show topology`: SwitchName= lines (Level=, Nodes=) give
+    each node's leaf switch, BlockName= lines (BlockIndex=, Nodes=, BlockSize=) its block."""
+    lines = list(enumerate(text.splitlines(), 1))
+
+    def starting(key: str) -> list[tuple[int, str]]:
+        return [(n, line) for n, line in lines if line.lstrip().lower().startswith(key)]
+
+    return SlurmPlaces(_leaf_switches(starting("switchname="), LIVE_TOPOLOGY),
+                       _blocks(starting("blockname="), LIVE_TOPOLOGY))
 
 
 def _client(argv: list[str], source: str) -> str:

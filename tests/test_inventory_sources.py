@@ -28,7 +28,7 @@ from inventory.ansible_inventory import (
     read_ansible_inventory,
 )
 from inventory.loader import InventoryError, load_inventory
-from inventory.slurm_conf import SlurmConfError, parse_scontrol_topology, read_slurm_conf
+from inventory.slurm_conf import SlurmConfError, SlurmPlaces, parse_scontrol_topology, read_slurm_conf
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM = REPO / "tests" / "data" / "slurm"
@@ -583,7 +583,7 @@ def test_slurm_nodes_take_their_leaf_switch_from_topology_conf_beside_slurm_conf
     (tmp_path / "topology.conf").write_text("SwitchName=s9 Nodes=dev[0-25]\n")
     assert {node.leaf for node in load_inventory(path).nodes} == {"s9"} and load_inventory(path).digest != before
     conf.write_text((SLURM / "schedmd_man5_example_slurm.conf").read_text())
-    assert read_slurm_conf(conf).leaves == {}
+    assert read_slurm_conf(conf).places == SlurmPlaces({}, {})
     (tmp_path / "topology.conf").write_text("SwitchName=s0 Nodes=dev[0-5\n")
     conf.write_text(conf.read_text() + "TopologyPlugin=topology/tree\n")
     with pytest.raises(SlurmConfError) as caught:
@@ -595,9 +595,74 @@ def test_scontrol_show_topology_gives_each_node_its_lowest_switch():
     """Slurm 22.05's real `scontrol show topology` (tests/data/slurm-clients): the spine s2 lists
     every node at Level=1, each node's leaf is its Level=0 switch."""
     text = (REPO / "tests" / "data" / "slurm-clients" / "scontrol_show_topology_tree.stdout").read_text()
-    assert parse_scontrol_topology(text) == {"node1": "s0", "node2": "s0", "node3": "s1", "node4": "s1"}
-    assert parse_scontrol_topology("") == {}  # no TopologyPlugin: the message is on stderr
-    assert parse_scontrol_topology("BlockName=b1 BlockIndex=0 Nodes=node[1-4] BlockSize=4\n") == {}
+    assert parse_scontrol_topology(text) == SlurmPlaces({"node1": "s0", "node2": "s0", "node3": "s1", "node4": "s1"},
+                                                        {})
+    assert parse_scontrol_topology("") == SlurmPlaces({}, {})  # no TopologyPlugin: the message is on stderr
     with pytest.raises(SlurmConfError) as caught:
         parse_scontrol_topology("SwitchName=s0 Level=x Nodes=node1\n")
     assert str(caught.value) == "scontrol show topology:1: Level=x: not a switch level"
+
+
+def test_scontrol_show_topology_of_blocks_gives_each_node_its_rack():
+    """topology/block (Slurm 23.11 and later; this machine's 22.05 has no such plugin, so the test
+    writes the lines, in the format topology_block.c prints: `BlockName=%s BlockIndex=%u` then
+    ` Nodes=%s`, and BlockSize=): each node's block is its rack, and no node has a leaf."""
+    text = ("BlockName=b1 BlockIndex=0 Nodes=gpu[001-004] BlockSize=4\n"
+            "BlockName=b2 BlockIndex=1 Nodes=gpu[005-008] BlockSize=4\n")
+    places = parse_scontrol_topology(text)
+    assert places.leaves == {}
+    assert places.racks == {**{f"gpu{i:03}": "b1" for i in range(1, 5)}, **{f"gpu{i:03}": "b2" for i in range(5, 9)}}
+    assert places.of("gpu005") == {"rack": "b2"} and places.of("gpu009") == {}
+
+
+def test_slurm_nodes_take_their_rack_from_topology_block(tmp_path):
+    """topology.conf's man page example for topology/block beside a slurm.conf the test writes
+    (the example's node[1-128] in one partition, `TopologyPlugin=topology/block`): each node's
+    block is its rack, the BlockSizes= line places nobody, `handover inventory` shows the rack."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("NodeName=node[1-128]\nPartitionName=gpu Nodes=ALL\nTopologyPlugin=topology/block\n")
+    shutil.copy(SLURM / "schedmd_man5_example_topology_block.conf", tmp_path / "topology.conf")
+    path = write(tmp_path, "cluster: c\nprofile: cpu-only\nnodes:\n  - {slurm: {conf: slurm.conf, partition: gpu}}\n",
+                 "inv.yaml")
+    racks = {node.name: node.rack for node in load_inventory(path).nodes}
+    assert racks == {f"node{i}": f"block{(i - 1) // 32 + 1}" for i in range(1, 129)}
+    assert {node.leaf for node in load_inventory(path).nodes} == {None}
+    shown = handover("inventory", path).stdout.splitlines()
+    assert ("nodes node[33-64] (32 nodes): address its own name, user (ssh default), port (ssh default), "
+            "rack block2; from slurm.conf slurm.conf partition gpu") in shown
+    (tmp_path / "topology.conf").write_text("BlockName=b1 Nodes=node[1-128]\nSwitchName=s0 Nodes=node1\n")
+    with pytest.raises(SlurmConfError) as caught:
+        read_slurm_conf(conf)
+    assert str(caught.value) == (f"{tmp_path / 'topology.conf'}:2: a topology/block line starts with BlockName= "
+                                 "or BlockSizes=")
+
+
+def test_topology_yaml_is_read_instead_of_topology_conf(tmp_path):
+    """topology.yaml's man page example beside a slurm.conf the test writes (node[01-16]): Slurm
+    reads it and ignores topology.conf (here one that would put every node under s9), so do we.
+    The cluster_default tree gives node01-04 their leaf, the block topology every node its rack,
+    the flat one nothing; the digest covers the file; a bad file is one line naming its line."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("NodeName=node[01-16]\nPartitionName=gpu Nodes=ALL\nTopologyPlugin=topology/tree\n")
+    (tmp_path / "topology.conf").write_text("SwitchName=s9 Nodes=node[01-16]\n")
+    shutil.copy(SLURM / "schedmd_man5_example_topology.yaml", tmp_path / "topology.yaml")
+    path = write(tmp_path, "cluster: c\nprofile: cpu-only\nnodes:\n  - {slurm: {conf: slurm.conf, partition: gpu}}\n",
+                 "inv.yaml")
+    cluster = load_inventory(path)
+    assert {node.name: (node.rack, node.leaf) for node in cluster.nodes} == {
+        f"node{i:02}": (f"b{(i - 1) // 4 + 1}", "sw_root" if i <= 4 else None) for i in range(1, 17)}
+    assert read_slurm_conf(conf).files[-1] == str(tmp_path / "topology.yaml")
+    text = (SLURM / "schedmd_man5_example_topology.yaml").read_text()
+    (tmp_path / "topology.yaml").write_text(text.replace("b2", "b9"))
+    assert load_inventory(path).digest != cluster.digest
+    (tmp_path / "topology.yaml").write_text(text.replace("    - block: b3\n", "    - name: b3\n"))
+    with pytest.raises(SlurmConfError) as caught:
+        read_slurm_conf(conf)
+    assert str(caught.value) == f"{tmp_path / 'topology.yaml'}:18: an item of blocks: has no block:"
+    (tmp_path / "topology.yaml").write_text(text.replace("node[13-16]", "node[13-16"))
+    done = handover("inventory", path)
+    assert done.returncode == 2 and done.stderr.startswith(
+        f"handover: {tmp_path / 'topology.yaml'}:21: nodes=node[13-16: not a hostlist expression")
+    (tmp_path / "topology.yaml").write_text("- topology: [\n")
+    with pytest.raises(SlurmConfError, match=r"topology.yaml:2: not YAML"):
+        read_slurm_conf(conf)
