@@ -258,7 +258,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION] = session
     config.pluginmanager.register(Recorder(session.append, session.cluster.waivers), Recorder.name)
     config.pluginmanager.register(SessionHooks(session), "handover-session")
-    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    interruption = Interruption()
+    config.pluginmanager.register(interruption, Interruption.name)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, interruption.on_signal)
 
 
 def acceptance_session(config: pytest.Config) -> AcceptanceSession:
@@ -269,10 +272,26 @@ def acceptance_session(config: pytest.Config) -> AcceptanceSession:
     return config.stash[SESSION]
 
 
-def interrupt_on_sigterm(signum, frame):
-    """A CI job cancelled or a `timeout` that fired sends SIGTERM: treat it as Ctrl-C, so the
-    work on the nodes is killed and the run is written as interrupted, not silently dropped."""
-    raise KeyboardInterrupt(f"signal {signum}")
+class Interruption:
+    """Ctrl-C, and SIGTERM (a CI job cancelled, a `timeout` that fired) treated as Ctrl-C, so the
+    work on the nodes is killed and the run is written as interrupted, never silently dropped.
+    Python drops a KeyboardInterrupt raised while a finalizer runs (a `__del__` that happened to
+    run as the signal came: it prints "Exception ignored" and goes on), so the signal is kept and
+    raised again as the test running then ends."""
+
+    name = "handover-interruption"
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        self.signum = signum
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logfinish(self) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt(f"signal {self.signum}")
 
 
 class SessionHooks:

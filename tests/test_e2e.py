@@ -230,6 +230,42 @@ def test_interrupted_run_keeps_its_results_and_can_be_reported_and_resumed(
     assert not (tmp_path / "unused").exists()
 
 
+FINALIZED_WHEN_SIGNALLED = """
+import os, signal, time
+
+
+class SignalledWhileFinalized:
+    def __del__(self):  # the signal's handler runs here, where Python prints and drops what it raises
+        os.kill(os.getpid(), signal.SIGINT)
+        started = time.monotonic()
+        while time.monotonic() - started < 0.2:
+            pass
+
+
+def test_first():
+    SignalledWhileFinalized()
+
+
+def test_second():
+    pass
+"""
+
+
+def test_ctrl_c_that_lands_in_a_finalizer_still_interrupts_the_run(sign_key, tmp_path):
+    """Python drops a KeyboardInterrupt raised while a `__del__` runs (as one did in a Slurm
+    harness run, which then went on to the end): the signal is kept and raised again when the test
+    ends, so the run stops there, marked interrupted, and the next test does not run."""
+    suite = tmp_path / "test_finalized.py"
+    suite.write_text(FINALIZED_WHEN_SIGNALLED)
+    done = run_suites(ROOT / "inventory" / "local.yaml", tmp_path / "out", sign_key, str(suite))
+    assert done.returncode == 2, done.stdout + done.stderr
+    results = results_of(run_dir_of(tmp_path / "out", "local"))
+    assert results["run"]["interrupted"] is True
+    assert [c["test_id"].split("::")[1] for c in results["checks"]] == ["test_first"]
+    assert any("1 planned check(s) have no result, e.g. " in line and line.endswith("::test_second")
+               for line in done.stdout.splitlines()), done.stdout
+
+
 def test_resume_refuses_a_different_inventory(ns_cluster, sign_key, tmp_path):
     first = ns_cluster.write_inventory(tmp_path / "a.yaml", nodes=["node1"])
     run_suites(first, tmp_path / "out", sign_key, "-k", "reachable")
