@@ -10,12 +10,15 @@ form (`--opt value`, `--opt=value`); without a test path it runs the installed s
 """
 from __future__ import annotations
 
+import _thread
 import os
 import re
 import shlex
 import signal
+import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Optional
 
 import pytest
@@ -275,23 +278,37 @@ def acceptance_session(config: pytest.Config) -> AcceptanceSession:
 class Interruption:
     """Ctrl-C, and SIGTERM (a CI job cancelled, a `timeout` that fired) treated as Ctrl-C, so the
     work on the nodes is killed and the run is written as interrupted, never silently dropped.
-    Python drops a KeyboardInterrupt raised while a finalizer runs (a `__del__` that happened to
-    run as the signal came: it prints "Exception ignored" and goes on), so the signal is kept and
-    raised again as the test running then ends."""
+
+    Python runs the handler at the main thread's next step, and drops what it raises when that
+    step is in a finalizer (it prints "Exception ignored" and goes on). So inside a `__del__` the
+    signal is sent again a moment later, and a signal that was dropped anyway (another kind of
+    finalizer) is raised again as the check running then ends."""
 
     name = "handover-interruption"
+    RETRY_S = 0.05
 
     def __init__(self) -> None:
         self.signum: Optional[int] = None
 
-    def on_signal(self, signum: int, frame: object) -> None:
+    def on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         self.signum = signum
+        if _in_finalizer(frame):
+            threading.Timer(self.RETRY_S, _thread.interrupt_main, (signum,)).start()
+            return
         raise KeyboardInterrupt(f"signal {signum}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logfinish(self) -> None:
         if self.signum is not None:
             raise KeyboardInterrupt(f"signal {self.signum}")
+
+
+def _in_finalizer(frame: Optional[FrameType]) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 class SessionHooks:

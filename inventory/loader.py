@@ -850,8 +850,8 @@ def _source_entries(item: _At) -> list[_NodeEntry]:
     The files are read, never run (inventory/slurm_conf.py, inventory/ansible_inventory.py), and
     what they say is data: each node's name, address, from Ansible its port, user and key, and from
     Slurm's topology its leaf switch and rack (its block), as the node's own settings (over the
-    inventory's groups and ssh:). slurm.conf's Port is slurmd's, not SSH's, so it is not used. Without conf:, the
-    partition is read from the live Slurm (`sinfo`).
+    inventory's groups and ssh:). slurm.conf's Port is slurmd's, not SSH's, so it is not used.
+    Without conf:, the partition is read from the live Slurm (`sinfo`).
     """
     from inventory.ansible_inventory import read_ansible_inventory
     from inventory.slurm_conf import live_partition_nodes, live_places, read_slurm_conf
