@@ -153,7 +153,8 @@ def cmd_inventory(args) -> int:
     if args.json:
         # A public interface: these keys, this shape; ssh's defaults are null.
         nodes = [{"name": node.name, "address": node.address, "port": node.ssh.port, "user": node.ssh.user,
-                  "identity_file": node.ssh.identity_file, "source": node.source} for node in cluster.nodes]
+                  "identity_file": node.ssh.identity_file, "rack": node.rack, "leaf": node.leaf,
+                  "source": node.source} for node in cluster.nodes]
         print(json.dumps({"nodes": nodes}, indent=2))
         return 0
     names = [node.name for node in cluster.nodes]

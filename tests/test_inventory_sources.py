@@ -538,7 +538,7 @@ def test_cli_inventory_shows_each_nodes_source_and_json_for_scripts(sources):
     nodes = json.loads(listed.stdout)["nodes"]
     assert list(json.loads(listed.stdout)) == ["nodes"]
     assert nodes[0] == {"name": "efa-st-efa-c5n-1", "address": "efa-st-efa-c5n-1", "port": 22, "user": "root",
-                        "identity_file": str(sources.parent / "keys" / "gpu_ed25519"),
+                        "identity_file": str(sources.parent / "keys" / "gpu_ed25519"), "rack": None, "leaf": None,
                         "source": "slurm.conf slurm/slurm_parallelcluster.conf partition efa"}
     assert [n["source"] for n in nodes][-1] == "yaml"
 
@@ -630,6 +630,9 @@ def test_slurm_nodes_take_their_rack_from_topology_block(tmp_path):
     shown = handover("inventory", path).stdout.splitlines()
     assert ("nodes node[33-64] (32 nodes): address its own name, user (ssh default), port (ssh default), "
             "rack block2; from slurm.conf slurm.conf partition gpu") in shown
+    listed = json.loads(handover("inventory", path, "--json").stdout)["nodes"]
+    assert [(n["name"], n["rack"], n["leaf"]) for n in listed[31:33]] == [("node32", "block1", None),
+                                                                         ("node33", "block2", None)]
     (tmp_path / "topology.conf").write_text("BlockName=b1 Nodes=node[1-128]\nSwitchName=s0 Nodes=node1\n")
     with pytest.raises(SlurmConfError) as caught:
         read_slurm_conf(conf)
