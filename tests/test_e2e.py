@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from nodes import local_inventory_without_scratch
 
 from handover.plugin import FAILURES_SECTION_MAX
 
@@ -275,7 +276,7 @@ def test_ctrl_c_that_lands_in_a_finalizer_still_interrupts_the_run(sign_key, tmp
     suite = tmp_path / "test_finalized.py"
     suite.write_text(FINALIZED_WHEN_SIGNALLED)
     went_on = tmp_path / "went-on"
-    done = subprocess.run([sys.executable, "-m", "pytest", f"--inventory={ROOT / 'inventory' / 'local.yaml'}",
+    done = subprocess.run([sys.executable, "-m", "pytest", f"--inventory={local_inventory_without_scratch(tmp_path)}",
                            f"--out={tmp_path / 'out'}", f"--sign-key={sign_key}", "-p", "no:cacheprovider",
                            str(suite)], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "WENT_ON": str(went_on), "FINALIZER": finalizer})
