@@ -185,8 +185,8 @@ class _Reader:
         self.files.append(conf_file)
         lines = _logical_lines(_text(conf_file, ()))
         if plugin == TREE_TOPOLOGY:
-            return SlurmPlaces(_leaf_switches(lines, conf_file), {})
-        return SlurmPlaces({}, _blocks(lines, conf_file))
+            return SlurmPlaces(_grouped(lines, conf_file, TREE_LINES), {})
+        return SlurmPlaces({}, _grouped(lines, conf_file, BLOCK_LINES))
 
     def _include_path(self, written: str, file: str, line: int) -> str:
         if "*" in written:
@@ -336,41 +336,41 @@ def _pairs(line: str, file: str, number: int) -> dict[str, str]:
     return pairs
 
 
-def _leaf_switches(lines: Iterable[tuple[int, str]], file: str) -> dict[str, str]:
-    """node -> its leaf switch from topology/tree lines (topology.conf, `scontrol show topology`):
-    the lowest `Level=` (0 where not given: in topology.conf only leaves list `Nodes=`) of the
-    `SwitchName=` lines listing it, the first of those."""
+@dataclass(frozen=True)
+class _Grouping:
+    """How one topology plugin's lines (topology.conf, `scontrol show topology`) group nodes."""
+
+    plugin: str  # topology/tree or topology/block
+    key: str  # the line's name: SwitchName or BlockName
+    passed_over: tuple[str, ...] = ()  # lines that place no node (BlockSizes=)
+
+
+TREE_LINES = _Grouping(TREE_TOPOLOGY, "SwitchName")
+BLOCK_LINES = _Grouping(BLOCK_TOPOLOGY, "BlockName", ("BlockSizes",))
+
+
+def _grouped(lines: Iterable[tuple[int, str]], file: str, grouping: _Grouping) -> dict[str, str]:
+    """node -> its switch or block: the lowest `Level=` (0 where not given: in topology.conf only
+    leaf switches list `Nodes=`, and blocks have no levels) of the lines listing it, the first of
+    those."""
     found: dict[str, tuple[int, str]] = {}
+    key, passed_over = grouping.key.lower(), {word.lower() for word in grouping.passed_over}
     for number, line in lines:
         if not line.strip():
             continue
         pairs = _pairs(line, file, number)
-        if "switchname" not in pairs:
-            raise SlurmConfError("a topology/tree line starts with SwitchName=", file, number)
+        if key not in pairs and passed_over & set(pairs):
+            continue
+        if key not in pairs:
+            starts = " or ".join(f"{word}=" for word in (grouping.key, *grouping.passed_over))
+            raise SlurmConfError(f"a {grouping.plugin} line starts with {starts}", file, number)
         level = pairs.get("level", "0")
         if not level.isdigit():
             raise SlurmConfError(f"Level={level}: not a switch level", file, number)
         for name in _hostlist(pairs["nodes"], file, number, "Nodes") if "nodes" in pairs else ():
             if name not in found or int(level) < found[name][0]:
-                found[name] = (int(level), pairs["switchname"])
-    return {name: switch for name, (_, switch) in found.items()}
-
-
-def _blocks(lines: Iterable[tuple[int, str]], file: str) -> dict[str, str]:
-    """node -> its block from topology/block lines (topology.conf, `scontrol show topology`):
-    the first `BlockName=` whose `Nodes=` lists it; the `BlockSizes=` line places no node."""
-    found: dict[str, str] = {}
-    for number, line in lines:
-        if not line.strip():
-            continue
-        pairs = _pairs(line, file, number)
-        if "blocksizes" in pairs and "blockname" not in pairs:
-            continue
-        if "blockname" not in pairs:
-            raise SlurmConfError("a topology/block line starts with BlockName= or BlockSizes=", file, number)
-        for name in _hostlist(pairs["nodes"], file, number, "Nodes") if "nodes" in pairs else ():
-            found.setdefault(name, pairs["blockname"])
-    return found
+                found[name] = (int(level), pairs[key])
+    return {name: group for name, (_, group) in found.items()}
 
 
 def _topology_yaml_places(text: str, file: str) -> SlurmPlaces:
@@ -389,13 +389,12 @@ def _topology_yaml_places(text: str, file: str) -> SlurmPlaces:
     leaves: dict[str, str] = {}
     racks: dict[str, str] = {}
     for entry in entries:
-        for kind, key, found in (("tree", "switches", leaves), ("block", "blocks", racks)):
+        for kind, key, named, found in (("tree", "switches", "switch", leaves), ("block", "blocks", "block", racks)):
             if kind not in entry:
                 continue
             body = _yaml_map(entry[kind], file, f"{kind}:")
             for item in _yaml_list(body.get(key), file, f"{kind}: {key}:") if key in body else []:
                 fields = _yaml_map(item, file, f"an item of {key}:")
-                named = "switch" if kind == "tree" else "block"
                 if named not in fields:
                     raise SlurmConfError(f"an item of {key}: has no {named}:", file, item.start_mark.line + 1)
                 owner = _yaml_scalar(fields[named], file)
@@ -492,11 +491,12 @@ def parse_scontrol_topology(text: str) -> SlurmPlaces:
     each node's leaf switch, BlockName= lines (BlockIndex=, Nodes=, BlockSize=) its block."""
     lines = list(enumerate(text.splitlines(), 1))
 
-    def starting(key: str) -> list[tuple[int, str]]:
-        return [(n, line) for n, line in lines if line.lstrip().lower().startswith(key)]
+    def of(grouping: _Grouping) -> dict[str, str]:
+        start = f"{grouping.key.lower()}="
+        return _grouped([(n, line) for n, line in lines if line.lstrip().lower().startswith(start)],
+                        LIVE_TOPOLOGY, grouping)
 
-    return SlurmPlaces(_leaf_switches(starting("switchname="), LIVE_TOPOLOGY),
-                       _blocks(starting("blockname="), LIVE_TOPOLOGY))
+    return SlurmPlaces(of(TREE_LINES), of(BLOCK_LINES))
 
 
 def _client(argv: list[str], source: str) -> str:
