@@ -36,7 +36,7 @@ from reports.hostlists import hostlist_of
 from reports.results import RESULTS_FILE
 from reports.retest import addendum_view
 from reports.soak_view import SoakTable, soak_table
-from reports.verdict import FLEET_NODES, masked_node_words
+from reports.verdict import FLEET_NODES, alike, masked_node_words
 
 REPORT_FILE = "report.html"
 SIGNED_FILES = (RESULTS_FILE, REPORT_FILE)  # signed as they are rendered
@@ -421,7 +421,7 @@ class OutlierRow:
 @dataclass
 class PairSection:
     heatmaps: list[Heatmap]
-    skipped: list[str]  # pair tools (rails) that only skipped, with the reason
+    unmeasured: list[str]  # pair tools (rails) no node measured a pair with, and why
     attribution: Optional[dict]  # the attribution check's outcome and message
     low_percent: str = ""  # how far from the median a figure is amber, e.g. "25%"
 
@@ -1391,24 +1391,37 @@ def _pair_section(checks: list[dict], layout: Layout,
             groups.setdefault(key, []).append(index)
     if not groups:
         return None
-    heatmaps, skipped = [], []
+    heatmaps, unmeasured = [], []
     for number, ((name, rail), members) in enumerate(groups.items()):
-        if all(_outcome(checks[i]) == "skipped" for i in members):
-            reasons = [_first_line(checks[i].get("message")) for i in members]
-            # "no RDMA device on node2" and "... on node4" are one reason: compare without nodes
-            kinds = {reason.replace(text(checks[i].get("node")), "")
-                     for reason, i in zip(reasons, members, strict=True)}
+        if not any(checks[i]["pairs"] for i in members):
             where = f"{name}" + (f" rail {rail}" if rail is not None else "")
-            skipped.append(f"{where}: skipped on all {len(members)} node(s) — {reasons[0]}"
-                           + (f" (and {len(kinds) - 1} other reason(s))" if len(kinds) > 1 else ""))
+            unmeasured.append(_unmeasured(where, [checks[i] for i in members]))
             continue
         heatmaps.append(_heatmap(f"pairs-{number}", name, rail, [(i, checks[i]) for i in members],
                                  layout))
     attribution = next(({"outcome": _outcome(c), "message": text(c.get("message")).strip(),
                          "anchor": layout.anchor(i)}
                         for i, c in enumerate(checks) if c.get("check") == ATTRIBUTION_CHECK), None)
-    return PairSection(heatmaps=heatmaps, skipped=skipped, attribution=attribution,
+    return PairSection(heatmaps=heatmaps, unmeasured=unmeasured, attribution=attribution,
                        low_percent=f"{low_fraction * 100:g}%" if low_fraction else "")
+
+
+def _unmeasured(where: str, members: list[dict]) -> str:
+    """One line for a pair tool no node measured a pair with, instead of an empty heatmap: how
+    many nodes skipped or failed it and the first reason of each (ib_write_bw on a fleet without
+    HCAs whose lost nodes failed it: 'skipped on 1,019 node(s) — no RDMA device ...; failed on 5
+    node(s) — unreachable ...'). Reasons alike but for the node's own words count as one."""
+    by_outcome: dict[str, list[tuple[str, str]]] = {}
+    for check in members:
+        reason = (text(check.get("node")), _first_line(check.get("message")))
+        by_outcome.setdefault(_outcome(check), []).append(reason)
+    parts = []
+    for outcome, reasons in sorted(by_outcome.items(), key=lambda item: -OUTCOME_RANK[item[0]]):
+        kinds = alike(reasons)
+        others = f" (and {len(kinds) - 1} other reason(s))" if len(kinds) > 1 else ""
+        every = "all " if len(by_outcome) == 1 else ""
+        parts.append(f"{outcome} on {every}{len(reasons):,} node(s) — {kinds[0][1] or 'no message'}{others}")
+    return f"{where}: " + "; ".join(parts)
 
 
 def _main_metric(members: list[tuple[int, dict]]) -> Optional[dict]:

@@ -519,6 +519,22 @@ def test_one_heatmap_per_rail_and_skipped_pair_tools_are_one_line():
     assert "other reason" not in section
 
 
+def test_a_pair_tool_skipped_where_it_could_run_and_failed_where_nodes_were_lost_is_one_line():
+    """ib_write_bw on nodes without HCAs, two of them lost: no pair anywhere, so no empty heatmap."""
+    nodes = ["n1", "n2", "n3", "n4"]
+    checks = link_checks(nodes, {("n1", "n2"): (9.0, "ok")})
+    checks += link_checks(nodes, {}, name="ib_write_bw", rail=0,
+                          outcomes={"n1": "skipped", "n2": "skipped", "n3": "failed", "n4": "failed"},
+                          messages={"n1": "no RDMA device on n1", "n2": "no RDMA device on n2",
+                                    "n3": "n3 unreachable: no answer", "n4": "n4 unreachable: no answer"})
+    root = parse(render_html(results(nodes, checks, status="NOT CERTIFIED")))
+    assert [s.find("h3").text().split(" ·")[0] for s in root.find_all("section", "heatmap")] == ["iperf3"]
+    section = root.by_id("pairs").parent.text()
+    assert ("ib_write_bw rail 0: failed on 2 node(s) — n3 unreachable: no answer; "
+            "skipped on 2 node(s) — no RDMA device on n1") in section
+    assert "other reason" not in section
+
+
 def test_pair_heatmap_escapes_node_names_and_messages():
     evil = SCRIPT + ATTRIBUTE_BREAK
     checks = link_checks([evil, "n2", "n3"], {(evil, "n2"): (5.0, "ok"), (evil, "n3"): (None, "failed"),
@@ -562,6 +578,17 @@ def test_a_fleet_lists_the_nodes_with_bad_pairs_instead_of_a_matrix():
     assert {e.text() for e in rows[slow].iter() if "hc-low" in e.classes()} == partners
     assert len(output.encode()) < 2_000_000
     assert "measured no pair" not in section.text()
+
+
+def test_a_healthy_fleets_pair_list_says_no_node_has_a_bad_pair():
+    """1,200 nodes in a ring, every pair within its band: a sentence, counted with thousands
+    separators, and no empty table of bad nodes."""
+    nodes = [f"gpu{i:04d}" for i in range(1, 1201)]
+    ring = {(nodes[i], nodes[(i + 1) % len(nodes)]): (9.0, "ok") for i in range(len(nodes))}
+    section = parse(render_html(results(nodes, link_checks(nodes, ring, median=9.0)))).find("section", "heatmap")
+    assert "1,200 within" in section.find("div", "stats").text()
+    assert "1,200 nodes: too many for a node × node matrix; no node has a failed or low pair." in section.text()
+    assert not section.find_all("table", "heat")
 
 
 def test_a_fleets_pair_section_names_the_nodes_that_measured_no_pair():
