@@ -1033,8 +1033,9 @@ def _merged_across_checks(failures: list[AreaFailure]) -> list[AreaFailure]:
 
 
 def _skips(checks: list[dict], layout: Layout) -> tuple[list[Skip], dict[int, str]]:
-    """The skipped checks, one row per check, reason and message alike but for the node's
-    name (a profile that asks for no governor skips it on every node: one row, not 1,024),
+    """The skipped checks, one row per check, reason and message alike but for the node's own
+    words (masked_node_words: a profile that asks for no governor skips it on every node: one
+    row, not 1,024),
     in matrix order; and each skipped entry's row anchor, for the matrix's links."""
     alike: dict[tuple[str, str, str, str], list[tuple[int, dict]]] = {}
     skipped = sorted((entry for entry in layout.entries if entry["outcome"] == "skipped"),
@@ -1045,7 +1046,7 @@ def _skips(checks: list[dict], layout: Layout) -> tuple[list[Skip], dict[int, st
         node = text(check.get("node"))
         rail = check.get("rail")
         key = (entry["check"], text(check.get("kind")), "" if rail is None else text(rail),
-               message.replace(node, "\0") if node else message)
+               masked_node_words(message, node))
         alike.setdefault(key, []).append((index, check))
     skips: list[Skip] = []
     anchors: dict[int, str] = {}

@@ -258,6 +258,16 @@ def test_skipped_checks_are_listed_with_their_reason():
     assert ["node2", "memory", "unreachable", "no route to host"] in rows
 
 
+def test_skips_alike_but_for_the_nodes_own_name_and_address_share_a_row():
+    nodes = ["node1", "node2", "node3"]
+    checks = [check(node, "mtu", "skipped", message=f"{node} ({address}): no interface routes to the fabric")
+              for node, address in zip(nodes, ("10.0.0.1", "10.0.0.2", "fd00::3"), strict=True)]
+    root = parse(render_html(results(nodes, checks)))
+    rows = [[td.text().strip() for td in tr.find_all("td")]
+            for tr in root.by_id("skipped").parent.find_all("tr") if tr.find_all("td")]
+    assert [row[0] for row in rows if row[1:2] == ["mtu"]] == ["node[1-3] (3)"]
+
+
 def test_failed_and_untested_nodes_are_listed_with_reasons():
     checks = [check("node1", "memory"), check("node2", "memory", "failed", message="too small")]
     root = parse(render_html(results(["node1", "node2", "node3"], checks, status="NOT CERTIFIED")))
