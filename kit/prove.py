@@ -3,8 +3,9 @@
 
 Run it with the Python that has the machine's CUDA torch (python3 prove.py --out DIR): it makes
 a venv from the wheels the kit carries only (pip --no-index), seeing that interpreter's packages
-for torch and its CUDA libraries; writes a one-node inventory for this machine under the h200
-profile, with the expectations one GPU cannot meet overridden, each with its reason; runs the
+for torch and its CUDA libraries; writes a one-node inventory for this machine under the profile
+of the GPU nvidia-smi names (an H100 is judged as an H100, an H200 as an H200; --profile chooses
+another), with the expectations one GPU cannot meet overridden, each with its reason; runs the
 acceptance suites with the signed run directory under DIR; and prints the verdict and the
 headline figures beside those recorded on an H200 (perf.json).
 
@@ -23,12 +24,14 @@ from typing import Optional
 
 KIT = Path(__file__).resolve().parent
 CLUSTER = "device-proof"
-PROFILE = "h200-sxm-8gpu"
+# The profile of the GPU nvidia-smi names: (what its name holds, profile). The first that matches.
+PROFILES = (("H200", "h200-sxm-8gpu"), ("H100", "h100-sxm-8gpu"), ("A100", "a100-sxm-8gpu"))
+RECORDED_PROFILE = "h200-sxm-8gpu"  # perf.json's GPU; also the rehearsal's profile where no GPU is named
 DEPTHS = {"quick": "quick", "full": "full", "all": None}  # the -m marker of each depth; all: none
 
 # What one H200 on its own cannot be, against the eight-GPU HGX profile: (fact, value, reason).
 ONE_GPU = (
-    ("gpu_count", 1, "a single-GPU H200 machine, not an eight-GPU HGX board"),
+    ("gpu_count", 1, "a single-GPU machine, not an eight-GPU HGX board"),
     ("nvlink_links", None, "one GPU has no NVLink peer (nvidia-smi nvlink -s prints nothing on the recorded H200)"),
     ("nvswitch", False, "no NVSwitch: one GPU has no NVLink fabric for Fabric Manager to manage"),
     ("gpu_numa_nodes", [0], "one GPU, on NUMA node 0 (nvidia-smi topo -m on the recorded H200)"),
@@ -74,6 +77,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="directory for the venv, the inventory and the run directory")
     parser.add_argument("--depth", choices=sorted(DEPTHS), default="quick",
                         help="quick (default), full, or all: both")
+    parser.add_argument("--profile", choices=[profile for _, profile in PROFILES],
+                        help="judge this machine under this profile instead of the one its GPU's name gives")
     parser.add_argument("--no-gpu", action="store_true",
                         help="rehearsal on a machine without a GPU: the GPU checks skip instead of failing")
     parser.add_argument("--soak", metavar="DURATION",
@@ -82,7 +87,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        return prove(args.out.resolve(), args.depth, args.no_gpu, selection(args.depth, args.soak) + args.pytest_args)
+        return prove(args.out.resolve(), args.depth, args.no_gpu, args.profile,
+                     selection(args.depth, args.soak) + args.pytest_args)
     except ProofError as error:
         print(f"prove.py: {error}", file=sys.stderr)
         return 2
@@ -100,16 +106,18 @@ def selection(depth: str, soak: Optional[str]) -> list[str]:
                                                               "--soak-mix", PROOF_SOAK_MIX]
 
 
-def prove(out: Path, depth: str, no_gpu: bool, pytest_args: list[str]) -> int:
+def prove(out: Path, depth: str, no_gpu: bool, asked: Optional[str], pytest_args: list[str]) -> int:
     kit = json.loads((KIT / "kit.json").read_text(encoding="utf-8"))
     check_python(kit["python"])
+    profile, why = choose_profile(asked, gpu_names())
+    print(f"prove.py: profile {profile} ({why})", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     venv = out / "venv"
     python = make_venv(venv, kit)
     say_torch(python)
     overrides = ONE_GPU + NO_GPU if no_gpu else ONE_GPU
     inventory = out / f"{CLUSTER}.yaml"
-    inventory.write_text(inventory_text(python, out / "scratch", overrides, kit), encoding="utf-8")
+    inventory.write_text(inventory_text(python, out / "scratch", profile, overrides, kit), encoding="utf-8")
     (out / "scratch").mkdir(exist_ok=True)
     print(f"prove.py: inventory {inventory}; running the {depth} suites", flush=True)
     # The payloads find the venv's python first; of pytest's plugins only handover's is loaded, not
@@ -126,6 +134,31 @@ def prove(out: Path, depth: str, no_gpu: bool, pytest_args: list[str]) -> int:
     perf = json.loads((KIT / "reference" / "perf.json").read_text(encoding="utf-8"))
     print(summary(json.loads(results.read_text(encoding="utf-8")), perf, results.parent.resolve()))
     return status
+
+
+def gpu_names() -> list[str]:
+    """The GPUs' names as nvidia-smi gives them ('NVIDIA H100 80GB HBM3'); none without it."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.returncode == 0 else []
+
+
+def choose_profile(asked: Optional[str], names: list[str]) -> tuple[str, str]:
+    """(profile, why): the one asked for, else the one every GPU's name gives (an H100 judged
+    against H200 bands would fail its memory and bandwidth for being what it is), else, with
+    no GPU named, the recorded H200's (a rehearsal)."""
+    if asked:
+        return asked, "as asked with --profile"
+    if not names:
+        return RECORDED_PROFILE, "nvidia-smi names no GPU here"
+    found = {next((profile for model, profile in PROFILES if model in name), None) for name in names}
+    if len(found) != 1 or None in found:
+        raise ProofError(f"no one profile for the GPU(s) {', '.join(sorted(set(names)))}: name one with --profile "
+                         f"({', '.join(profile for _, profile in PROFILES)})")
+    return found.pop(), f"for the {names[0]} nvidia-smi names"
 
 
 def check_python(wanted: str) -> None:
@@ -174,14 +207,14 @@ def say_torch(python: Path) -> None:
     print(f"prove.py: torch {version} (CUDA {cuda}), {count} GPU(s) visible: {name.strip()}", flush=True)
 
 
-def inventory_text(python: Path, scratch: Path, overrides: tuple, kit: dict) -> str:
-    """This machine as a one-node cluster under the h200 profile, each expectation it cannot meet
+def inventory_text(python: Path, scratch: Path, profile: str, overrides: tuple, kit: dict) -> str:
+    """This machine as a one-node cluster under `profile`, each expectation it cannot meet
     overridden with the reason (a later entry for a fact replaces an earlier one)."""
     chosen = {fact: (value, reason) for fact, value, reason in overrides}
     lines = [
         f"# Written by the handover device proof kit's prove.py (kit built from {kit['commit']}).",
         f"cluster: {CLUSTER}",
-        f"profile: {PROFILE}",
+        f"profile: {profile}",
         "transport: local",
         f"python: {json.dumps(str(python))}",
         "nodes: [localhost]",
@@ -201,6 +234,9 @@ def summary(results: dict, perf: dict, run_dir: Path) -> str:
     lines += [f"  - {reason}" for reason in (verdict.get("reasons") or [])[:8]]
     lines += ["", f"headline figures (this machine, then the recorded H200 of perf.json, {perf.get('device')}, "
               f"torch {perf.get('torch')}):"]
+    profile = (results.get("run") or {}).get("profile")
+    if profile and profile != RECORDED_PROFILE:
+        lines.append(f"  (judged under {profile}: the recorded H200 is a guide here, not this GPU's ceiling)")
     width = max(len(label) for label, *_ in HEADLINE)
     for label, checks, metric, perf_key in HEADLINE:
         lines.append(f"  {label:<{width}}  {figure(results, checks, metric, perf.get(perf_key) if perf_key else None)}")

@@ -4,8 +4,9 @@ Built for this machine's Python from this checkout and this machine's package in
 within 64 MiB and carries the project's wheel, a wheel of every runtime dependency, NVML's and
 pip's, the recorded H200's figures and prove.py, and no torch. Unpacked in a fresh directory and
 run with no network (a network namespace of its own) and no index, it installs, runs the
-hardware suite with this machine as the one node under the h200 profile, and the GPU checks
-skip with their reasons; the venv sees this interpreter's torch, as it will the GPU machine's.
+hardware suite with this machine as the one node under the h200 profile (no GPU names another),
+and the GPU checks skip with their reasons; the venv sees this interpreter's torch, as it will
+the GPU machine's.
 """
 from __future__ import annotations
 
@@ -117,6 +118,7 @@ def test_the_kit_installs_without_network_runs_and_the_gpu_checks_skip_with_thei
     env = {**os.environ, "HANDOVER_HOME": str(tmp_path / "home")}
     ran = subprocess.run(without_network(command), capture_output=True, text=True, env=env, cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    assert "prove.py: profile h200-sxm-8gpu (nvidia-smi names no GPU here)" in ran.stdout
     assert f"prove.py: venv {out / 'venv'} with handover==" in ran.stdout and "(no index)" in ran.stdout
     assert re.search(r"prove\.py: torch \S+ \(CUDA None\), 0 GPU\(s\) visible", ran.stdout)  # this venv's torch
     results = json.loads((out / "device-proof" / "latest" / "results.json").read_text())
@@ -142,14 +144,46 @@ def test_the_kit_installs_without_network_runs_and_the_gpu_checks_skip_with_thei
 
 def test_the_inventory_prove_writes_loads_with_one_reason_per_override(tmp_path):
     path = tmp_path / "device-proof.yaml"
-    path.write_text(prove.inventory_text(Path("/opt/kit/venv/bin/python"), tmp_path / "scratch", prove.ONE_GPU,
-                                         {"commit": "abc1234"}))
+    path.write_text(prove.inventory_text(Path("/opt/kit/venv/bin/python"), tmp_path / "scratch", "h200-sxm-8gpu",
+                                         prove.ONE_GPU, {"commit": "abc1234"}))
     cluster = load_inventory(path)
     assert cluster.profile.name == "h200-sxm-8gpu" and cluster.transport == "local"
     assert cluster.nodes[0].python == "/opt/kit/venv/bin/python"
     assert [(o.key, o.value, o.reason) for o in cluster.expect_overrides] == [
         (fact, tuple(value) if isinstance(value, list) else value, reason) for fact, value, reason in prove.ONE_GPU]
     assert cluster.profile.expect.gpu_count == 1 and cluster.profile.expect.gpu_model == "^NVIDIA H200"
+
+
+@pytest.mark.parametrize("names, profile", [
+    (["NVIDIA H100 80GB HBM3"], "h100-sxm-8gpu"),  # the device tool's nvidia-h100-x1 (its KINDS.md reading)
+    (["NVIDIA H200"], "h200-sxm-8gpu"),  # the recorded H200 (tests/data/h200-1gpu/system.txt)
+    (["NVIDIA A100-SXM4-80GB"] * 8, "a100-sxm-8gpu"),
+])
+def test_the_profile_is_the_one_the_gpus_name_gives(names, profile, tmp_path):
+    chosen, why = prove.choose_profile(None, names)
+    assert chosen == profile and why == f"for the {names[0]} nvidia-smi names"
+    path = tmp_path / "device-proof.yaml"  # every one-GPU override is valid under that profile too
+    path.write_text(prove.inventory_text(Path("/opt/kit/venv/bin/python"), tmp_path / "scratch", chosen,
+                                         prove.ONE_GPU, {"commit": "abc1234"}))
+    cluster = load_inventory(path)
+    assert cluster.profile.name == profile and re.search(cluster.profile.expect.gpu_model, names[0])
+    assert [o.key for o in cluster.expect_overrides] == [fact for fact, _, _ in prove.ONE_GPU]
+
+
+def test_the_profile_asked_for_wins_and_no_gpu_or_no_known_gpu_says_so():
+    assert prove.choose_profile("h100-sxm-8gpu", ["NVIDIA H200"]) == ("h100-sxm-8gpu", "as asked with --profile")
+    assert prove.choose_profile(None, []) == ("h200-sxm-8gpu", "nvidia-smi names no GPU here")
+    for names in (["Tesla T4"], ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]):
+        with pytest.raises(prove.ProofError, match=r"^no one profile for the GPU\(s\) .*: name one with --profile "
+                                                   r"\(h200-sxm-8gpu, h100-sxm-8gpu, a100-sxm-8gpu\)$"):
+            prove.choose_profile(None, names)
+
+
+def test_headline_figures_under_another_profile_say_the_recorded_h200_is_a_guide():
+    results = {"verdict": {"status": "CERTIFIED"}, "run": {"profile": "h100-sxm-8gpu"}, "checks": []}
+    text = prove.summary(results, PERF, Path("/runs/x"))
+    assert "  (judged under h100-sxm-8gpu: the recorded H200 is a guide here, not this GPU's ceiling)" in text
+    assert "guide" not in prove.summary({**results, "run": {"profile": "h200-sxm-8gpu"}}, PERF, Path("/runs/x"))
 
 
 def test_headline_figures_beside_the_recorded_h200():
