@@ -11,6 +11,7 @@ form (`--opt value`, `--opt=value`); without a test path it runs the installed s
 from __future__ import annotations
 
 import _thread
+import argparse
 import os
 import re
 import shlex
@@ -57,6 +58,7 @@ MARKERS = {
 }
 
 SESSION = pytest.StashKey[AcceptanceSession]()
+PARSER = pytest.StashKey[pytest.Parser]()  # pytest's own, to tell an asked-for option from its default
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -188,11 +190,14 @@ def leave_out_failure_listings(config: pytest.Config) -> list[tuple[str, str]]:
 
 def _asked_for_report_chars(config: pytest.Config) -> bool:
     """Whether -r/--report-chars was given: on the command line, in PYTEST_ADDOPTS or in addopts
-    (its value alone cannot tell the default from an explicit -rfE)."""
-    words = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", "")),
-             *config.getini("addopts")]
-    return any(word.startswith("--report-chars") or
-               (word.startswith("-") and not word.startswith("--") and "r" in word[1:]) for word in words)
+    (its value alone cannot tell the default from an explicit -rfE). pytest's own parser reads
+    them, into a namespace whose reportchars is already set, where argparse leaves it unless the
+    option is there: `-vrs` asks, `-pno:cacheprovider` and `-Werror` do not."""
+    words = [*config.getini("addopts"), *shlex.split(os.environ.get("PYTEST_ADDOPTS", "")),
+             *config.invocation_params.args]
+    unasked = object()
+    parsed = config.stash[PARSER].parse_known_args(words, namespace=argparse.Namespace(reportchars=unasked))
+    return parsed.reportchars is not unasked
 
 
 def lock_lines(notes: dict[str, str], fleet: bool) -> list[str]:
@@ -234,9 +239,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser) -> None:
     """An acceptance run keeps no pytest cache: the run directory is its record, and the
-    rootdir pytest picks for an inventory kept elsewhere may be the operator's config tree."""
+    rootdir pytest picks for an inventory kept elsewhere may be the operator's config tree.
+    pytest's parser is kept for reading the command line again (_asked_for_report_chars)."""
+    early_config.stash[PARSER] = parser
     if early_config.known_args_namespace.inventory:
         early_config.pluginmanager.consider_pluginarg("no:cacheprovider")
 

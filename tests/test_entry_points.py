@@ -11,6 +11,10 @@ from typing import Callable
 
 import pytest
 
+from handover import plugin
+
+pytest_plugins = ["pytester"]  # pytester.parseconfig: the command line as pytest itself reads it
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_INVENTORY = ROOT / "inventory" / "local.yaml"
 FORMS = {"space": lambda option, value: [option, str(value)],
@@ -184,3 +188,24 @@ def test_a_big_cluster_raises_the_open_file_limit_or_names_it(tmp_path, sign_key
                              "raise_open_files(1024); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"],
                             capture_output=True, text=True, timeout=60, preexec_fn=limited(1024, 8192))
     assert raised.stdout.strip() == "3328", raised.stderr
+
+
+@pytest.mark.parametrize("args, addopts, ini, asked", [
+    ((), "", "", False),
+    (("-rs",), "", "", True),
+    (("-vrs",), "", "", True),
+    (("-r", "fE"), "", "", True),  # the default's value, asked for: only the option tells
+    (("--report-chars=fE",), "", "", True),
+    (("-pno:cacheprovider", "-Werror", "-kerror or rail"), "", "", False),  # an r, but not -r
+    ((), "-rf", "", True),
+    ((), "", "-ra", True),
+    ((), "-q -x", "--strict-markers", False),
+])
+def test_only_a_report_chars_option_asks_for_the_short_summarys_failed_lines(pytester, monkeypatch, args, addopts,
+                                                                               ini, asked):
+    """Past FAILURES_SECTION_MAX failed checks the FAILED lines are left out unless -r asked for
+    them, on the command line, in PYTEST_ADDOPTS or in the ini file's addopts."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", addopts)
+    if ini:
+        pytester.makeini(f"[pytest]\naddopts = {ini}\n")
+    assert plugin._asked_for_report_chars(pytester.parseconfig(*args)) is asked
