@@ -9,13 +9,16 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from nodes import ns_inventory, wait_for_no_leftovers
 
 from handover.plugin import lock_lines
 from reports.verdict import REASONS_SHOWN
+from runners.fanout import close_everywhere
 from runners.node_lock import NodeLock, NodeLocks, Owner
 from runners.transport import make_transport
 
@@ -46,11 +49,25 @@ def results_of(out: Path) -> dict:
     return json.loads((out / "nscluster" / "latest" / "results.json").read_text())
 
 
-def hold(cluster, names: list[str]) -> NodeLocks:
+@contextmanager
+def locks_on(cluster, names: list[str]) -> Iterator[NodeLocks]:
+    """Another run's NodeLocks over fresh connections to these nodes; released and the connections
+    closed at the end (an open one would outlive the test's nodes)."""
+    transports = {name: make_transport(cluster.node(name)) for name in names}
+    locks = NodeLocks(HOLDER, transports)
+    try:
+        yield locks
+    finally:
+        locks.release()
+        close_everywhere(transports.values())
+
+
+@contextmanager
+def held(cluster, names: list[str]) -> Iterator[NodeLocks]:
     """Another run's locks on these nodes, taken through the real transport."""
-    locks = NodeLocks(HOLDER, {name: make_transport(cluster.node(name)) for name in names})
-    assert {lock.state for lock in locks.take().values()} == {"held"}
-    return locks
+    with locks_on(cluster, names) as locks:
+        assert {lock.state for lock in locks.take().values()} == {"held"}
+        yield locks
 
 
 @pytest.fixture
@@ -83,9 +100,8 @@ def test_a_second_run_is_refused_by_node_and_sigkill_of_the_first_frees_its_lock
         first.wait()
         killed = time.monotonic()
         while True:  # the holders die with their SSH sessions: the nodes are free within seconds
-            locks = NodeLocks(HOLDER, {n.name: make_transport(n) for n in cluster.nodes})
-            states = {lock.state for lock in locks.take().values()}
-            locks.release()
+            with locks_on(cluster, [node.name for node in cluster.nodes]) as locks:
+                states = {lock.state for lock in locks.take().values()}
             if states == {"held"}:
                 break
             assert time.monotonic() - killed < 15, states
@@ -102,11 +118,8 @@ def test_a_second_run_is_refused_by_node_and_sigkill_of_the_first_frees_its_lock
 
 def test_ignore_goes_on_and_the_ledger_says_who_else_was_there(two_nodes, sign_key, tmp_path):
     inventory, cluster, _ = two_nodes
-    locks = hold(cluster, ["node1"])
-    try:
+    with held(cluster, ["node1"]):
         done = acceptance(inventory, tmp_path / "out", sign_key, "--busy-nodes", "ignore")
-    finally:
-        locks.release()
     assert done.returncode == 0, done.stdout + done.stderr
     assert (f"handover: node1 is in use by {HOLDER.describe()}; checked anyway (--busy-nodes ignore)"
             in done.stdout)
@@ -118,14 +131,14 @@ def test_ignore_goes_on_and_the_ledger_says_who_else_was_there(two_nodes, sign_k
 
 def test_wait_takes_the_node_once_the_other_run_has_ended(two_nodes, sign_key, tmp_path):
     inventory, cluster, _ = two_nodes
-    locks = hold(cluster, ["node1", "node2"])
-    releaser = threading.Timer(3, locks.release)
-    releaser.start()
-    started = time.monotonic()
-    try:
-        done = acceptance(inventory, tmp_path / "out", sign_key, "--busy-nodes", "wait")
-    finally:
-        releaser.join()
+    with held(cluster, ["node1", "node2"]) as locks:
+        releaser = threading.Timer(3, locks.release)
+        releaser.start()
+        started = time.monotonic()
+        try:
+            done = acceptance(inventory, tmp_path / "out", sign_key, "--busy-nodes", "wait")
+        finally:
+            releaser.join()
     assert done.returncode == 0, done.stdout + done.stderr
     assert time.monotonic() - started >= 3
     entry = next(e for e in ledger_of(tmp_path / "out") if e["type"] == "locks")
