@@ -23,6 +23,7 @@ import socket
 import struct
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Optional, Union
@@ -31,6 +32,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.utils import CryptographyDeprecationWarning
 
 from reports.files import write_atomically
 
@@ -269,18 +271,22 @@ def _load_openssh_key(path: Path, data: bytes) -> tuple[Ed25519PrivateKey, str]:
 
 def _load_pem_key(path: Path, data: bytes) -> Ed25519PrivateKey:
     """PEM/PKCS#8 keys (`ssh-keygen -m PEM`): accepted when Ed25519, named precisely when not."""
-    try:
-        private_key = serialization.load_pem_private_key(data, password=None)
-    except TypeError:
-        raise _passphrase_error(path) from None
-    except (ValueError, UnsupportedAlgorithm):
-        raise SigningError(f"{path} is not an OpenSSH private key") from None
-    if isinstance(private_key, Ed25519PrivateKey):
-        return private_key
-    labels = {rsa.RSAPrivateKey: "RSA", ec.EllipticCurvePrivateKey: "ECDSA",
-              dsa.DSAPrivateKey: "DSA", ed448.Ed448PrivateKey: "Ed448"}
-    label = next((name for kind, name in labels.items() if isinstance(private_key, kind)),
-                 type(private_key).__name__)
+    # A DSA key is refused like any other, without cryptography's warning that DSA is deprecated
+    # (raised when one is loaded or its type is named) reaching the operator's terminal.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+        try:
+            private_key = serialization.load_pem_private_key(data, password=None)
+        except TypeError:
+            raise _passphrase_error(path) from None
+        except (ValueError, UnsupportedAlgorithm):
+            raise SigningError(f"{path} is not an OpenSSH private key") from None
+        if isinstance(private_key, Ed25519PrivateKey):
+            return private_key
+        labels = {rsa.RSAPrivateKey: "RSA", ec.EllipticCurvePrivateKey: "ECDSA",
+                  dsa.DSAPrivateKey: "DSA", ed448.Ed448PrivateKey: "Ed448"}
+        label = next((name for kind, name in labels.items() if isinstance(private_key, kind)),
+                     type(private_key).__name__)
     raise _not_ed25519_error(path, label)
 
 

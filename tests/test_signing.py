@@ -6,6 +6,7 @@ import os
 import shutil
 import stat
 import subprocess
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -367,6 +368,17 @@ def test_rsa_key_is_refused(tmp_path, pem):
     with pytest.raises(SigningError) as raised:
         load_signing_key(path)
     assert str(raised.value) == f"only Ed25519 keys are supported: {path} is RSA"
+
+
+@pytest.mark.parametrize("pem", [False, True], ids=["openssh", "pem"])
+def test_dsa_key_is_refused_by_name_without_a_deprecation_warning(tmp_path, pem):
+    path = make_keygen_key(tmp_path / "dsa", "dsa", options=["-m", "PEM"] if pem else [])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # cryptography's DSA deprecation would reach the operator's terminal
+        with pytest.raises(SigningError) as raised:
+            load_signing_key(path)
+    assert str(raised.value) == f"only Ed25519 keys are supported: {path} is DSA"
 
 
 def test_passphrase_protected_key_is_refused(tmp_path):
