@@ -102,12 +102,14 @@ def parse_mix(text: Optional[str], profile_mix: Optional[dict] = None) -> dict[s
 
 
 def too_short(duration_s: float, mix: Mapping[str, object], option: str = "--soak-duration") -> Optional[str]:
-    """Why a soak of duration_s would run no load round (rounds shorter than half a round are not
-    run: they would not compare), or None."""
+    """Why a soak of duration_s could not be judged, or None: its drift compares the first rounds
+    of each load part with the last (drift), so it needs two rounds; a last round shorter than
+    half a round is not run, so two whole ones."""
     round_s = float(mix["round_s"])  # type: ignore[arg-type]
-    if duration_s < round_s:
-        return (f"{option} {duration_s:g}s is shorter than one load round (round_s={round_s:g}): give at "
-                f"least {math.ceil(round_s)}s, or a smaller round_s in --soak-mix")
+    if duration_s < 2 * round_s:
+        return (f"{option} {duration_s:g}s is shorter than two load rounds (round_s={round_s:g}), and a soak "
+                f"is judged by its first rounds against its last: give at least {math.ceil(2 * round_s)}s, "
+                f"or a smaller round_s in --soak-mix")
     return None
 
 
@@ -709,6 +711,13 @@ def drift(parts: Sequence[Part], part: str, until: Optional[float] = None) -> Op
     quarter = max(1, len(figures) // 4)
     return Drift(part, chosen[0].unit, statistics.median(figures[:quarter]), statistics.median(figures[-quarter:]),
                  statistics.median(figures), len(chosen), len(chosen) - len(figures))
+
+
+def lone_round(parts: Sequence[Part], part: str, until: Optional[float] = None) -> Optional[Part]:
+    """The one round of a load part that gave a figure, where it gave exactly one (a GPU burn
+    round of gpu_round_s in a soak shorter than two): too few for drift, still worth saying."""
+    figured = [p for p in parts if p.part == part and p.value is not None and (until is None or p.t1 <= until)]
+    return figured[0] if len(figured) == 1 else None
 
 
 def _gpu_values(sample: dict, key: str) -> dict[int, object]:

@@ -240,6 +240,9 @@ def judge_parts(soak: SoakOutcome, node: str, parts: tuple[str, ...], record, me
         if errors:
             failed.append(f"{what}: {len(errors)} round(s) failed, last: {errors[-1].error}")
         if figure is None:
+            alone = soaking.lone_round(log.parts, part, until=until)
+            if alone is not None and alone.value is not None:
+                notes.append(f"{what} {alone.value:.3g} {unit} in its one round: no drift to judge")
             continue
         figures[metric] = (round(figure.median, 3), unit)
         figures[metric.rsplit("_", 1)[0] + "_retained"] = (round(figure.retained_pct, 1), "%")
@@ -259,7 +262,7 @@ def judge_parts(soak: SoakOutcome, node: str, parts: tuple[str, ...], record, me
     if failed:
         raise SanityFailure(f"{node}: " + "; ".join(failed))
     if not figures:
-        raise SanityFailure(f"{node}: no load round of the soak gave a figure")
+        raise SanityFailure(f"{node}: no load part of the soak gave the two rounds' figures its drift is judged on")
     below = [why for part, why in soak.far_below.get(node, []) if part in parts]
     try:
         metrics.judge(**figures)

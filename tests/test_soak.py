@@ -62,6 +62,17 @@ def test_a_real_cpu_soak_parses_into_its_start_samples_rounds_and_end():
     assert soak.dropped_out(log, log.end["t"], 2) is None
 
 
+def test_a_part_with_one_round_is_named_as_too_few_for_drift():
+    """The real CPU soak's rounds; its first round alone stands for a GPU burn round of
+    gpu_round_s in a soak shorter than two (the later part lines left out here)."""
+    log = soak.parse_soak((DATA / "local_cpu_soak_node1.jsonl").read_text())
+    assert soak.lone_round(log.parts, "cpu") is None and soak.drift(log.parts, "cpu") is not None
+    first = next(p for p in log.parts if p.part == "cpu")
+    one = [p for p in log.parts if p.part != "cpu"] + [first]
+    assert soak.lone_round(one, "cpu") == first and soak.drift(one, "cpu") is None
+    assert soak.lone_round(one, "cpu", until=first.t1 - 1) is None and soak.lone_round(one, "gpu") is None
+
+
 def test_a_node_cut_off_mid_soak_is_dropped_out_and_its_torn_last_line_left_out():
     text = (DATA / "local_cpu_soak_node4_cut.jsonl").read_text()
     log = soak.parse_soak(text + '{"kind":"sample","t":')  # the harness died while appending
@@ -416,7 +427,9 @@ def test_a_wrong_soak_key_is_one_line_naming_the_field(tmp_path, written, proble
 
 @pytest.mark.parametrize("option, says", [
     (["--soak-duration", "24x"], "--soak-duration '24x'"),
-    (["--soak-duration", "15s"], "--soak-duration 15s is shorter than one load round (round_s=60): give at least 60s"),
+    (["--soak-duration", "15s"], "--soak-duration 15s is shorter than two load rounds (round_s=60), and a soak is "
+                                 "judged by its first rounds against its last: give at least 120s"),
+    (["--soak-duration", "60s"], "--soak-duration 60s is shorter than two load rounds (round_s=60)"),
     (["--soak-attach", "."], "--soak-attach: soak.json: no such file"),
     (["--soak-stop", "."], "--soak-stop: soak.json: no such file")])
 def test_bad_soak_options_are_one_line_and_a_usage_error(option, says, tmp_path):
