@@ -207,7 +207,7 @@ def test_a_soak_beside_a_depth_selects_both_and_sets_its_duration():
     assert prove.selection("quick", None) == ["-m", "quick"] and prove.selection("all", None) == []
     mix = ["--soak-mix", "gpu_round_s=60"]  # a proof's soak of minutes: rounds of a minute
     assert prove.selection("full", "3m") == ["-m", "full or soak", "--soak-duration", "3m", *mix]
-    assert prove.selection("all", "90s") == ["--soak-duration", "90s", *mix]
+    assert prove.selection("all", "2m") == ["--soak-duration", "2m", *mix]
 
 
 def test_the_summary_lists_the_soaks_checks_and_trends():
