@@ -82,8 +82,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--no-gpu", action="store_true",
                         help="rehearsal on a machine without a GPU: the GPU checks skip instead of failing")
     parser.add_argument("--soak", metavar="DURATION",
-                        help="also soak the machine this long (2m, 3m, 1h; at least two load rounds of 60 s): the GPU burn on every GPU, "
-                             "stress-ng on the CPUs, telemetry throughout; its trends go into the report")
+                        help="also soak the machine this long (2m, 3m, 1h; at least two load rounds of 60 s): "
+                             "the GPU burn on every GPU, stress-ng on the CPUs, telemetry throughout; its trends "
+                             "go into the report")
     parser.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
