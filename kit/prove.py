@@ -29,7 +29,7 @@ PROFILES = (("H200", "h200-sxm-8gpu"), ("H100", "h100-sxm-8gpu"), ("A100", "a100
 RECORDED_PROFILE = "h200-sxm-8gpu"  # perf.json's GPU; also the rehearsal's profile where no GPU is named
 DEPTHS = {"quick": "quick", "full": "full", "all": None}  # the -m marker of each depth; all: none
 
-# What one H200 on its own cannot be, against the eight-GPU HGX profile: (fact, value, reason).
+# What one GPU on its own cannot be, against an eight-GPU HGX profile: (fact, value, reason).
 ONE_GPU = (
     ("gpu_count", 1, "a single-GPU machine, not an eight-GPU HGX board"),
     ("nvlink_links", None, "one GPU has no NVLink peer (nvidia-smi nvlink -s prints nothing on the recorded H200)"),

@@ -102,9 +102,9 @@ def parse_mix(text: Optional[str], profile_mix: Optional[dict] = None) -> dict[s
 
 
 def too_short(duration_s: float, mix: Mapping[str, object], option: str = "--soak-duration") -> Optional[str]:
-    """Why a soak of duration_s could not be judged, or None: its drift compares the first rounds
-    of each load part with the last (drift), so it needs two rounds; a last round shorter than
-    half a round is not run, so two whole ones."""
+    """Why a soak of duration_s could not be judged, or None: each load part's first rounds are
+    compared with its last (drift), which takes two rounds, and a last round shorter than half a
+    round is not run, so two whole ones."""
     round_s = float(mix["round_s"])  # type: ignore[arg-type]
     if duration_s < 2 * round_s:
         return (f"{option} {duration_s:g}s is shorter than two load rounds (round_s={round_s:g}), and a soak "
