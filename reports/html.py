@@ -421,7 +421,7 @@ class OutlierRow:
 @dataclass
 class PairSection:
     heatmaps: list[Heatmap]
-    unmeasured: list[str]  # pair tools (rails) no node measured a pair with, and why
+    tools_without_pairs: list[str]  # pair tools (rails) no node measured a pair with, and why
     attribution: Optional[dict]  # the attribution check's outcome and message
     low_percent: str = ""  # how far from the median a figure is amber, e.g. "25%"
 
@@ -1035,8 +1035,7 @@ def _merged_across_checks(failures: list[AreaFailure]) -> list[AreaFailure]:
 def _skips(checks: list[dict], layout: Layout) -> tuple[list[Skip], dict[int, str]]:
     """The skipped checks, one row per check, reason and message alike but for the node's own
     words (masked_node_words: a profile that asks for no governor skips it on every node: one
-    row, not 1,024),
-    in matrix order; and each skipped entry's row anchor, for the matrix's links."""
+    row, not 1,024), in matrix order; and each skipped entry's row anchor, for the matrix's links."""
     alike: dict[tuple[str, str, str, str], list[tuple[int, dict]]] = {}
     skipped = sorted((entry for entry in layout.entries if entry["outcome"] == "skipped"),
                      key=lambda entry: (entry["row"], layout.position[entry["check"]], entry["index"]))
@@ -1392,22 +1391,22 @@ def _pair_section(checks: list[dict], layout: Layout,
             groups.setdefault(key, []).append(index)
     if not groups:
         return None
-    heatmaps, unmeasured = [], []
+    heatmaps, tools_without_pairs = [], []
     for number, ((name, rail), members) in enumerate(groups.items()):
         if not any(checks[i]["pairs"] for i in members):
             where = f"{name}" + (f" rail {rail}" if rail is not None else "")
-            unmeasured.append(_unmeasured(where, [checks[i] for i in members]))
+            tools_without_pairs.append(_tool_without_pairs(where, [checks[i] for i in members]))
             continue
         heatmaps.append(_heatmap(f"pairs-{number}", name, rail, [(i, checks[i]) for i in members],
                                  layout))
     attribution = next(({"outcome": _outcome(c), "message": text(c.get("message")).strip(),
                          "anchor": layout.anchor(i)}
                         for i, c in enumerate(checks) if c.get("check") == ATTRIBUTION_CHECK), None)
-    return PairSection(heatmaps=heatmaps, unmeasured=unmeasured, attribution=attribution,
+    return PairSection(heatmaps=heatmaps, tools_without_pairs=tools_without_pairs, attribution=attribution,
                        low_percent=f"{low_fraction * 100:g}%" if low_fraction else "")
 
 
-def _unmeasured(where: str, members: list[dict]) -> str:
+def _tool_without_pairs(where: str, members: list[dict]) -> str:
     """One line for a pair tool no node measured a pair with, instead of an empty heatmap: how
     many nodes skipped or failed it and the first reason of each (ib_write_bw on a fleet without
     HCAs whose lost nodes failed it: 'skipped on 1,019 node(s) — no RDMA device ...; failed on 5
