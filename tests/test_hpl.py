@@ -218,3 +218,16 @@ def test_a_missing_program_is_named_and_leftovers_are_swept(local, tmp_path):
     result = quick_hpcc(local, tmp_path, argv=["/nonexistent/xhpl"])
     assert missing_tool(result) == "/nonexistent/xhpl is not installed"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["handover-hpl-otherhost-old", running])
+
+
+def test_the_scratch_guards_ship_as_one_script_each_with_the_code_they_share():
+    """A node gets one file: the shared guard's text stands where the payload imports it."""
+    from runners import payloads
+
+    shared = (ROOT / "runners/payloads/scratch_guard.py").read_text()
+    for name in ("hpl_scratch", "fio_scratch"):
+        source = payloads.load(name)
+        assert "from ." not in source and source.count(shared) == 1, name
+        done = subprocess.run([sys.executable, "-I", "-", "{not json"], input=source, text=True,
+                              capture_output=True, cwd="/")
+        assert "JSONDecodeError" in done.stderr and "ImportError" not in done.stderr, done.stderr

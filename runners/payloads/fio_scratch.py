@@ -14,59 +14,22 @@ run (same node, same prefix) are swept away first.
 import json
 import os
 import secrets
-import signal
 import stat
 import subprocess
 import sys
 
+from .scratch_guard import end_on_signals, missing, refuse, sweep
+
 PREFIX = "handover-fio-"
-REFUSED_EXIT = 3
-MISSING_EXIT = 127
-
-
-def refuse(reason):
-    print(f"handover-refused: {reason}", file=sys.stderr)
-    sys.exit(REFUSED_EXIT)
 
 
 def say(text):
     print(f"handover-fio: {text}", file=sys.stderr)
 
 
-def on_signal(signum, frame):
-    raise SystemExit(128 + signum)
-
-
 def device_size(path):
     with open(path, "rb") as device:
         return device.seek(0, os.SEEK_END)
-
-
-def sweep(directory, prefix):
-    """Remove our own leftovers: regular files with this node's prefix whose run has ended."""
-    for entry in os.scandir(directory):
-        if (entry.name.startswith(prefix) and entry.is_file(follow_symlinks=False)
-                and not owner_alive(entry.name, prefix)):
-            os.unlink(entry.path)
-            say(f"removed {entry.path}, left by an interrupted earlier run")
-
-
-def owner_alive(name, prefix):
-    """Whether the run that made this entry still runs: its name carries that run's PID.
-
-    Two harness runs on one node (two operators, a run and its rerun) must not delete each
-    other's files; an entry whose PID is gone (or that carries none) is a leftover.
-    """
-    pid = name[len(prefix):].split("-", 1)[0]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, another user's
-    return True
 
 
 def run_fio(argv, filename):
@@ -84,8 +47,7 @@ def run_fio(argv, filename):
         proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, errors="replace")
     except FileNotFoundError:
-        print(f"handover-missing: {argv[0]} is not installed", file=sys.stderr)
-        return MISSING_EXIT
+        return missing(argv[0])
     try:
         out, err = proc.communicate()
     finally:
@@ -118,7 +80,7 @@ def run(spec):
     if not stat.S_ISDIR(mode):
         refuse(f"{path} is neither a directory nor a block device")
     prefix = f"{PREFIX}{spec['node']}-"
-    sweep(path, prefix)
+    sweep(path, prefix, say)
     fs = os.statvfs(path)
     free = fs.f_bavail * fs.f_frsize
     if free < needed:
@@ -161,8 +123,7 @@ def mount(spec):
 
 
 def main():
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(signum, on_signal)
+    end_on_signals()
     spec = json.loads(sys.argv[1])
     return mount(spec) if spec["action"] == "mount" else run(spec)
 

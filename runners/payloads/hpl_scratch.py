@@ -13,55 +13,18 @@ A missing program exits 127 with a `handover-missing:` line.
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 
+from .scratch_guard import end_on_signals, missing, refuse, sweep
+
 PREFIX = "handover-hpl-"
-REFUSED_EXIT = 3
-MISSING_EXIT = 127
 STOP_GRACE_S = 10
-
-
-def refuse(reason):
-    print(f"handover-refused: {reason}", file=sys.stderr)
-    sys.exit(REFUSED_EXIT)
 
 
 def say(text):
     print(f"handover-hpl: {text}", file=sys.stderr)
-
-
-def on_signal(signum, frame):
-    raise SystemExit(128 + signum)
-
-
-def sweep(directory, prefix):
-    """Remove our own leftovers: directories with this node's prefix whose run has ended."""
-    for entry in os.scandir(directory):
-        if (entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False)
-                and not owner_alive(entry.name, prefix)):
-            shutil.rmtree(entry.path, ignore_errors=True)
-            say(f"removed {entry.path}, left by an interrupted earlier run")
-
-
-def owner_alive(name, prefix):
-    """Whether the run that made this entry still runs: its name carries that run's PID.
-
-    Two harness runs on one node (two operators, a run and its rerun) must not delete each
-    other's files; an entry whose PID is gone (or that carries none) is a leftover.
-    """
-    pid = name[len(prefix):].split("-", 1)[0]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, another user's
-    return True
 
 
 def stop(proc):
@@ -81,8 +44,7 @@ def execute(argv, workdir, output):
         proc = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, errors="replace")
     except FileNotFoundError:
-        print(f"handover-missing: {argv[0]} is not installed", file=sys.stderr)
-        return MISSING_EXIT
+        return missing(argv[0])
     try:
         out, err = proc.communicate()
     finally:
@@ -106,7 +68,7 @@ def run(spec):
     if not os.path.isdir(path):
         refuse(f"{path} does not exist on this node or is not a directory")
     prefix = f"{PREFIX}{spec['node']}-"
-    sweep(path, prefix)
+    sweep(path, prefix, say)
     workdir = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=path)
     try:
         for name, text in spec["files"].items():
@@ -119,8 +81,7 @@ def run(spec):
 
 
 def main():
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(signum, on_signal)
+    end_on_signals()
     return run(json.loads(sys.argv[1]))
 
 
