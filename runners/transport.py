@@ -51,9 +51,10 @@ log = logging.getLogger("handover.transport")
 # TERM first, so that tools tidy up (torchrun removes its log directory), KILL after the grace;
 # then the temporary directories named after the tag or lease (OWN_TEMP_PREFIX) go too, since a
 # process killed where it hung (a torchrun waiting on a dead link) never removed its own. They
-# are looked for under /tmp, this script's TMPDIR and the TMPDIRs the tagged processes had:
-# theirs need not be this one's (sudo resets it for a root watchdog, pam_tmpdir gives each user
-# a TMPDIR of its own).
+# are looked for under /tmp, this script's TMPDIR, the TMPDIRs the tagged processes had (theirs
+# need not be this one's: sudo resets it for a root watchdog, pam_tmpdir gives each user a TMPDIR
+# of its own) and, for a watchdog, its session's TMPDIR ($session_tmpdir): a command that died by
+# itself (KILLed by its own timeout) leaves no process to learn it from.
 _KILL_TAGGED = r"""
 tagged() { grep -lsxz "$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
 tmpdirs() { for pid in $1; do tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n 's/^TMPDIR=//p'; done; }
@@ -67,15 +68,18 @@ kill_tagged() {
   fi
   own="${1#*=}"
   [ -z "$own" ] && return 0
-  printf '%%s\n' /tmp "${TMPDIR:-/tmp}" "$dirs" | sort -u | while IFS= read -r dir; do
+  printf '%%s\n' /tmp "${TMPDIR:-/tmp}" "$session_tmpdir" "$dirs" | sort -u | while IFS= read -r dir; do
     [ -n "$dir" ] && rm -rf -- "$dir/%s$own-"* 2>/dev/null
   done
   return 0
 }
 """ % (KILL_GRACE_S * 5, OWN_TEMP_PREFIX)
-_KILL_SCRIPT = _KILL_TAGGED + 'kill_tagged "$1"\n'
-# $1: seconds without a heartbeat before the work is killed (0: wait for the end of input only)
+# $1: the tag's variable; $2: the TMPDIR of the session that started it (root_argv's)
+_KILL_SCRIPT = _KILL_TAGGED + 'session_tmpdir="${2:-}"\nkill_tagged "$1"\n'
+# $1: seconds without a heartbeat before the work is killed (0: wait for the end of input only);
+# $2: the lease's variable; $3: as $2 above
 _LEASE_SCRIPT = _KILL_TAGGED + r"""
+session_tmpdir="${3:-}"
 while beat=$(timeout "$1" dd bs=1 count=1 2>/dev/null) && [ -n "$beat" ]; do
   printf %s "$beat" || break
 done
@@ -190,14 +194,22 @@ def wrap(argv: Sequence[str], *, tag: str, timeout: float, root: bool,
 
 
 def kill_argv(tag: str, *, root: bool) -> list[str]:
-    argv = ["sh", "-c", _KILL_SCRIPT, "handover-kill", f"{TAG_VARIABLE}={tag}"]
-    return ["sudo", "-n", *argv] if root else argv
+    return _script_argv(_KILL_SCRIPT, "handover-kill", [f"{TAG_VARIABLE}={tag}"], root=root)
 
 
 def lease_argv(lease: str, *, patience_s: float, root: bool) -> list[str]:
     """The node-side watchdog of one connection; as root where root commands may run."""
-    argv = ["sh", "-c", _LEASE_SCRIPT, "handover-lease", str(int(patience_s)), f"{LEASE_VARIABLE}={lease}"]
-    return ["sudo", "-n", *argv] if root else argv
+    return _script_argv(_LEASE_SCRIPT, "handover-lease", [str(int(patience_s)), f"{LEASE_VARIABLE}={lease}"],
+                        root=root)
+
+
+def _script_argv(script: str, name: str, args: list[str], *, root: bool) -> list[str]:
+    """`sh -c script name args...`; as root, through sudo, which resets TMPDIR: the session's own
+    shell reads it first and passes it on after the args, where a command's leftovers may be."""
+    if not root:
+        return ["sh", "-c", script, name, *args]
+    positional = " ".join(f'"${{{index}}}"' for index in range(2, len(args) + 2))
+    return ["sh", "-c", f'exec sudo -n sh -c "$1" {name} {positional} "${{TMPDIR:-/tmp}}"', name, script, *args]
 
 
 def node_timed_out(exit_code: Optional[int], duration_s: float, timeout: float) -> bool:

@@ -198,6 +198,24 @@ def test_the_watchdog_finds_temporary_directories_under_the_tmpdir_its_commands_
     worker.join(20)
 
 
+def test_a_root_watchdog_finds_what_a_command_that_died_by_itself_left_in_the_sessions_tmpdir(
+        tmp_path, monkeypatch):
+    """sudo resets TMPDIR for a root watchdog, and a command KILLed by its own timeout leaves no
+    process to learn its TMPDIR from: the watchdog is told the session's before sudo starts it."""
+    session_tmp = tmp_path / "session-tmp"
+    session_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(session_tmp))
+    transport = make_transport(Node("localhost", "localhost", "local", python=sys.executable, sudo=True))
+    try:
+        script = f'mktemp -d "$TMPDIR/{OWN_TEMP_PREFIX}$HANDOVER_LEASE-XXXX"; kill -KILL $$'
+        result = transport.run(["sh", "-c", script], timeout=30)
+        made = Path(result.stdout.strip())
+        assert not result.ok and made.parent == session_tmp and made.is_dir(), result
+    finally:
+        transport.close()
+    assert list(session_tmp.iterdir()) == []
+
+
 def test_stopped_sshd_is_unreachable_not_an_exception(ns_cluster_factory, tmp_path):
     nodes = ns_cluster_factory(2)
     cluster = ns_inventory(nodes, tmp_path / "inv.yaml")
