@@ -221,9 +221,11 @@ def direct_host(node: Node) -> Optional[str]:
     if node.transport != "ssh" or node.ssh.jump:
         return None
     config = _ssh_config().lookup(node.address)
-    if config.get("proxyjump", "none").lower() != "none" or config.get("proxycommand", "none").lower() != "none":
+    host = config.get("hostname", node.address)
+    jump = config.get("proxyjump", "none")
+    if jump.lower() != "none" and not _is_own_hop(jump, {host, node.address}):
         return None
-    return config.get("hostname", node.address)
+    return host if config.get("proxycommand", "none").lower() == "none" else None
 
 
 def _config() -> Config:
@@ -353,8 +355,7 @@ def _jump_chain_key(ssh: SshSettings, connection: Connection) -> Optional[SshSet
     jump = ssh.jump or connection.ssh_config.get("proxyjump")
     if not jump or jump.lower() == "none":
         return None
-    if not ssh.jump and {_split_jump(hop.strip())[0] for hop in jump.split(",")} & {
-            connection.host, connection.original_host}:
+    if not ssh.jump and _is_own_hop(jump, {connection.host, connection.original_host}):
         return None
     return SshSettings(identity_file=ssh.identity_file, known_hosts=ssh.known_hosts,
                        host_keys=ssh.host_keys, jump=jump, connect_timeout=ssh.connect_timeout)
@@ -620,6 +621,12 @@ def _run_on_channel(lease: "SshLease", command: str, stdin: bytes, *, open_timeo
             ready.poll(1000 * (min(remaining, SEND_POLL_S) if pending else remaining))
     finally:
         channel.close()
+
+
+def _is_own_hop(jump: str, names: set[str]) -> bool:
+    """Whether a ProxyJump chain passes through the node it is for (by any of its names): as
+    ssh and fabric do, such a node (the bastion under a `Host *` ProxyJump) is reached directly."""
+    return bool({_split_jump(hop.strip())[0] for hop in jump.split(",")} & names)
 
 
 def _split_jump(jump: str) -> tuple[str, Optional[str], Optional[int]]:

@@ -77,3 +77,20 @@ def test_a_local_session_loads_no_ssh_library_for_the_check():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fabric', 'paramiko', 'invoke')))")
     shown = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and shown.stdout.strip() == "[]", shown.stdout + shown.stderr
+
+
+def test_the_bastion_of_a_host_star_proxyjump_counts_as_reached_directly(tmp_path, monkeypatch):
+    """Under `Host *` ProxyJump bastion, the bastion itself is connected to directly (as ssh and
+    the transport do), so it costs a neighbour entry; the nodes behind it do not."""
+    from inventory.model import Node
+    from runners import ssh
+
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host gpu*\n  HostName %h.fabric\nHost *\n  ProxyJump ops@bastion:2222\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ssh._ssh_config.cache_clear()
+    try:
+        assert ssh.direct_host(Node("bastion", "bastion", "ssh")) == "bastion"
+        assert ssh.direct_host(Node("gpu001", "gpu001", "ssh")) is None
+    finally:
+        ssh._ssh_config.cache_clear()
