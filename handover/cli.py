@@ -5,6 +5,7 @@
     handover inventory FILE [--json]               validate an inventory and list its nodes
     handover parse TOOL FILE                       a tool's saved output as JSON (sanity in `ok`)
     handover diff OLD_RUN NEW_RUN [--json]         what got worse or better from one run to another
+    handover --version                             the version and commit runs record as their harness
 
 Running the acceptance suites is pytest's job: pytest --inventory inventory/<cluster>.yaml
 """
@@ -25,6 +26,7 @@ EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # as a shell reports a command that `| 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="handover", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action=_Version, help="print the harness's version and commit, as runs record them")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     report = verbs.add_parser("report", help="render report.html, results.json, junit.xml from a run's ledger")
@@ -79,6 +81,22 @@ def main(argv: list[str] | None = None) -> int:
         # does, and keep Python's exit-time flush of the dead pipe from printing a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_PIPE_CLOSED
+
+
+class _Version(argparse.Action):
+    """`handover --version`: the harness identity a run records (results.json's harness), read
+    only when asked (a git call and the session's imports)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from handover.session import harness_identity
+
+        identity = harness_identity()
+        commit = f" (commit {identity['commit']})" if identity["commit"] else ""
+        print(f"handover {identity['version']}{commit}")  # on stdout, as argparse's own version action
+        parser.exit()
 
 
 def fail(message: str) -> int:

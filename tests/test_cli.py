@@ -26,6 +26,15 @@ def test_inventory_lists_the_nodes_in_hostlist_form():
     assert "profile cpu-only" in done.stdout and "transport local" in done.stdout
 
 
+def test_version_is_the_identity_a_run_records():
+    from handover.session import harness_identity
+
+    done = handover("--version")
+    identity = harness_identity()
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout == f"handover {identity['version']} (commit {identity['commit']})\n"
+
+
 def test_inventory_lists_nodes_reached_alike_in_one_line(tmp_path):
     path = tmp_path / "fleet.yaml"
     path.write_text("cluster: fleet\nprofile: cpu-only\nssh: {user: ops}\n"
