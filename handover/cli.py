@@ -26,7 +26,7 @@ EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # as a shell reports a command that `| 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="handover", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--version", action=_Version, help="print the harness's version and commit, as runs record them")
+    parser.add_argument("--version", action=_Version, help="the harness's version and commit, as runs record them")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     report = verbs.add_parser("report", help="render report.html, results.json, junit.xml from a run's ledger")
