@@ -74,7 +74,7 @@ kill_tagged() {
   return 0
 }
 """ % (KILL_GRACE_S * 5, OWN_TEMP_PREFIX)
-# $1: the tag's variable; $2: the TMPDIR of the session that started it (root_argv's)
+# $1: the tag's variable; $2: the TMPDIR of the session that started it, which sudo resets (_script_argv)
 _KILL_SCRIPT = _KILL_TAGGED + 'session_tmpdir="${2:-}"\nkill_tagged "$1"\n'
 # $1: seconds without a heartbeat before the work is killed (0: wait for the end of input only);
 # $2: the lease's variable; $3: as $2 above
