@@ -78,10 +78,11 @@ def failure_report(item: pytest.Item, call: pytest.CallInfo, error: CheckFailure
 def test_id(item: pytest.Item) -> str:
     """The id a check has in the ledger: pytest's node id with the file named from the folder
     that holds the suites package (suites/test_system.py::test_os[gpu017]), so the id is the
-    same whichever directory pytest ran from, and --resume finds it again."""
-    _, _, rest = item.nodeid.partition("::")
-    module = _suite_file(str(item.path))
-    return f"{module}::{rest}" if module else item.nodeid
+    same whichever directory pytest ran from, and --resume finds it again. A file outside
+    pytest's rootdir, which pytest's node id leaves unnamed (`::test_x`), is named by its path:
+    two such files' tests of one name are two checks."""
+    file, _, rest = item.nodeid.partition("::")
+    return f"{_suite_file(str(item.path)) or file or item.path.as_posix()}::{rest}"
 
 
 @functools.lru_cache(maxsize=None)
