@@ -10,12 +10,12 @@ form (`--opt value`, `--opt=value`); without a test path it runs the installed s
 """
 from __future__ import annotations
 
-import _thread
 import argparse
 import os
 import re
 import shlex
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -286,36 +286,45 @@ class Interruption:
     """Ctrl-C, and SIGTERM (a CI job cancelled, a `timeout` that fired) treated as Ctrl-C, so the
     work on the nodes is killed and the run is written as interrupted, never silently dropped.
 
-    Python runs the handler at the main thread's next step, and drops what it raises when that
-    step is in a finalizer (it prints "Exception ignored" and goes on). So inside a `__del__` the
-    signal is sent again a moment later, and a signal that was dropped anyway (another kind of
-    finalizer) is raised again as the check running then ends."""
+    Python runs the handler at the main thread's next step; when that step is in a finalizer (a
+    `__del__`, a weakref callback, a garbage collection's), Python drops what the handler raised
+    and hands it to sys.unraisablehook ("Exception ignored in ..."). Ours sends the signal again,
+    to the main thread a moment later, once the finalizer has returned: the check is interrupted
+    at once, also in a sleep. Should a later hook keep ours from seeing it, the signal is raised
+    again as the check running then ends."""
 
     name = "handover-interruption"
     RETRY_S = 0.05
 
     def __init__(self) -> None:
         self.signum: Optional[int] = None
+        self._next_hook = sys.unraisablehook
 
     def on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         self.signum = signum
-        if _in_finalizer(frame):
-            threading.Timer(self.RETRY_S, _thread.interrupt_main, (signum,)).start()
-            return
         raise KeyboardInterrupt(f"signal {signum}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self) -> None:
+        """Ours goes in once pytest's own hook is (its pytest_configure), in front of it: pytest's
+        collects what it is given and hands nothing on."""
+        self._next_hook, sys.unraisablehook = sys.unraisablehook, self._on_unraisable
+
+    def pytest_unconfigure(self) -> None:
+        if sys.unraisablehook == self._on_unraisable:
+            sys.unraisablehook = self._next_hook
+
+    def _on_unraisable(self, unraisable: "sys.UnraisableHookArgs") -> None:
+        if self.signum is None or not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            self._next_hook(unraisable)
+            return
+        main = threading.main_thread().ident
+        threading.Timer(self.RETRY_S, signal.pthread_kill, (main, self.signum)).start()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logfinish(self) -> None:
         if self.signum is not None:
             raise KeyboardInterrupt(f"signal {self.signum}")
-
-
-def _in_finalizer(frame: Optional[FrameType]) -> bool:
-    while frame is not None:
-        if frame.f_code.co_name == "__del__":
-            return True
-        frame = frame.f_back
-    return False
 
 
 class SessionHooks:
