@@ -18,8 +18,10 @@ from suites.checks import Metrics, series_entry
 
 @pytest.hookimpl(trylast=True)  # after the plugin's, which opens the session
 def pytest_configure(config: pytest.Config) -> None:
-    """Collecting the suites without --inventory is a usage error, said once."""
-    acceptance_session(config)
+    """Collecting the suites without --inventory is a usage error, said once; asking pytest for
+    its help or its markers in the checkout (which collects nothing) is not."""
+    if not (config.option.help or config.option.markers):
+        acceptance_session(config)
 
 
 @pytest.hookimpl(tryfirst=True)  # before a module's own parameters: ids read gpu017-rail3
