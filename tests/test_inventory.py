@@ -912,3 +912,21 @@ def test_nodes_are_placed_by_rack_where_any_has_one_else_by_leaf(tmp_path):
     assert placement(load_inventory(path).nodes) == ("leaf", {"n1": "l1", "n2": "l1", "n3": "l2"})
     path.write_text(path.read_text() + "  all: {nodes: 'n[1-3]', rack: r1}\n")  # one rack, two leaves
     assert placement(load_inventory(path).nodes) == ("leaf", {"n1": "l1", "n2": "l1", "n3": "l2"})
+
+
+def test_the_readmes_example_inventory_loads_as_it_says(tmp_path, monkeypatch):
+    """The inventory a newcomer copies from the README ("Writing an inventory") is one the loader
+    takes, with its ~/.ssh files in place."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    example = readme.split("### Writing an inventory\n\n", 1)[1].split("\n\nAn inventory is data", 1)[0]
+    (tmp_path / ".ssh").mkdir()
+    for name in ("id_ed25519", "known_hosts"):
+        (tmp_path / ".ssh" / name).touch()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "demo.yaml"
+    path.write_text(textwrap.dedent(example) + "\n")
+    cluster = load_inventory(path)
+    assert (cluster.name, cluster.profile.name) == ("demo", "h100-sxm-8gpu")
+    assert [node.name for node in cluster.nodes] == [f"gpu00{index}" for index in range(1, 6)]
+    assert {override.key for override in cluster.expect_overrides} == {"gpu_count", "nvlink_links"}
+    assert cluster.profile.references["memory_total"].source == "contract 2026-11"
