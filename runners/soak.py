@@ -101,15 +101,21 @@ def parse_mix(text: Optional[str], profile_mix: Optional[dict] = None) -> dict[s
     return mix
 
 
-def too_short(duration_s: float, mix: Mapping[str, object], option: str = "--soak-duration") -> Optional[str]:
+def too_short(duration_s: float, mix: Mapping[str, object], option: str = "--soak-duration",
+              gpus: bool = False) -> Optional[str]:
     """Why a soak of duration_s could not be judged, or None: each load part's first rounds are
     compared with its last (drift), which takes two rounds, and a last round shorter than half a
-    round is not run, so two whole ones."""
-    round_s = float(mix["round_s"])  # type: ignore[arg-type]
-    if duration_s < 2 * round_s:
-        return (f"{option} {duration_s:g}s is shorter than two load rounds (round_s={round_s:g}), and a soak "
-                f"is judged by its first rounds against its last: give at least {math.ceil(2 * round_s)}s, "
-                f"or a smaller round_s in --soak-mix")
+    round is not run, so two whole ones; where the nodes have GPUs (`gpus`), two GPU burn rounds
+    too, whose figure the GPU profiles' soak_gpu_retained band judges."""
+    rounds = [("load rounds", "round_s")]
+    if gpus and int(mix.get("gpu", 1)):  # type: ignore[call-overload]
+        rounds.append(("GPU burn rounds", "gpu_round_s"))
+    for what, key in rounds:
+        round_s = float(mix[key])  # type: ignore[arg-type]
+        if duration_s < 2 * round_s:
+            return (f"{option} {duration_s:g}s is shorter than two {what} ({key}={round_s:g}), and a soak "
+                    f"is judged by its first rounds against its last: give at least {math.ceil(2 * round_s)}s, "
+                    f"or a smaller {key} in --soak-mix")
     return None
 
 

@@ -90,9 +90,10 @@ def soak(acceptance, cluster_run, pytestconfig) -> SoakOutcome:
         if not duration:
             pytest.skip("no soak asked for: give --soak-duration (e.g. 24h)")
         mix = soaking.parse_mix(pytestconfig.getoption("--soak-mix"), acceptance.cluster.profile.soak_mix)
-        short = soaking.too_short(soaking.parse_duration(duration), mix)
-        if short:  # the profile's round_s (without it, the option's check refused the run already)
-            pytest.fail(f"{short} (the profile {acceptance.cluster.profile.name} sets round_s)", pytrace=False)
+        profile = acceptance.cluster.profile
+        short = soaking.too_short(soaking.parse_duration(duration), mix, gpus=bool(profile.expect.gpu_count))
+        if short:  # the profile's rounds or its GPUs (the option's check, before, knew neither)
+            pytest.fail(f"{short} (profile {profile.name})", pytrace=False)
         plan = soaking.new_plan(acceptance.nodes, acceptance.cluster.scratch, soaking.parse_duration(duration), mix)
     run = soaking.SoakRun(plan, run_dir, specs, on_progress=ProgressDisplay(pytestconfig).show)
     try:

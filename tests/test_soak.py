@@ -425,6 +425,21 @@ def test_a_wrong_soak_key_is_one_line_naming_the_field(tmp_path, written, proble
     assert "\n" not in message and message.startswith(f"{path}:") and problem in message, message
 
 
+def test_where_the_nodes_have_gpus_a_soak_covers_two_gpu_burn_rounds_too():
+    """A GPU profile judges soak_gpu_retained, the drift of the GPU burn's rounds (gpu_round_s=300
+    by default): a 5-minute soak there would run one round and fail that band for want of a
+    second, which is the soak's length, not the GPUs."""
+    default = soak.parse_mix(None)
+    assert soak.too_short(300, default) is None
+    assert soak.too_short(300, default, gpus=True) == (
+        "--soak-duration 300s is shorter than two GPU burn rounds (gpu_round_s=300), and a soak is judged by "
+        "its first rounds against its last: give at least 600s, or a smaller gpu_round_s in --soak-mix")
+    assert soak.too_short(600, default, gpus=True) is None
+    assert soak.too_short(300, soak.parse_mix("gpu=0"), gpus=True) is None  # no GPU burn in the mix
+    assert soak.too_short(180, soak.parse_mix("gpu_round_s=60"), gpus=True) is None  # the device proof's
+    assert "two load rounds (round_s=60)" in soak.too_short(60, default, gpus=True)
+
+
 @pytest.mark.parametrize("option, says", [
     (["--soak-duration", "24x"], "--soak-duration '24x'"),
     (["--soak-duration", "15s"], "--soak-duration 15s is shorter than two load rounds (round_s=60), and a soak is "
