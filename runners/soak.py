@@ -109,7 +109,7 @@ def too_short(duration_s: float, mix: Mapping[str, object], option: str = "--soa
     too, whose figure the GPU profiles' soak_gpu_retained band judges."""
     rounds = [("load rounds", "round_s")]
     if gpus and int(mix.get("gpu", 1)):  # type: ignore[call-overload]
-        rounds.append(("GPU burn rounds", "gpu_round_s"))
+        rounds.append(("GPU burn rounds", ROUND_KEYS["gpu"]))
     for what, key in rounds:
         round_s = float(mix[key])  # type: ignore[arg-type]
         if duration_s < 2 * round_s:
