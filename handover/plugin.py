@@ -275,8 +275,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def acceptance_session(config: pytest.Config) -> AcceptanceSession:
-    """The session this pytest run tests; a usage error when it was started without --inventory."""
+    """The session this pytest run tests; a usage error when it was started without --inventory,
+    but for `pytest --fixtures`, which collects the suites only to list their fixtures: there the
+    checks, with no nodes to be given, are skipped."""
     if SESSION not in config.stash:
+        if config.option.showfixtures:
+            pytest.skip("pytest --fixtures without --inventory: no nodes to give the checks")
         raise pytest.UsageError("the acceptance suites need --inventory FILE "
                                 "(e.g. pytest --inventory inventory/local.yaml)")
     return config.stash[SESSION]

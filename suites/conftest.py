@@ -19,8 +19,8 @@ from suites.checks import Metrics, series_entry
 @pytest.hookimpl(trylast=True)  # after the plugin's, which opens the session
 def pytest_configure(config: pytest.Config) -> None:
     """Collecting the suites without --inventory is a usage error, said once; asking pytest for
-    its help or its markers in the checkout (which collects nothing) is not."""
-    if not (config.option.help or config.option.markers):
+    its help, its markers or the suites' fixtures in the checkout is not."""
+    if not (config.option.help or config.option.markers or config.option.showfixtures):
         acceptance_session(config)
 
 

@@ -124,13 +124,16 @@ def test_without_an_inventory_the_plugin_is_inert(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_pytests_help_and_markers_in_the_checkout_need_no_inventory():
+def test_pytests_help_markers_and_fixtures_in_the_checkout_need_no_inventory():
     """What a newcomer types first in the checkout: the suites' conftest asks for --inventory
     only where something is collected."""
     helped = pytest_in(ROOT, "--help", "-p", "no:cacheprovider")
     assert helped.returncode == 0 and "--inventory=FILE" in helped.stdout, helped.stdout + helped.stderr
     markers = pytest_in(ROOT, "--markers", "-p", "no:cacheprovider")
     assert markers.returncode == 0 and "@pytest.mark.soak:" in markers.stdout, markers.stdout + markers.stderr
+    fixtures = pytest_in(ROOT, "--fixtures", "-p", "no:cacheprovider")
+    assert fixtures.returncode == 0 and "cluster_run [session scope]" in fixtures.stdout, fixtures.stdout
+    assert "ERROR" not in fixtures.stdout + fixtures.stderr
     collecting = pytest_in(ROOT, "-p", "no:cacheprovider")
     assert collecting.returncode != 0 and "need --inventory FILE" in collecting.stdout + collecting.stderr
 
