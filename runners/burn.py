@@ -187,6 +187,9 @@ def parse_bandwidth(text: str) -> BandwidthRun:
         node = raw.get("host_numa")
         return node.get("node") if isinstance(node, dict) and isinstance(node.get("node"), int) else None
 
+    for position, raw in enumerate(data["gpus"]):
+        if not isinstance(raw, dict) or not (raw.get("error") or "hbm_copy_tbps" in raw):
+            raise ParseError(f"GPU entry {position} has neither an error nor hbm_copy_tbps")
     gpus = [GpuBandwidth(int(raw.get("index", position)), str(raw.get("name", "")),
                          figure(raw, "hbm_copy_tbps"), figure(raw, "h2d_gbps"), figure(raw, "d2h_gbps"),
                          raw.get("error"), str(raw.get("bus_id") or ""), numa(raw))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from runners.parsing import ParseError
@@ -90,10 +90,29 @@ def parse_dcgmi(text: str) -> DcgmiDiag:
         data, _ = json.JSONDecoder().raw_decode(text[start:])
     except json.JSONDecodeError as exc:
         raise ParseError(f"dcgmi JSON is malformed: {exc}") from None
-    if "iterations" in data and isinstance(data["iterations"], list) and data["iterations"]:
-        data = data["iterations"][-1]
-    body = data.get("DCGM Diagnostic") or data.get("DCGM GPU Diagnostic")
-    if not isinstance(body, dict) or "test_categories" not in body:
+    if isinstance(data, dict) and isinstance(data.get("iterations"), list) and data["iterations"]:
+        return _parse_iterations(data)
+    return _parse_document(data)
+
+
+def _parse_iterations(data: dict) -> DcgmiDiag:
+    """`dcgmi diag --iterations N -j`: every run's results, named by iteration, and dcgmi's own
+    "Overall Result" (a failure in the first run fails the diagnostic, whatever the last said)."""
+    runs = [_parse_document(run) for run in data["iterations"]]
+    tests = [replace(test, name=f"{test.name} (iteration {i})")
+             for i, run in enumerate(runs, start=1) for test in run.tests]
+    overall = str(data.get("Overall Result") or "")
+    runtime_error = next((run.runtime_error for run in runs if run.runtime_error), None)
+    ok = all(run.ok for run in runs) and overall.lower() in ("", *PASSING_STATUSES)
+    return DcgmiDiag(version=runs[0].version, tests=tests, runtime_error=runtime_error, ok=ok)
+
+
+def _parse_document(data: object) -> DcgmiDiag:
+    """One diagnostic's document, 3.x or 4.x. A 4.x test's own `test_summary` status is a result
+    too (without a GPU), as in the table: a test that failed as a whole fails the diagnostic
+    even when every GPU's result says Pass."""
+    body = (data.get("DCGM Diagnostic") or data.get("DCGM GPU Diagnostic")) if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(body, dict) or "test_categories" not in body:
         raise ParseError("neither `DCGM Diagnostic` nor `DCGM GPU Diagnostic` with "
                          "`test_categories` at the top of the document")
     version = str(body.get("version") or (data.get("metadata") or {}).get("version") or "")
@@ -102,6 +121,10 @@ def parse_dcgmi(text: str) -> DcgmiDiag:
         for test in category.get("tests") or []:
             if not test:
                 continue  # NVIDIA's real output has null entries between tests
+            summary = test.get("test_summary")
+            if isinstance(summary, dict) and summary.get("status"):
+                tests.append(DiagResult(name=str(test.get("name", "")), category=str(category.get("category", "")),
+                                        gpus="", status=str(summary["status"])))
             for result in test.get("results") or []:
                 tests.append(DiagResult(
                     name=str(test.get("name", "")),

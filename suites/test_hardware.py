@@ -201,7 +201,7 @@ def test_dcgm_diag(on_node, profile, record):
         diag = dcgmi.parse_dcgmi(result.stdout)
     except ParseError as error:
         raise SanityFailure(f"dcgmi diag ({meaning}): {error}", excerpt(result.stdout)) from None
-    failing = [f"{t.name} on GPU(s) {t.gpus}: {t.status}"
+    failing = [f"{t.name}{f' on GPU(s) {t.gpus}' if t.gpus else ''}: {t.status}"
                + (f" ({'; '.join(t.warnings)})" if t.warnings else "")
                for t in diag.tests if t.status.lower() not in dcgmi.PASSING_STATUSES]
     record.note(f"DCGM {diag.version}: {len(diag.tests)} result(s) on {len(facts.gpus)} GPU(s)")

@@ -14,6 +14,7 @@ import pytest
 from inventory.loader import load_profile
 from inventory.model import Node
 from runners import burn, nvml
+from runners.parsing import ParseError
 from runners.transport import LocalTransport
 
 DATA = Path(__file__).resolve().parent / "data" / "h200-1gpu"
@@ -173,6 +174,12 @@ def test_bandwidth_payload_runs_on_cpu_and_slowest_gpu_is_judged():
     data["gpus"].append({"index": 2, "name": "cpu", "error": "RuntimeError: CUDA error: out of memory"})
     broken = burn.parse_bandwidth(json.dumps(data))
     assert not broken.ok and broken.slowest("d2h_gbps") is None
+
+
+def test_another_tools_gpu_list_is_not_bandwidth_output():
+    """The recorded H200's NVML facts have a `gpus` list too, with no figure in it."""
+    with pytest.raises(ParseError, match="GPU entry 0 has neither an error nor hbm_copy_tbps"):
+        burn.parse_bandwidth((DATA / "nvml.json").read_text())
 
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "burn_vs_matmul.py"

@@ -47,6 +47,38 @@ def test_4x_shape_with_runtime_error_is_not_ok():
     assert diag.version == "4.2.3" and diag.tests[0].gpus == "0" and not diag.ok
 
 
+def test_4x_test_that_failed_as_a_whole_fails_though_every_gpu_passed():
+    """Shape from NVIDIA/DCGM dcgm_diag_schema.json (4.x, `test_summary`); not real output. The
+    table parser reads the same case from the derived table in tests/data/dcgmi."""
+    results = [{"entity_group": "GPU", "entity_id": gpu, "status": "Pass"} for gpu in range(4)]
+    doc = {"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [
+        {"name": "memory", "results": results, "test_summary": {"status": "Fail", "info": []}}]}]},
+        "metadata": {"version": "4.2.3"}}
+    diag = dcgmi.parse_dcgmi(json.dumps(doc))
+    assert [(t.gpus, t.status) for t in diag.tests] == [("", "Fail"), ("0", "Pass"), ("1", "Pass"),
+                                                        ("2", "Pass"), ("3", "Pass")]
+    assert not diag.ok
+    doc["DCGM Diagnostic"]["test_categories"][0]["tests"][0]["test_summary"]["status"] = "Pass"
+    assert dcgmi.parse_dcgmi(json.dumps(doc)).ok
+
+
+def _iterations(first: dict, second: dict, overall: str) -> str:
+    """`dcgmi diag --iterations 2 -j`'s wrapper (tool-formats.md section 7) around two runs."""
+    return json.dumps({"iterations": [first, second], "Overall Result": overall})
+
+
+def test_iterations_count_every_run_and_dcgmis_overall_result():
+    """Derived from the real fixture: two runs, the first with a failing Denylist result."""
+    passing = json.loads(REAL[REAL.index("{"):])
+    failing = json.loads(REAL[REAL.index("{"):])
+    failing["DCGM GPU Diagnostic"]["test_categories"][0]["tests"][0]["results"][0]["status"] = "Fail"
+    diag = dcgmi.parse_dcgmi(_iterations(failing, passing, "Fail"))
+    assert not diag.ok and len(diag.tests) == 2 * (9 + 8) and diag.version == "3.1.0"
+    assert [t.name for t in diag.tests if t.status == "Fail"] == ["Denylist (iteration 1)"]
+    assert dcgmi.parse_dcgmi(_iterations(passing, passing, "Pass")).ok
+    assert not dcgmi.parse_dcgmi(_iterations(passing, passing, "Fail")).ok
+
+
 @pytest.mark.parametrize("text", ["Error: unable to connect to host engine", "{\"other\": 1}"])
 def test_not_dcgmi_output(text):
     with pytest.raises(ParseError):
