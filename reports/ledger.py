@@ -24,6 +24,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -94,6 +95,8 @@ class Ledger:
         ledger = cls(run_dir, started=now_iso())
         header = {"type": "run", "schema": LEDGER_SCHEMA, "run_id": run_id, "started": ledger.started,
                   **header}
+        if isinstance(header.get("argv"), list):  # a secret given on the command line stays there
+            header["argv"] = shlex.split(redact(shlex.join(map(str, header["argv"]))))
         try:
             _make_folder(run_dir / RAW_DIR)
             write_atomically(ledger.path, _line(header))

@@ -9,10 +9,15 @@ the shapes tools print:
     ... NAME=value ...    a word of a command line (the value runs to a space, quote or ; & |)
     "NAME=value"          a JSON string or quoted shell word (the value runs to the quote)
     "NAME": "value"       a JSON member (or 'NAME': 'value', Python's repr of a dict)
+    ...,NAME=value,...    a list of variables, as srun's --export=ALL,NAME=value
+    NAME: value           a YAML line or an HTTP header (the value runs to the end or a quote)
+    --name value          an option and its value, as a command line gives them
+    sshpass -p value      sshpass's password, whatever the option's name
     scheme://user:pw@     a password inside a URL, whatever the variable
+    -----BEGIN ... PRIVATE KEY-----   the key's lines, whatever surrounds them
 
 A name holds a secret when one of its words (split at _ - .) ends in token, secret(s),
-password, passwd, passphrase, apikey, credential(s) or privatekey; or, in a name of several
+password, passwd, passphrase, apikey, credential(s), privatekey or authorization; or, in a name of several
 words, is key, pass, pw or pwd (API_KEY, MYSQL_PWD; not PWD, nor a bare key=value), or is auth
 as the last (NPM_CONFIG__AUTH, not SSH_AUTH_SOCK). So TOKENIZERS_PARALLELISM, tokens_per_s and
 iperf3's "cookie" stay.
@@ -28,7 +33,7 @@ from functools import lru_cache
 REDACTED = "[REDACTED]"
 
 _SECRET_ENDINGS = ("token", "secret", "secrets", "password", "passwd", "passphrase", "apikey",
-                   "credential", "credentials", "privatekey")
+                   "credential", "credentials", "privatekey", "authorization")
 _SECRET_WORDS = frozenset({"key", "pass", "pw", "pwd"})  # only as one word of several
 _WORD_SPLIT = re.compile(r"[_.-]+")
 
@@ -48,8 +53,21 @@ _LINE = re.compile(rf"^(?P<lead>[ \t]*(?:export[ \t]+)?)(?P<name>{_NAME})=(?P<va
                    re.MULTILINE)
 # NAME=value as a word among others: a command line, a log line, `[1,0]<stdout>:NAME=value`.
 _WORD = re.compile(rf"(?<![A-Za-z0-9_.=-])(?P<name>{_NAME})=(?P<value>[^\s\"'&;|<>()]*)")
+# NAME=value after a comma: a list of variables, as srun's --export=ALL,NAME=value.
+_LISTED = re.compile(rf"(?<=,)(?P<name>{_NAME})=(?P<value>[^\s\"',&;|<>()]*)")
+# NAME: value unquoted: a YAML line, an HTTP header (`Authorization: Bearer ...`).
+_COLON = re.compile(rf"""(?<![\w.-])(?P<name>{_NAME})[ \t]*:[ \t]*(?P<value>[^\s\"'][^\r\n\"']*)""")
+# --name value: an option of a secret name and the word after it (not another option).
+_OPTION = re.compile(r"""(?<![\w.-])(?P<name>--?[A-Za-z][\w.-]*)[ \t]+"""
+                     r"""(?P<value>'[^'\n]*'|"[^"\n]*"|[^\s\"'&;|<>()-][^\s\"'&;|<>()]*)""")
+# sshpass -p password (also -ppassword): the option is named p, the value a password all the same.
+_SSHPASS = re.compile(r"(?P<lead>\bsshpass\b[^\n]*?[ \t]-p[ \t]*)(?P<value>[^\s\"'&;|<>()]+)")
 # scheme://user:password@host
 _URL = re.compile(r"(?P<lead>://[^\s/@:\"']*:)(?P<value>[^\s/@\"']+)(?=@)")
+# A private key, PEM-armoured: every line between its markers (a JSON string's \n-joined one too).
+_PRIVATE_KEY = re.compile(r"(?P<begin>-----BEGIN (?P<kind>[A-Z0-9 ]*)PRIVATE KEY-----)(?P<body>.*?)"
+                          r"(?P<end>-----END (?P=kind)PRIVATE KEY-----)", re.DOTALL)
+_BODY_LINE = re.compile(r"[^\r\n]+")
 
 
 @lru_cache(maxsize=4096)
@@ -66,6 +84,8 @@ def secret_name(name: str) -> bool:
 
 def redact(text: str) -> str:
     """text with the value of every secret-named variable, and every URL password, replaced."""
+    if "PRIVATE KEY-----" in text:
+        text = _PRIVATE_KEY.sub(_key_hidden, text)
     lowered = text.lower()
     if len(lowered) != len(text):  # a character whose lower case is longer: no positions to share
         return _redact_lines(text)
@@ -88,7 +108,20 @@ def _redact_lines(text: str) -> str:
     text = _QUOTED.sub(_by_name, text)
     text = _LINE.sub(_by_name, text)
     text = _WORD.sub(_by_name, text)
-    return _URL.sub(lambda found: found.group("lead") + _hidden(found.group("value")), text)
+    text = _LISTED.sub(_by_name, text)
+    text = _COLON.sub(_by_name, text)
+    text = _OPTION.sub(_by_name, text)
+    text = _SSHPASS.sub(_after_lead, text)
+    return _URL.sub(_after_lead, text)
+
+
+def _after_lead(found: re.Match) -> str:
+    return found.group("lead") + _hidden(found.group("value"))
+
+
+def _key_hidden(found: re.Match) -> str:
+    body = _BODY_LINE.sub(REDACTED, found.group("body"))
+    return found.group("begin") + body + found.group("end")
 
 
 def _by_name(found: re.Match) -> str:

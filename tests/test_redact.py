@@ -14,7 +14,7 @@ import pytest
 
 from reports.ledger import RAW_DIR, Ledger
 from reports.redact import REDACTED, redact, secret_name
-from runners.launchers import MpirunLauncher
+from runners.launchers import MpirunLauncher, SrunLauncher
 from runners.nccl_tests import parse_nccl_tests
 from runners.training import parse_training
 from runners.transport import wrap
@@ -120,7 +120,26 @@ def test_command_lines_the_harness_builds_are_redacted_word_by_word():
     ("git clone https://oauth2:madeUpPat@gitlab.example.com/x.git",
      f"git clone https://oauth2:{REDACTED}@gitlab.example.com/x.git"),
     ("GET /v1?api_key=madeup&page=2", f"GET /v1?api_key={REDACTED}&page=2"),
+    # srun's --export list (the harness's own SrunLauncher writes one), YAML lines and headers
+    ("srun --export=ALL,HF_TOKEN=madeup,NCCL_DEBUG=INFO -N 2 x",
+     f"srun --export=ALL,HF_TOKEN={REDACTED},NCCL_DEBUG=INFO -N 2 x"),
+    ("  db_password:  madeup", f"  db_password:  {REDACTED}"),
+    ("curl -H 'Authorization: Bearer madeup' https://x", f"curl -H 'Authorization: {REDACTED}' https://x"),
+    # an option and the word after it; sshpass's -p
+    ("tool --password 'made up' --user bob", f"tool --password {REDACTED} --user bob"),
+    ("huggingface-cli login --token madeup --add-to-git-credential",
+     f"huggingface-cli login --token {REDACTED} --add-to-git-credential"),
+    ("sshpass -p madeup ssh root@n1", f"sshpass -p {REDACTED} ssh root@n1"),
+    ("sshpass -pmadeup ssh root@n1", f"sshpass -p{REDACTED} ssh root@n1"),
+    # a private key's lines, in a file and in a JSON string
+    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbm made up\nAAAA\n-----END OPENSSH PRIVATE KEY-----",
+     f"-----BEGIN OPENSSH PRIVATE KEY-----\n{REDACTED}\n{REDACTED}\n-----END OPENSSH PRIVATE KEY-----"),
+    ('{"key": "-----BEGIN RSA PRIVATE KEY-----\\nMIIE madeup\\n-----END RSA PRIVATE KEY-----"}',
+     f'{{"key": "-----BEGIN RSA PRIVATE KEY-----{REDACTED}-----END RSA PRIVATE KEY-----"}}'),
     # left alone: not secrets
+    ("stress-ng: info:  [18704] passed: 3: cpu (2) vm (1)", "stress-ng: info:  [18704] passed: 3: cpu (2) vm (1)"),
+    ("ssh -o PasswordAuthentication=no n1", "ssh -o PasswordAuthentication=no n1"),
+    ("max_tokens: 512", "max_tokens: 512"),
     ("PWD=/root", "PWD=/root"),
     ("SSH_AUTH_SOCK=/tmp/ssh-XXXX/agent.1", "SSH_AUTH_SOCK=/tmp/ssh-XXXX/agent.1"),
     ("TOKENIZERS_PARALLELISM=false", "TOKENIZERS_PARALLELISM=false"),
@@ -152,6 +171,17 @@ def test_names_that_do_not(name):
     assert redact(f"{name}=kept") == f"{name}=kept"
 
 
+def test_srun_export_list_the_harness_builds_is_redacted():
+    """Real argv from the harness's own srun launcher with a made-up secret passed through it."""
+    launcher = SrunLauncher(env={"NCCL_DEBUG": "INFO", "HF_TOKEN": MADE_UP_HF})
+    command = shlex.join(launcher.argv(["node1", "node2"], 1, ["all_reduce_perf", "-g", "1"]))
+    assert "--export=" in command
+
+    redacted = redact(command)
+
+    assert MADE_UP_HF not in redacted and f"HF_TOKEN={REDACTED}" in redacted and "NCCL_DEBUG=INFO" in redacted
+
+
 # --- Where raw output is stored --------------------------------------------------------------------------
 
 
@@ -174,3 +204,15 @@ def test_save_raw_stores_no_secret_anywhere_in_the_run_directory(tmp_path):
     stored = json.loads((ledger.run_dir / saved[1]).read_text())
     assert stored["env"][-1] == f"HF_TOKEN={REDACTED}"
     assert (ledger.run_dir / saved[2]).read_text() == f"NCCL_DEBUG=VERSION\nAWS_SECRET_ACCESS_KEY={REDACTED}\n"
+
+
+def test_the_run_headers_command_line_keeps_no_secret(tmp_path):
+    """The report's provenance shows the run's argv: a made-up token given as an option's value,
+    or as a variable, is redacted there, the rest kept word for word."""
+    argv = ["pytest", "--inventory", "my cluster.yaml", "--token", "madeup", "X_TOKEN=madeup2", "-k", "not soak"]
+    ledger = Ledger.create(tmp_path / "out", "c", {"nodes": ["n1"], "argv": argv})
+
+    header = json.loads(ledger.path.read_text().splitlines()[0])
+
+    assert header["argv"] == ["pytest", "--inventory", "my cluster.yaml", "--token", REDACTED,
+                              f"X_TOKEN={REDACTED}", "-k", "not soak"]
