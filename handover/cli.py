@@ -116,8 +116,9 @@ def cmd_report(args) -> int:
 def _report(args) -> int:
     from reports import signing
     from reports.files import WriteError
-    from reports.ledger import LedgerError, read_ledger, torn_warning
+    from reports.ledger import LEDGER_FILE, LedgerError, read_ledger, torn_warning
     from reports.render import render_run
+    from reports.schema import SchemaError
     from reports.verdict import terminal_summary
 
     try:
@@ -130,6 +131,8 @@ def _report(args) -> int:
         rendered = render_run(args.run_dir, key, record)
     except (LedgerError, signing.SigningError, WriteError) as error:
         return fail(str(error))
+    except SchemaError as error:  # an entry the harness did not write: the ledger was edited
+        return fail(f"{args.run_dir / LEDGER_FILE} makes no valid results: {error}")
     print(f"verdict: {rendered.verdict.headline}")
     for line in terminal_summary(rendered.verdict):
         print(line)

@@ -244,11 +244,14 @@ def read_ledger(run_dir: Path) -> RunRecord:
         raise LedgerError(f"{path}:1: schema {entries[0].get('schema')!r}, expected {LEDGER_SCHEMA!r}")
     record = RunRecord(run_dir=Path(run_dir), header=entries[0], torn=torn)
     latest: dict[str, dict] = {}
-    for entry in entries[1:]:
+    for number, entry in enumerate(entries[1:], 2):
         kind = entry.get("type")
         if kind == "check":
-            latest.pop(entry["test_id"], None)  # a resumed run's newer outcome replaces the old
-            latest[entry["test_id"]] = entry
+            test_id = entry.get("test_id")
+            if not isinstance(test_id, str):
+                raise LedgerError(f"{path}:{number}: a check entry without a test_id")
+            latest.pop(test_id, None)  # a resumed run's newer outcome replaces the old
+            latest[test_id] = entry
         elif kind == "tool":
             record.tools.append(entry)
         elif kind == "selection":

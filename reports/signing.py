@@ -143,6 +143,8 @@ def _dearmor(text: str, begin: str, end: str) -> bytes:
     end_at = body.find(end, len(begin))
     if end_at < 0:
         raise _Malformed(f"missing {end} footer")
+    if body[end_at + len(end):].strip():
+        raise _Malformed(f"text after the {end} footer")  # nothing may ride along with a signature
     try:
         return base64.b64decode("".join(body[len(begin):end_at].split()), validate=True)
     except (binascii.Error, ValueError):

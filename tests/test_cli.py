@@ -111,6 +111,28 @@ def test_report_of_a_ledger_torn_in_the_middle_is_one_line_naming_file_and_line(
     assert report.stderr.splitlines() == [f"handover: {run_dir / LEDGER_FILE}:2: not a JSON object"]
 
 
+def test_report_of_an_edited_ledger_is_one_line(tmp_path, sign_key):
+    """Entries no harness writes (a check without its test_id, an outcome results.json does not
+    know): one line naming the ledger, exit 2, and no report written from them."""
+    nodes = ["n01"]
+    no_id = write_run(tmp_path / "a", [*node_checks(nodes[0])], head=header(nodes))
+    lines = (no_id / LEDGER_FILE).read_text().splitlines()
+    first = json.loads(lines[2])  # after the header and the selection
+    del first["test_id"]
+    (no_id / LEDGER_FILE).write_text("\n".join([*lines[:2], json.dumps(first), *lines[3:]]) + "\n")
+    done = handover("report", no_id, "--sign-key", sign_key)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"handover: {no_id / LEDGER_FILE}:3: a check entry without a test_id"]
+
+    unknown = write_run(tmp_path / "b", [check(nodes[0], "os", "xfailed")], head=header(nodes))
+    done = handover("report", unknown, "--sign-key", sign_key)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        f"handover: {unknown / LEDGER_FILE} makes no valid results: results.json: checks[0].outcome: "
+        "'xfailed' is not one of ['passed', 'failed', 'skipped', 'error']"]
+    assert not (unknown / "report.html").exists()
+
+
 def test_report_prints_the_verdict_as_pytest_does_the_first_reasons_then_a_count(tmp_path, sign_key):
     """22 unreachable nodes, each one reason naming five of its seven checks: the terminal shows
     the first REASONS_SHOWN reasons and counts the rest, which results.json has in full."""

@@ -285,9 +285,11 @@ def _truncated_signature(sig: Path) -> str:
         (lambda sig: sig.write_text(_truncated_signature(sig)), "truncated"),
         (lambda sig: sig.write_text(_armored(b"NOTSIG\x00\x00\x00\x01")), "magic"),
         (lambda sig: sig.write_bytes(b"\xff\xfe\x00binary"), "not ASCII"),
+        (lambda sig: sig.write_text(sig.read_text() + "anything riding along\n"),
+         "text after the -----END SSH SIGNATURE----- footer"),
     ],
     ids=["missing", "no-header", "no-footer", "bad-base64", "short-blob", "truncated", "bad-magic",
-         "binary"],
+         "binary", "appended"],
 )
 def test_damaged_signature_is_reported_not_raised(report, our_key, damage, expected):
     sig = sign_file(report, our_key)
