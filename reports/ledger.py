@@ -7,6 +7,7 @@ Run directory layout (a public interface; keep the names):
     out/<cluster>/<run-id>/ledger.jsonl      one JSON object per line; the first is the run header
     out/<cluster>/<run-id>/raw/<step>/<node>.stdout|.stderr   raw tool output
     out/<cluster>/<run-id>/raw/<step>/<node>.command          the whole command that gave it
+    out/<cluster>/<run-id>/raw/<step>/<node>.resume-<n>.*     the same, of a step a --resume ran again
     out/<cluster>/<run-id>/results.json, report.html, junit.xml, metrics.csv (+ .sig files)
     out/<cluster>/latest -> <run-id>
 
@@ -38,6 +39,7 @@ from reports.redact import redact
 LEDGER_SCHEMA = "handover.ledger/1"
 LEDGER_FILE = "ledger.jsonl"
 RAW_DIR = "raw"
+RAW_SUFFIXES = ("command", "stdout", "stderr")
 REDACTED_FIELDS = ("message", "log_excerpt")  # of a check entry: text quoted from tool output
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -70,6 +72,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._torn_at: Optional[int] = None  # where a failed append could not be cut back yet
         self._sync = DeferredSync()
+        self._raw_written: set[Path] = set()  # this process's raw files, its own to replace
 
     @classmethod
     def create(cls, base: Path, cluster: str, header: dict) -> "Ledger":
@@ -166,12 +169,25 @@ class Ledger:
         input included, which messages leave out); returns paths relative to the run dir."""
         folder = self.run_dir / RAW_DIR / safe_name(step)
         _make_folder(folder)
+        stem = self._raw_stem(folder, safe_name(node))
         saved = []
-        for suffix, text in (("command", command), ("stdout", stdout), ("stderr", stderr)):
+        for suffix, text in zip(RAW_SUFFIXES, (command, stdout, stderr), strict=True):
             if text:
-                path = write_atomically(folder / f"{safe_name(node)}.{suffix}", redact(text), deferred=self._sync)
+                path = write_atomically(folder / f"{stem}.{suffix}", redact(text), deferred=self._sync)
+                self._raw_written.add(path)
                 saved.append(str(path.relative_to(self.run_dir)))
         return saved
+
+    def _raw_stem(self, folder: Path, node: str) -> str:
+        """The name of a node's files in a step's folder. Files an earlier session of the run wrote
+        are the evidence its finished checks cite: a --resume that runs the step again names its
+        own beside them (gpu017.resume-1.stdout), never over them, nor mixed with them."""
+        stem, resumes = node, 0
+        while any((path := folder / f"{stem}.{suffix}") not in self._raw_written and path.exists()
+                  for suffix in RAW_SUFFIXES):
+            resumes += 1
+            stem = f"{node}.resume-{resumes}"
+        return stem
 
 
 def _line(entry: dict) -> str:

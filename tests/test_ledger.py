@@ -331,6 +331,26 @@ def test_save_raw_overwrites_a_rerun_of_the_same_step_on_the_same_node(ledger):
     assert (ledger.run_dir / path).read_text(encoding="utf-8") == "second"
 
 
+def test_a_resumed_session_names_its_raw_files_beside_the_earlier_sessions(ledger):
+    """The first session's files are what its finished checks cite: a --resume (a Ledger opened
+    on the same directory) that runs the step again writes resume-1, the next resume-2, each
+    whole (no stderr of one run beside the stdout of another); a session replaces only its own."""
+    first = ledger.save_raw("fio", "n1", "read 1.049 GB/s", "a warning", "fio job")
+    resumed = Ledger(ledger.run_dir)
+    second = resumed.save_raw("fio", "n1", "read 0.914 GB/s", "", "fio job")
+    again = resumed.save_raw("fio", "n1", "read 0.920 GB/s", "", "fio job")
+    third = Ledger(ledger.run_dir).save_raw("fio", "n1", "read 0.930 GB/s", "", "")
+
+    assert first == ["raw/fio/n1.command", "raw/fio/n1.stdout", "raw/fio/n1.stderr"]
+    assert second == again == ["raw/fio/n1.resume-1.command", "raw/fio/n1.resume-1.stdout"]
+    assert third == ["raw/fio/n1.resume-2.stdout"]
+    read = {path: (ledger.run_dir / path).read_text() for path in (*first, *again, *third)}
+    assert read["raw/fio/n1.stdout"] == "read 1.049 GB/s" and read["raw/fio/n1.stderr"] == "a warning"
+    assert read["raw/fio/n1.resume-1.stdout"] == "read 0.920 GB/s"
+    assert read["raw/fio/n1.resume-2.stdout"] == "read 0.930 GB/s"
+    assert resumed.save_raw("fio", "n2", "read 1.0 GB/s", "") == ["raw/fio/n2.stdout"]
+
+
 UNSAFE = ["../../../escape", "..", ".", "/etc/passwd", "a/../../b", "sp ace", "tab\there",
           ".hidden", "", "nul\x00byte", "ünïcode", "back\\slash", "~root"]
 
