@@ -28,6 +28,7 @@ class Iperf3Report:
     role: str  # client, server, or unknown (an error before the connection)
     protocol: Optional[str]
     version: Optional[str]
+    lost_percent: Optional[float] = None  # UDP: the datagrams that did not arrive; None for TCP
 
     @property
     def gbps(self) -> Optional[float]:
@@ -56,12 +57,14 @@ def parse_iperf3(text: str) -> Iperf3Report:
     bits = received.get("bits_per_second")
     retransmits = sent.get("retransmits") if role == "client" else None
     protocol = (begun.get("test_start") or {}).get("protocol")
+    lost = received.get("lost_percent") if protocol == "UDP" else None
     ok = error is None and isinstance(bits, (int, float)) and bits > 0
     return Iperf3Report(
         bits_per_second=float(bits) if isinstance(bits, (int, float)) else None,
         retransmits=retransmits if isinstance(retransmits, int) else None,
         error=str(error) if error is not None else None, ok=ok, role=role,
-        protocol=protocol, version=begun.get("version"))
+        protocol=protocol, version=begun.get("version"),
+        lost_percent=float(lost) if isinstance(lost, (int, float)) else None)
 
 
 PARSERS = {"iperf3": parse_iperf3}

@@ -36,9 +36,13 @@ def test_server_side_has_no_retransmits():
     assert report.role == "server" and report.retransmits is None and report.ok
 
 
-def test_udp_client_reports_what_arrived():
-    report = parsed("local_iperf312_udp_client_1G.json")
+@pytest.mark.parametrize("name", ["local_iperf312_udp_client_1G.json", "local_iperf312_udp_server.json"])
+def test_udp_reports_what_arrived_and_what_was_lost(name):
+    """A lossy UDP run is a figure, not a failed tool: ok, with its loss said."""
+    report = parsed(name)
     assert report.protocol == "UDP" and report.bits_per_second == pytest.approx(924281644.1798964)
+    assert report.lost_percent == pytest.approx(7.2983, abs=1e-4) and report.ok
+    assert parsed("local_iperf312_tcp_client_P2.json").lost_percent is None
 
 
 def test_connection_refused_exits_0_but_is_an_error():
