@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
 
+import hostlist
 import yaml
 from yaml.constructor import ConstructorError
 
@@ -412,8 +413,25 @@ def _split_port(pattern: str) -> tuple[str, Optional[int]]:
     return pattern, None
 
 
+# The most names one host pattern may give: what python-hostlist allows one of the YAML's
+# hostlists, so a typo (node[0:99999999]) is refused before it is spelt out.
+MAX_HOSTS = hostlist.MAX_SIZE
+
+
+class _TooMany(ValueError):
+    pass
+
+
 def expand_host_pattern(pattern: str) -> list[str]:
     """`db[01:03]-[a:b]` -> db01-a, db01-b, ...; ValueError in Ansible's words where it refuses."""
+    try:
+        return _expand(pattern, MAX_HOSTS)
+    except _TooMany:
+        raise ValueError(f"host pattern {pattern!r} names more than {MAX_HOSTS} hosts") from None
+
+
+def _expand(pattern: str, limit: int) -> list[str]:
+    """expand_host_pattern's work, naming at most `limit` hosts (_TooMany beyond)."""
     if "[" not in pattern:
         return [pattern]
     pieces = pattern.replace("[", "|", 1).replace("]", "|", 1).split("|")
@@ -446,12 +464,16 @@ def expand_host_pattern(pattern: str) -> list[str]:
             numbers = range(int(begin), int(end) + 1, stride)
         except ValueError:
             raise ValueError(f"host range [{inner}] is neither numeric nor one letter to one letter") from None
+        if len(numbers) > limit:
+            raise _TooMany
         values = [str(n).zfill(width) if width else str(n) for n in numbers]
     if not values:
         raise ValueError(f"host range [{inner}] names no host (Ansible would silently add none)")
+    if len(values) > limit:
+        raise _TooMany
     names: list[str] = []
     for value in values:
-        names.extend(expand_host_pattern(f"{head}{value}{tail}"))
+        names.extend(_expand(f"{head}{value}{tail}", limit // len(values)))
     return names
 
 

@@ -222,7 +222,6 @@ def _read_mapping(at: _At) -> list[tuple[str, _At, _At]]:
         seen[key_node.value] = key_node.start_mark.line + 1
     entries: dict[str, tuple[_At, _At]] = {}
     for key_node, value_node in _merged_pairs(at, at.node, set()):
-        _check_key(at, key_node)
         key_at = at.key(key_node.value, key_node)
         entries[key_node.value] = (key_at, at.key(key_node.value, value_node, key_at.line))
     return [(name, key_at, value_at) for name, (key_at, value_at) in entries.items()]
@@ -233,14 +232,21 @@ def _check_key(at: _At, key_node: yaml.Node) -> None:
         raise _At(key_node, at.source, at.field).error("keys must be plain names")
 
 
-def _merged_pairs(at: _At, node: yaml.MappingNode, active: set[int]) -> list[tuple]:
-    """Key/value node pairs with `<<:` merges spliced in first, so later (own) keys win.
+def _merged_pairs(at: _At, node: yaml.MappingNode, active: set[int],
+                  read: Optional[dict[int, list[tuple]]] = None) -> list[tuple]:
+    """Key/value node pairs with `<<:` merges spliced in first, so later (own) keys win: each key
+    once, where it first came, with the value that wins.
 
     Done here rather than with PyYAML's flatten_mapping, which rewrites the shared anchored nodes.
+    Each mapping is read once however often it is merged, so a document that merges one anchor
+    many times over, level upon level, costs what its text does, not a power of it.
     """
+    read = {} if read is None else read
+    if id(node) in read:
+        return read[id(node)]
     if id(node) in active:
         raise at.error("a `<<:` merge refers to itself")
-    merged: list[tuple] = []
+    pairs: dict[str, tuple] = {}
     own: list[tuple] = []
     for key_node, value_node in node.value:
         if key_node.tag != _MERGE:
@@ -253,8 +259,13 @@ def _merged_pairs(at: _At, node: yaml.MappingNode, active: set[int]) -> list[tup
                 raise _At(source, at.source, at.field).error(
                     "`<<:` must merge a mapping or a list of mappings"
                 )
-            merged.extend(_merged_pairs(at, source, active | {id(node)}))
-    return merged + own
+            for key_node, value_node in _merged_pairs(at, source, active | {id(node)}, read):
+                pairs[key_node.value] = (key_node, value_node)
+    for key_node, value_node in own:
+        _check_key(at, key_node)
+        pairs[key_node.value] = (key_node, value_node)
+    read[id(node)] = list(pairs.values())
+    return read[id(node)]
 
 
 def _fields(at: _At, allowed: Sequence[str], required: Sequence[str] = ()) -> dict[str, _At]:

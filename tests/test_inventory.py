@@ -729,6 +729,16 @@ def test_a_merged_anchor_can_be_reused_and_the_first_merge_wins(tmp_path, key):
     assert (cluster.node("gpu001").ssh.user, cluster.node("gpu001").python) == ("ops", "/opt/a")
 
 
+def test_one_anchor_merged_many_times_over_is_read_once(tmp_path, key):
+    """Fourteen levels, each merging the one below four times: read merge by merge, 4**14
+    pairs (minutes, gigabytes); read once per mapping, the same answer at once."""
+    merges = f"{{user: ops, identity_file: {key}}}"
+    for level in range(14):
+        merges = f"{{<<: [&l{level} {merges}, *l{level}, *l{level}, *l{level}]}}"
+    path = write(tmp_path, minimal(key).replace(f"ssh: {{identity_file: {key}}}", f"ssh: {merges}"))
+    assert load_inventory(path).node("gpu001").ssh.user == "ops"
+
+
 def test_merge_errors(tmp_path, key):
     path = write(tmp_path, minimal(key, "groups:\n  a: &self {nodes: gpu001, <<: *self}\n"))
     assert_error(path, 6, "groups.a", "a `<<:` merge refers to itself")

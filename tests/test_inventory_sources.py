@@ -236,8 +236,10 @@ def test_ansible_ranges_as_ansible_expands_them():
     assert expand_host_pattern("rack[a:c]-n[1:5:2]")[:4] == ["racka-n1", "racka-n3", "racka-n5", "rackb-n1"]
     assert expand_host_pattern("node[01:16]")[::15] == ["node01", "node16"]
     assert expand_host_pattern("mail[:2]") == ["mail0", "mail1", "mail2"]
-    for pattern, problem in [("n[5:1]", "names no host"), ("n[01:100]", "same width"), ("n[1:3:0]", "positive"),
-                             ("n[a:3]", "neither numeric"), ("n[1]", "begin:end")]:
+    assert len(expand_host_pattern("n[0:1]x[00000:49999]")) == 100000  # as many as a hostlist may name
+    for pattern, problem in [("n[5:1]", "names no host"),
+                             ("n[0:2]x[00000:49999]", "more than 100000 hosts"), ("n[01:100]", "same width"),
+                             ("n[1:3:0]", "positive"), ("n[a:3]", "neither numeric"), ("n[1]", "begin:end")]:
         with pytest.raises(ValueError, match=problem):
             expand_host_pattern(pattern)
 
@@ -271,6 +273,9 @@ def test_ansible_refuses_what_it_would_have_to_run(tmp_path):
     ("hosts.ini", "[all:children]\ngpu\n", 2, "section [all:children] names group 'gpu', which is never defined"),
     ("hosts.ini", "[gpu:vars]\nansible_user=x\n", 1, "section [gpu:vars] is for group 'gpu', which is never defined"),
     ("hosts.ini", "[gpu]\nn[3:1]\n", 2, "host range [3:1] names no host (Ansible would silently add none)"),
+    ("hosts.ini", "[gpu]\nnode[0:99999999]\n", 2, "host pattern 'node[0:99999999]' names more than 100000 hosts"),
+    ("hosts.yml", "gpu:\n  hosts:\n    n[0:999]x[0:999]:\n", 3,
+     "host pattern 'n[0:999]x[0:999]' names more than 100000 hosts"),
     ("hosts.ini", "[gpu]\nn1 ansible_user='x\n", 2,
      "cannot split host line \"n1 ansible_user='x\": No closing quotation"),
     ("hosts.ini", "[gpu]\nn1 oops\n", 2, "expected key=value after host 'n1', got 'oops'"),
