@@ -669,15 +669,17 @@ def _construct(node: yaml.Node, file: str) -> Any:
 
 
 def _pairs(node: yaml.MappingNode, file: str, what: str) -> list[tuple[Any, yaml.Node, int]]:
-    """(constructed key, value node, key line) in written order; a key given twice is refused."""
-    _Loader("").flatten_mapping(node)
-    pairs: list[tuple[Any, yaml.Node, int]] = []
-    seen: dict[Any, int] = {}
+    """(constructed key, value node, key line) in written order; a key written twice is refused.
+    A key of the mapping's own replaces one it merged (`<<: *base`), as in YAML and Ansible."""
+    own = {id(key_node) for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge"}
+    _Loader("").flatten_mapping(node)  # merged pairs first, then the mapping's own
+    pairs: dict[Any, tuple[Any, yaml.Node, int]] = {}
+    written: dict[Any, int] = {}  # the line of each key the mapping itself gives
     for key_node, value_node in node.value:
         key = _construct(key_node, file)
         line = _line(key_node) or 0
         try:
-            first = seen.get(key)
+            first = written.get(key) if id(key_node) in own else None
         except TypeError:
             raise AnsibleInventoryError(f"{what}: a key must be a plain value, got {_kind(key_node)}",
                                         file, line) from None
@@ -685,9 +687,10 @@ def _pairs(node: yaml.MappingNode, file: str, what: str) -> list[tuple[Any, yaml
             raise AnsibleInventoryError(
                 f"{what}: {key!r} given twice (first at line {first}); Ansible would keep only the last",
                 file, line)
-        seen[key] = line
-        pairs.append((key, value_node, line))
-    return pairs
+        if id(key_node) in own:
+            written[key] = line
+        pairs[key] = (key, value_node, line)
+    return list(pairs.values())
 
 
 def _is_null(node: yaml.Node) -> bool:

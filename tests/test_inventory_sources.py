@@ -80,6 +80,8 @@ CONSTRUCTED = {
     "edge/group_vars/all.yml": "ansible_private_key_file: /keys/all_ed25519\n",
     "edge/group_vars/gpu/10-conn.yml": 'ansible_port: "2022"\n',
     "edge/host_vars/gpu03": "ansible_host: 10.2.0.3\n",
+    # YAML: ranges, a port in a host's name, group vars at two levels, and a host that merges
+    # another's variables (`<<: *gpu_defaults`) and replaces one of them.
     "yaml/hosts.yml": """
         all:
           vars:
@@ -93,6 +95,12 @@ CONSTRUCTED = {
                 gpu[01:04]:
                 gpu05:2200:
                   ansible_ssh_private_key_file: ~/.ssh/gpu_ed25519
+                gpu06: &gpu_defaults
+                  ansible_port: 2202
+                  ansible_user: ops
+                gpu07:
+                  <<: *gpu_defaults
+                  ansible_user: ops2
               vars:
                 ansible_user: gpuadmin
             cluster:
