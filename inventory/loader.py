@@ -49,6 +49,7 @@ from inventory.model import (
     SignOff,
     SshSettings,
     Waiver,
+    soak_mix_problem,
 )
 from inventory.source_error import SourceFileError, quoted
 
@@ -518,16 +519,14 @@ def _soak_mix(at: _At) -> dict[str, object]:
     mix: dict[str, object] = {}
     for key, value_at in _fields(at, tuple(SOAK_MIX_DEFAULTS)).items():
         if key in SOAK_MIX_COUNTS:
-            count = mix[key] = _integer(value_at)
-            if count < 0 or (key == "cpu_load" and count > 100):
-                raise value_at.error(f"expected {'0 to 100 (% duty)' if key == 'cpu_load' else '0 or more'}, "
-                                     f"got {count}")
+            mix[key] = _integer(value_at)
         elif key in SOAK_MIX_SECONDS:
-            seconds = mix[key] = _number(value_at)
-            if seconds <= 0:
-                raise value_at.error(f"expected a positive number of seconds, got {value_at.node.value}")
+            mix[key] = _number(value_at)
         else:
             mix[key] = _string(value_at)
+        problem = soak_mix_problem(key, mix[key])
+        if problem:
+            raise value_at.error(problem)
     return mix
 
 

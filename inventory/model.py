@@ -1,6 +1,8 @@
 """The typed form of an inventory: what the loader produces and everything else consumes."""
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Optional
 
@@ -21,6 +23,31 @@ SOAK_MIX_COUNTS = ("cpu", "cpu_workers", "cpu_load", "vm_workers", "ib", "gpu", 
 # positive numbers; the other keys are text (sizes, rates). A GPU burn round restarts torch and
 # remakes its inputs, seconds with the GPUs idle: its rounds are longer, so the GPUs stay loaded.
 SOAK_MIX_SECONDS = ("round_s", "gpu_round_s", "interval_s")
+# The text keys' forms, as the tools take them: stress-ng's --vm-bytes (b, k, m, g or a share of
+# memory), iperf3's -b and fio's --size and --rate (k, m, g, t); 0 is no limit for the rates.
+_SIZE = re.compile(r"[0-9]+[kmgtKMGT]?")
+SOAK_MIX_FORMS = {
+    "vm_bytes": (re.compile(r"[0-9]+[bkmgBKMG]?|[0-9]+%"), "a size such as 4G, or a share of memory such as 10%"),
+    "net_rate": (_SIZE, "a rate such as 20M, or 0 for no limit"),
+    "io_size": (_SIZE, "a size such as 1G"),
+    "io_rate": (_SIZE, "a rate such as 100M, or 0 for no limit")}
+
+
+def soak_mix_problem(key: str, value: object) -> Optional[str]:
+    """What is wrong with a value of the soak's load mix, or None: the one rule a profile's `soak:`
+    and --soak-mix share, so that a soak never starts with a round it cannot run (round_s=0 ran
+    none, for a day)."""
+    if key in SOAK_MIX_COUNTS:
+        if key == "cpu_load" and not 0 <= value <= 100:  # type: ignore[operator]
+            return f"expected 0 to 100 (% duty), got {value}"
+        return f"expected 0 or more, got {value}" if value < 0 else None  # type: ignore[operator]
+    if key in SOAK_MIX_SECONDS:
+        seconds = float(value)  # type: ignore[arg-type]
+        if math.isfinite(seconds) and seconds > 0:
+            return None
+        return f"expected a positive number of seconds, got {seconds:g}"
+    pattern, form = SOAK_MIX_FORMS[key]
+    return None if pattern.fullmatch(str(value)) else f"expected {form}, got {value!r}"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
-from inventory.model import SOAK_MIX_COUNTS, SOAK_MIX_DEFAULTS, SOAK_MIX_SECONDS, Node, ScratchPath
+from inventory.model import SOAK_MIX_COUNTS, SOAK_MIX_DEFAULTS, SOAK_MIX_SECONDS, Node, ScratchPath, soak_mix_problem
 from reports.files import write_atomically
 from runners.burn import FAILING_REASONS, decode_reasons, majority_digest
 from runners.fanout import Progress, close_everywhere, fan_out
@@ -98,6 +98,9 @@ def parse_mix(text: Optional[str], profile_mix: Optional[dict] = None) -> dict[s
                 raise SoakError(f"--soak-mix {item!r}: {key} takes a number") from None
         else:
             mix[key] = value
+        problem = soak_mix_problem(key, mix[key])
+        if problem:
+            raise SoakError(f"--soak-mix {item!r}: {key}: {problem}")
     return mix
 
 
@@ -162,9 +165,11 @@ class SoakPlan:
             data = json.loads(path.read_text())
             data["nodes"] = {name: NodePlan(**entry) for name, entry in data["nodes"].items()}
             return cls(**data)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise SoakError(f"{path}: no such file; {run_dir} is not a soak's run directory") from None
-        except (ValueError, TypeError, KeyError) as error:
+        except OSError as error:
+            raise SoakError(f"{path}: cannot read: [Errno {error.errno}] {error.strerror}") from None
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
             raise SoakError(f"{path}: not a soak plan ({error})") from None
 
 

@@ -380,6 +380,25 @@ def test_durations_and_mixes():
         soak.parse_mix("cpu_lod=10")
 
 
+@pytest.mark.parametrize("item, problem", [
+    ("round_s=0", "round_s: expected a positive number of seconds, got 0"),
+    ("round_s=nan", "round_s: expected a positive number of seconds, got nan"),
+    ("gpu_round_s=inf", "gpu_round_s: expected a positive number of seconds, got inf"),
+    ("interval_s=-1", "interval_s: expected a positive number of seconds, got -1"),
+    ("cpu_workers=-3", "cpu_workers: expected 0 or more, got -3"),
+    ("cpu_load=500", "cpu_load: expected 0 to 100 (% duty), got 500"),
+    ("io_size=-1G", "io_size: expected a size such as 1G, got '-1G'"),
+    ("vm_bytes=2T", "vm_bytes: expected a size such as 4G, or a share of memory such as 10%, got '2T'"),
+    ("net_rate=fast", "net_rate: expected a rate such as 20M, or 0 for no limit, got 'fast'"),
+])
+def test_a_mix_value_no_round_could_run_with_is_refused_before_the_soak(item, problem):
+    """round_s=0 would run no round for the whole soak, and a size a tool refuses would fail
+    every round of it: both are one line at the start, as the profile's `soak:` is."""
+    with pytest.raises(soak.SoakError) as raised:
+        soak.parse_mix(item)
+    assert str(raised.value) == f"--soak-mix {item!r}: {problem}"
+
+
 def test_a_gpu_node_whose_burn_ran_no_round_says_why():
     """The derived H200 samples without their burn rounds: a soak shorter than half a GPU round
     never burns; one long enough that still has none says so plainly; a stopped soak is let be."""
@@ -414,9 +433,11 @@ def test_a_profiles_soak_key_sets_the_mix_and_soak_mix_overrides_it_key_by_key(t
 @pytest.mark.parametrize("written, problem", [
     ("soak: {cpu_load: 120}", "soak.cpu_load: expected 0 to 100 (% duty), got 120"),
     ("soak: {round_s: 0}", "soak.round_s: expected a positive number of seconds, got 0"),
+    ("soak: {round_s: .nan}", "soak.round_s: expected a finite number, got .nan"),
+    ("soak: {io_size: -1G}", "soak.io_size: expected a size such as 1G, got '-1G'"),
     ("soak: {vm_workers: two}", "soak.vm_workers: expected an integer"),
     ("soak: {cpu_lod: 10}", "soak.cpu_lod: unknown key; did you mean 'cpu_load'?"),
-], ids=["duty", "round", "integer", "typo"])
+], ids=["duty", "round", "nan", "size", "integer", "typo"])
 def test_a_wrong_soak_key_is_one_line_naming_the_field(tmp_path, written, problem):
     path = profile_with_soak(tmp_path, written + "\n")
     with pytest.raises(InventoryError) as raised:
@@ -446,7 +467,8 @@ def test_where_the_nodes_have_gpus_a_soak_covers_two_gpu_burn_rounds_too():
                                  "judged by its first rounds against its last: give at least 120s"),
     (["--soak-duration", "60s"], "--soak-duration 60s is shorter than two load rounds (round_s=60)"),
     (["--soak-attach", "."], "--soak-attach: soak.json: no such file"),
-    (["--soak-stop", "."], "--soak-stop: soak.json: no such file")])
+    (["--soak-stop", "."], "--soak-stop: soak.json: no such file"),
+    (["--soak-stop", "README.md"], "--soak-stop: README.md/soak.json: no such file; README.md is not a soak's run")])
 def test_bad_soak_options_are_one_line_and_a_usage_error(option, says, tmp_path):
     done = subprocess.run([sys.executable, "-m", "pytest", "--inventory", "inventory/local.yaml", "--out",
                            str(tmp_path), "-m", "soak", *option], cwd=ROOT, capture_output=True, text=True, timeout=120)
