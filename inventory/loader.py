@@ -1172,6 +1172,10 @@ def _scratch(at: _At) -> tuple[ScratchPath, ...]:
         path = _string(path_at)
         if not path.startswith("/"):
             raise path_at.error(f"scratch paths must be absolute, got {quoted(path)}")
+        if any(ord(character) < 0x20 or ord(character) == 0x7F for character in path):
+            raise path_at.error(f"scratch path {path!r} holds a control character")
+        if ":" in path:  # fio would write to each part: /scratch/a:b is /scratch/a and b
+            raise path_at.error(f"scratch path {path!r} holds ':', which fio reads as a list of files")
         path = posixpath.normpath(path)
         if path == "/" or path.startswith("//"):
             raise path_at.error(f"{path!r} is not a scratch directory")

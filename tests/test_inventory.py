@@ -553,7 +553,7 @@ def test_unknown_transport(tmp_path, key):
     assert_error(path, 5, "transport", "unknown transport 'rsh'; did you mean 'ssh'? allowed: ssh, local, slurm")
 
 
-def test_unknown_scratch_kind_and_relative_path(tmp_path, key):
+def test_bad_scratch_paths_and_kinds(tmp_path, key):
     path = write(tmp_path, minimal(key, "scratch:\n  - /ok\n  - {path: /x, kind: nfs}\n"))
     assert_error(path, 7, "scratch[1].kind", "unknown kind 'nfs'; allowed: local, shared")
     write(tmp_path, minimal(key, "scratch:\n  - scratch/handover\n"))
@@ -562,6 +562,10 @@ def test_unknown_scratch_kind_and_relative_path(tmp_path, key):
     assert_error(path, 6, "scratch[0].path", "'/' is not a scratch directory")
     write(tmp_path, minimal(key, "scratch: [/a, /a/]\n"))
     assert_error(path, 5, "scratch[1]", "duplicate scratch path '/a'; first at line 5")
+    write(tmp_path, minimal(key, 'scratch: ["/tmp/x\\ny"]\n'))
+    assert_error(path, 5, "scratch[0]", "scratch path '/tmp/x\\ny' holds a control character")
+    write(tmp_path, minimal(key, "scratch: [/scratch/a:b]\n"))
+    assert_error(path, 5, "scratch[0]", "scratch path '/scratch/a:b' holds ':', which fio reads as a list of files")
 
 
 # ---------------------------------------------------------------- nodes and groups
