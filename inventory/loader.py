@@ -333,6 +333,30 @@ def _integer(at: _At) -> int:
     return _scalar_value(at)
 
 
+def _count(at: _At) -> int:
+    """A number of things (GPUs, links, errors allowed): 0 or more."""
+    value = _integer(at)
+    if value < 0:
+        raise at.error(f"expected 0 or more, got {value}")
+    return value
+
+
+def _positive_integer(at: _At) -> int:
+    """A PCIe generation or width, a block size: 1 or more."""
+    value = _integer(at)
+    if value < 1:
+        raise at.error(f"expected 1 or more, got {value}")
+    return value
+
+
+def _positive_number(at: _At) -> float:
+    """A rate, a peak, a fraction or a budget: above 0."""
+    value = _number(at)
+    if value <= 0:
+        raise at.error(f"expected a number above 0, got {at.node.value}")
+    return value
+
+
 def _pair_count(at: _At) -> int:
     """A count of nodes or partners for pair schedules: a pair needs two."""
     value = _integer(at)
@@ -434,13 +458,13 @@ EXPECT_READERS: dict[str, Callable[[_At], Any]] = {
     "kernel_min": _version,
     "cpu_model": _regex,
     "shared_fstypes": _string_list,
-    "gpu_count": _integer,
+    "gpu_count": _count,
     "gpu_model": _regex,
     "ecc": _boolean,
-    "ecc_correctable_max": _integer,
-    "pcie_gen": _integer,
-    "pcie_width": _integer,
-    "nvlink_links": _integer,
+    "ecc_correctable_max": _count,
+    "pcie_gen": _positive_integer,
+    "pcie_width": _positive_integer,
+    "nvlink_links": _count,
     "persistence_mode": _boolean,
     "mig_mode": _boolean,
     "compute_mode": lambda at: _choice(at, "compute mode", ("Default", "Exclusive_Process", "Prohibited")),
@@ -451,29 +475,29 @@ EXPECT_READERS: dict[str, Callable[[_At], Any]] = {
                                     for item in _list(at)),
     "cpu_governor": _string,
     "numa_balancing": _boolean,
-    "gpu_numa_nodes": lambda at: tuple(_integer(item) for item in _list(at)),
-    "nic_numa_nodes": lambda at: tuple(_integer(item) for item in _list(at)),
+    "gpu_numa_nodes": lambda at: tuple(_count(item) for item in _list(at)),
+    "nic_numa_nodes": lambda at: tuple(_count(item) for item in _list(at)),
     "driver_version": _regex,
     "cuda_version": _regex,
     "ofed_version": _regex,
     "nic_firmware": _regex,
     "vbios_version": _regex,
     "container_toolkit": _boolean,
-    "ib_hcas": _integer,
+    "ib_hcas": _count,
     "ib_ca_type": _string,
-    "ib_rate": _number,
+    "ib_rate": _positive_number,
     "ib_link_layer": lambda at: _choice(at, "link layer", ("InfiniBand", "Ethernet")),
     "hpl_flavour": lambda at: _choice(at, "HPL flavour", ("hpl-nvidia", "xhpl", "hpcc")),
-    "hpl_nb": _integer,
-    "fp64_peak_tflops": _number,
-    "training_straggler_fraction": _number,
-    "isolation_budget_s": _number,
-    "ib_symbol_errors_max": _integer,
-    "ib_link_downed_max": _integer,
-    "ib_port_rcv_errors_max": _integer,
+    "hpl_nb": _positive_integer,
+    "fp64_peak_tflops": _positive_number,
+    "training_straggler_fraction": _positive_number,
+    "isolation_budget_s": _positive_number,
+    "ib_symbol_errors_max": _count,
+    "ib_link_downed_max": _count,
+    "ib_port_rcv_errors_max": _count,
     "ib_bidirectional": _boolean,
     "ib_gpudirect": _boolean,
-    "pair_low_fraction": _number,
+    "pair_low_fraction": _positive_number,
     "pair_all_max_nodes": _pair_count,
     "pair_sample_partners": _pair_count,
 }
@@ -642,6 +666,8 @@ def _build_reference(metric: str, merged: _RawReference, override: _RawReference
     value = merged["value"].value
     lower = merged["lower"].value if "lower" in merged else None
     upper = merged["upper"].value if "upper" in merged else None
+    if value < 0:  # its fractional band would turn over: -1 with lower -0.02 let anything above -0.98 pass
+        raise blame("value").error(f"value must be 0 or more (with 0 the bounds are absolute), got {value:g}")
     if value != 0:
         if lower is not None and lower > 0:
             raise blame("lower").error(

@@ -691,6 +691,8 @@ def test_load_profile_errors_without_an_inventory(tmp_path):
      "with value 0 the bounds are absolute, and lower 5 is above upper 1"),
     ("{check: cpu, value: many, unit: cores, source: s}", 5, "references.cpu_cores.value",
      "expected a number, got 'many'"),
+    ("{check: cpu, value: -1, lower: -0.02, unit: cores, source: s}", 5, "references.cpu_cores.value",
+     "value must be 0 or more (with 0 the bounds are absolute), got -1"),
 ])
 def test_bad_profile_references(tmp_path, reference, line, field, problem):
     profile = write(tmp_path, f"""
@@ -850,6 +852,19 @@ def test_bad_expect_overrides(tmp_path, entry, field, problem):
 
 def test_expect_must_be_a_mapping_of_facts(tmp_path):
     assert_error(write(tmp_path, one_gpu("  - gpu_count\n")), 6, "expect", "expected a mapping, got a list")
+
+
+@pytest.mark.parametrize("fact, value, problem", [
+    ("gpu_count", "-3", "expected 0 or more, got -3"),
+    ("hpl_nb", "0", "expected 1 or more, got 0"),
+    ("ib_rate", "-400", "expected a number above 0, got -400"),
+    ("gpu_numa_nodes", "[0, -1]", "expected 0 or more, got -1"),
+])
+def test_an_expected_fact_no_node_could_have_is_refused(tmp_path, fact, value, problem):
+    path = write(tmp_path, one_gpu(f"  {fact}: {{value: {value}, reason: x}}\n"))
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    assert str(caught.value).endswith(problem) and f"expect.{fact}" in str(caught.value)
 
 
 def recorded_run(tmp_path: Path, inventory: str, header_without: tuple[str, ...] = ()) -> dict:
