@@ -293,9 +293,12 @@ def raise_open_files(nodes: int) -> None:
 
 
 def select_nodes(cluster: Cluster, pattern: Optional[str]) -> list[Node]:
-    """The inventory's nodes that --nodes names, in inventory order; an empty match is an error."""
-    if not pattern:
+    """The inventory's nodes that --nodes names, in inventory order; an empty match is an error,
+    and so is an empty --nodes (a script's unset $NODES), which is not every node."""
+    if pattern is None:
         return list(cluster.nodes)
+    if not pattern.strip():
+        raise SessionError(f"--nodes {pattern!r} names no node; leave the option out to test every node")
     try:
         wanted = list(hostlist.expand_hostlist(pattern))
     except hostlist.BadHostlist as error:

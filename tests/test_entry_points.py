@@ -142,6 +142,7 @@ def test_pytests_help_markers_and_fixtures_in_the_checkout_need_no_inventory():
 @pytest.mark.parametrize("option, value, message", [
     ("nodes", "nosuch[1-2]", "--nodes: nosuch1, nosuch2 match no node of"),
     ("nodes", "gpu[01-", "--nodes 'gpu[01-'"),
+    ("nodes", "", "--nodes '' names no node; leave the option out to test every node"),
     ("resume", "/nonexistent/run", "--resume: /nonexistent/run/ledger.jsonl: no ledger here"),
     ("numprocesses", "2", "-n/--numprocesses 2: an acceptance run already runs every node's checks at once"),
 ])

@@ -13,6 +13,7 @@ from handover.session import run_header
 from inventory.loader import (
     EXPECT_KEYS,
     EXPECT_READERS,
+    NAME_RULE,
     PROFILES_DIR,
     InventoryError,
     known_profiles,
@@ -545,7 +546,10 @@ def test_wrong_top_level_values(tmp_path, key, line_text, field, problem):
 
 def test_invalid_cluster_name(tmp_path, key):
     path = write(tmp_path, minimal(key).replace("cluster: demo", "cluster: my cluster"))
-    assert_error(path, 1, "cluster", "invalid cluster name 'my cluster'; use letters, digits, '.', '_' and '-'")
+    assert_error(path, 1, "cluster", f"invalid cluster name 'my cluster'; {NAME_RULE}")
+    long_name = "c" * 201  # out/<cluster>/ is a folder: a file system takes 255 bytes a name
+    write(tmp_path, minimal(key).replace("cluster: demo", f"cluster: {long_name}"))
+    assert_error(path, 1, "cluster", f"invalid cluster name '{long_name}'; {NAME_RULE}")
 
 
 def test_unknown_transport(tmp_path, key):
@@ -763,9 +767,9 @@ def test_unsupported_tags_non_scalar_keys_and_bad_encoding(tmp_path, key):
 
 def test_invalid_node_names(tmp_path, key):
     path = write(tmp_path, minimal(key).replace("[gpu001]", "['gpu 1']"))
-    assert_error(path, 4, "nodes[0]", "invalid node name 'gpu 1' in 'gpu 1'; use letters, digits, '.', '_' and '-'")
+    assert_error(path, 4, "nodes[0]", f"invalid node name 'gpu 1' in 'gpu 1'; {NAME_RULE}")
     write(tmp_path, minimal(key).replace("[gpu001]", "[{name: 'gpu[1-2]'}]"))
-    assert_error(path, 4, "nodes[0].name", "invalid node name 'gpu[1-2]'; use letters, digits, '.', '_' and '-'")
+    assert_error(path, 4, "nodes[0].name", f"invalid node name 'gpu[1-2]'; {NAME_RULE}")
 
 
 def test_identity_file_that_is_a_directory(tmp_path):

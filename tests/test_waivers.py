@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from handover.session import run_header
-from inventory.loader import InventoryError, known_checks, load_inventory
+from inventory.loader import NAME_RULE, InventoryError, known_checks, load_inventory
 from inventory.model import SignOff, Waiver
 from reports.html import render_html
 from reports.junit import render_junit
@@ -116,7 +116,7 @@ def test_without_them_the_cluster_id_is_the_name_and_nothing_is_waived(tmp_path)
     ("sign_off: {engineer: Jane, custmer: John}\n",
      "inv.yaml:4: sign_off.custmer: unknown key; did you mean 'customer'?"),
     ("cluster_id: ACME POD 7\n",
-     "inv.yaml:4: cluster_id: invalid cluster ID 'ACME POD 7'; use letters, digits, '.', '_' and '-'"),
+     f"inv.yaml:4: cluster_id: invalid cluster ID 'ACME POD 7'; {NAME_RULE}"),
 ])
 def test_a_wrong_waiver_or_record_field_is_one_line_naming_it(tmp_path, monkeypatch, extra, message):
     monkeypatch.chdir(tmp_path)
