@@ -16,6 +16,7 @@ import datetime
 import difflib
 import functools
 import hashlib
+import ipaddress
 import math
 import os
 import posixpath
@@ -771,9 +772,19 @@ def _jump(at: _At) -> str:
         match = _JUMP_HOP.fullmatch(hop)
         if not match or (match.group(3) and not 1 <= int(match.group(3)) <= 65535) \
                 or (match.group(1) and not USER_PATTERN.fullmatch(match.group(1))) \
-                or not (match.group(2).startswith("[") or ADDRESS_PATTERN.fullmatch(match.group(2))):
+                or not (_bracketed_ipv6(match.group(2)) if match.group(2).startswith("[")
+                        else ADDRESS_PATTERN.fullmatch(match.group(2))):
             raise at.error(f"expected [user@]host[:port] (like ssh -J), got {quoted(value)}")
     return value
+
+
+def _bracketed_ipv6(host: str) -> bool:
+    """[2001:db8::1] as ssh -J writes an IPv6 address; [:::::] is not one."""
+    try:
+        ipaddress.IPv6Address(host[1:-1])
+    except ValueError:
+        return False
+    return True
 
 
 def _matching(pattern: re.Pattern[str], expected: str) -> Callable[[_At], str]:

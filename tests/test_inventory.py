@@ -505,6 +505,7 @@ def test_unknown_key_in_a_profile_points_at_the_profile(tmp_path, key):
     ("{jump: 'ops@bastion,-oProxyCommand=x'}", "ssh.jump",
      "expected [user@]host[:port] (like ssh -J), got 'ops@bastion,-oProxyCommand=x'"),
     ("{jump: '-l@bastion'}", "ssh.jump", "expected [user@]host[:port] (like ssh -J), got '-l@bastion'"),
+    ("{jump: 'u@[:::::]:22'}", "ssh.jump", "expected [user@]host[:port] (like ssh -J), got 'u@[:::::]:22'"),
     ("[root]", "ssh", "expected a mapping, got a list"),
 ])
 def test_wrong_ssh_values(tmp_path, ssh, field, problem):
