@@ -17,10 +17,10 @@ the shapes tools print:
     -----BEGIN ... PRIVATE KEY-----   the key's lines, whatever surrounds them
 
 A name holds a secret when one of its words (split at _ - .) ends in token, secret(s),
-password, passwd, passphrase, apikey, credential(s), privatekey or authorization; or, in a name of several
-words, is key, pass, pw or pwd (API_KEY, MYSQL_PWD; not PWD, nor a bare key=value), or is auth
-as the last (NPM_CONFIG__AUTH, not SSH_AUTH_SOCK). So TOKENIZERS_PARALLELISM, tokens_per_s and
-iperf3's "cookie" stay.
+password, passwd, passphrase, apikey, credential(s), privatekey or authorization; or, in a name
+of several words, is key, pass, pw or pwd (API_KEY, MYSQL_PWD; not PWD, nor a bare key=value),
+or is auth as the last (NPM_CONFIG__AUTH, not SSH_AUTH_SOCK). So TOKENIZERS_PARALLELISM,
+tokens_per_s and iperf3's "cookie" stay.
 
 Pure text in, text out: lines, quotes and JSON validity are kept, a redacted value becomes
 [REDACTED], and redacting twice changes nothing more.

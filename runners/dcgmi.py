@@ -4,6 +4,8 @@ Both JSON shapes are read: DCGM <= 3.x (`"DCGM GPU Diagnostic"`, results keyed b
 `gpu_id`, nvvs writes "PASS") and 4.x (`"DCGM Diagnostic"`, `entity_id`, `runtime_error`).
 dcgmi may print lines before the document (NVIDIA's own real-output fixture starts with a
 warning line, and has `null` entries among the tests): the document starts at the first `{`.
+`--iterations N` wraps N such documents in `{"iterations": [...], "Overall Result": ...}`: every
+run counts, not just the last.
 
 Operators also paste the text table (`dcgmi diag -r N` without `-j`), read by the same parser:
 3.x writes one status per test ("Fail - All", "Pass - GPUs: 1, 2", a second line "Fail - GPU:
