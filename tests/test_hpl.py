@@ -212,12 +212,15 @@ def test_an_undeclared_or_missing_scratch_path_is_refused(local, tmp_path):
 
 
 def test_a_missing_program_is_named_and_leftovers_are_swept(local, tmp_path):
+    ended = subprocess.Popen(["true"])
+    ended.wait()
     running = f"handover-hpl-localhost-{os.getpid()}-abc"  # a run still going: this test
-    for name in ("handover-hpl-localhost-old", "handover-hpl-otherhost-old", running):
+    kept = [f"handover-hpl-otherhost-{ended.pid}-old", f"handover-hpl-localhost-a-{ended.pid}-old", running]
+    for name in (f"handover-hpl-localhost-{ended.pid}-old", *kept):
         (tmp_path / name).mkdir()
     result = quick_hpcc(local, tmp_path, argv=["/nonexistent/xhpl"])
     assert missing_tool(result) == "/nonexistent/xhpl is not installed"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["handover-hpl-otherhost-old", running])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
 
 
 def test_the_scratch_guards_ship_as_one_script_each_with_the_code_they_share():

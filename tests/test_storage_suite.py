@@ -143,16 +143,21 @@ def test_the_file_is_removed_when_the_run_timeout_kills_fio(local, scratch_dir):
 
 
 def test_leftovers_of_this_node_are_swept_and_nothing_else(local, scratch_dir):
-    """A SIGKILLed run leaves its file; the next run removes it by the node's prefix only."""
+    """A SIGKILLed run leaves its file; the next run removes it by the node's prefix only: not
+    another node's, not one of a node whose name begins with this one's (localhost-a on a shared
+    path), not a live run's."""
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    left = f"handover-fio-localhost-{ended.pid}-0badc0ffee00"
     running = f"handover-fio-localhost-{os.getpid()}-0badc0ffee00"  # a run still going: this test
-    for name in ("handover-fio-localhost-0badc0ffee00", "handover-fio-node9-0badc0ffee00", "notes.txt",
-                 running):
+    kept = [f"handover-fio-node9-{ended.pid}-0badc0ffee00", f"handover-fio-localhost-a-{ended.pid}-0badc0ffee00",
+            "notes.txt", running]
+    for name in (left, *kept):
         (scratch_dir / name).write_text("x")
     result = run(local, scratch_dir, (ScratchPath(str(scratch_dir)),))
     assert result.ok, result.stderr
-    assert "handover-fio-localhost-0badc0ffee00, left by an interrupted earlier run" in result.stderr
-    assert sorted(p.name for p in scratch_dir.iterdir()) == sorted(
-        ["handover-fio-node9-0badc0ffee00", "notes.txt", running])
+    assert f"{left}, left by an interrupted earlier run" in result.stderr
+    assert sorted(p.name for p in scratch_dir.iterdir()) == sorted(kept)
 
 
 # ---------------------------------------------------------------- end to end on namespace nodes

@@ -5,6 +5,7 @@ without touching a live run's. The harness's side of these exits is runners/scra
 A node receives one script: runners.payloads.load writes this text where a payload imports it.
 """
 import os
+import re
 import shutil
 import signal
 import sys
@@ -34,10 +35,17 @@ def end_on_signals():
         signal.signal(signum, on_signal)
 
 
+# What follows the node's prefix in a name a run makes: its PID, '-', and a random part without
+# '-' (secrets.token_hex, tempfile's). Node gpu's prefix also begins the names of node gpu-a's
+# files on a shared scratch path ("a-1234-9f8e..."): those are not this node's to remove.
+RUN_PART = re.compile(r"[0-9]+-[a-z0-9_]+")
+
+
 def sweep(directory, prefix, say):
-    """Remove our own leftovers: files and directories with this node's prefix whose run has ended."""
+    """Remove our own leftovers: files and directories this node's runs made whose run has ended."""
     for entry in os.scandir(directory):
-        if not entry.name.startswith(prefix) or owner_alive(entry.name, prefix):
+        if not entry.name.startswith(prefix) or not RUN_PART.fullmatch(entry.name[len(prefix):]) \
+                or owner_alive(entry.name, prefix):
             continue
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
@@ -52,11 +60,9 @@ def owner_alive(name, prefix):
     """Whether the run that made this entry still runs: its name carries that run's PID.
 
     Two harness runs on one node (two operators, a run and its rerun) must not delete each
-    other's files; an entry whose PID is gone (or that carries none) is a leftover.
+    other's files; an entry whose PID is gone is a leftover.
     """
     pid = name[len(prefix):].split("-", 1)[0]
-    if not pid.isdigit():
-        return False
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
