@@ -60,9 +60,11 @@ SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 
 # Cluster, group, node, profile and metric names end up in pytest ids and report anchors.
 # Names become file and folder names (out/<cluster>/, raw/<step>/<node>.stdout): at most 200
-# characters leaves room in a file system's 255 for what the harness adds.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,200}")
-NAME_RULE = "use letters, digits, '.', '_' and '-', at most 200 of them"
+# characters leaves room in a file system's 255 for what the harness adds. A node's name is its
+# address when it gives none, a word on ssh's, mpirun's and ib_write_bw's command lines: a first
+# '-' would make it an option there (-Efile: ssh logging to a file on the node).
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+NAME_RULE = "use letters, digits, '.', '_' and '-' (a letter, digit or '_' first), at most 200 of them"
 # An address or a login, wherever it comes from: a host name or IP address, a plain login; nothing
 # that ssh, or mpirun's host list handed to ssh, would read as an option or split (`-oProxyCommand=`,
 # `a,b`, blanks).

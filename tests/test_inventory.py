@@ -769,6 +769,8 @@ def test_unsupported_tags_non_scalar_keys_and_bad_encoding(tmp_path, key):
 def test_invalid_node_names(tmp_path, key):
     path = write(tmp_path, minimal(key).replace("[gpu001]", "['gpu 1']"))
     assert_error(path, 4, "nodes[0]", f"invalid node name 'gpu 1' in 'gpu 1'; {NAME_RULE}")
+    write(tmp_path, minimal(key).replace("[gpu001]", "[{name: -Ehandover.log}]"))  # ssh -E: a log file
+    assert_error(path, 4, "nodes[0].name", f"invalid node name '-Ehandover.log'; {NAME_RULE}")
     write(tmp_path, minimal(key).replace("[gpu001]", "[{name: 'gpu[1-2]'}]"))
     assert_error(path, 4, "nodes[0].name", f"invalid node name 'gpu[1-2]'; {NAME_RULE}")
 
