@@ -811,7 +811,7 @@ _SETTING_READERS: dict[str, Callable[[_At], Any]] = {
     "host_keys": lambda at: _choice(at, "host key policy", HOST_KEY_POLICIES),
     "jump": _jump,
     "connect_timeout": _timeout,
-    "python": _string,
+    "python": _matching(re.compile(r"[^\s-][^\x00-\x1f]*"), "a program on the node (a path or a command name)"),
     "sudo": _boolean,
     "rack": lambda at: _name(at, "rack name"),
     "leaf": lambda at: _name(at, "leaf name"),

@@ -519,6 +519,9 @@ def test_wrong_ssh_values(tmp_path, ssh, field, problem):
     ("{name: a, data_address: 'a,b'}", "nodes[0].data_address", "expected a host name or IP address, got 'a,b'"),
     ("{name: a, address: '[::1]'}", "nodes[0].address", "expected a host name or IP address, got '[::1]'"),
     ("{name: a, user: '-l'}", "nodes[0].user", "expected a login name, got '-l'"),
+    # srun reads a word after its own options as one of them: -o would name its output file
+    ("{name: a, python: '-o'}", "nodes[0].python",
+     "expected a program on the node (a path or a command name), got '-o'"),
 ])
 def test_an_address_or_user_that_ssh_would_read_as_an_option_is_refused(tmp_path, node, field, problem):
     assert_error(write(tmp_path, f"cluster: demo\nprofile: cpu-only\nnodes: [{node}]\n"), 3, field, problem)
