@@ -75,9 +75,18 @@ def _one_word(value: str, what: str) -> str:
     return value
 
 
+# The engine's ssh gives up on a link that answers no keepalive for 12 s, as the harness's own
+# transport does (runners.ssh.LINK_DEAD_AFTER_S): a dead link ends the launch, not its timeout.
+ENGINE_KEEPALIVE = ("-o", "ServerAliveInterval=4", "-o", "ServerAliveCountMax=3")
+
+
 def ssh_options(ssh: SshSettings) -> list[str]:
     """ssh's options for the engine's own connections: the inventory's identity, port and host
-    keys, never a prompt, and a bounded connect, like the harness's own transport."""
+    keys, never a prompt, a bounded connect and keepalives, like the harness's own transport.
+
+    Under `host_keys: accept-new` without a known_hosts file, the keys the first node's ssh
+    learns go to /dev/null, not into the node user's ~/.ssh/known_hosts: nothing is written on a
+    node outside its scratch paths (the system-wide known hosts are still checked)."""
     options = []
     if ssh.user:
         options += ["-l", _one_word(ssh.user, "ssh user")]
@@ -87,9 +96,11 @@ def ssh_options(ssh: SshSettings) -> list[str]:
         options += ["-i", _one_word(ssh.identity_file, "identity file")]
     if ssh.known_hosts:
         options += ["-o", "UserKnownHostsFile=" + _one_word(ssh.known_hosts, "known_hosts file")]
+    elif ssh.host_keys == "accept-new":
+        options += ["-o", "UserKnownHostsFile=/dev/null"]
     policy = "accept-new" if ssh.host_keys == "accept-new" else "yes"
     options += ["-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={policy}",
-                "-o", f"ConnectTimeout={max(1, int(round(ssh.connect_timeout)))}"]
+                "-o", f"ConnectTimeout={max(1, int(round(ssh.connect_timeout)))}", *ENGINE_KEEPALIVE]
     return options
 
 
