@@ -630,9 +630,13 @@ def _is_own_hop(jump: str, names: set[str]) -> bool:
 
 
 def _split_jump(jump: str) -> tuple[str, Optional[str], Optional[int]]:
-    """'user@host:port' as ssh -J takes it."""
+    """'user@host:port' as ssh -J takes it; an IPv6 host in brackets ([2001:db8::1]:22)."""
     user, _, hostport = jump.rpartition("@")
-    host, _, port = hostport.partition(":")
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        host, _, port = hostport.partition(":")
     return host, user or None, int(port) if port else None
 
 

@@ -94,3 +94,20 @@ def test_the_bastion_of_a_host_star_proxyjump_counts_as_reached_directly(tmp_pat
         assert ssh.direct_host(Node("gpu001", "gpu001", "ssh")) is None
     finally:
         ssh._ssh_config.cache_clear()
+
+
+def test_a_jump_hop_at_an_ipv6_address_is_read_as_ssh_writes_it(tmp_path, monkeypatch):
+    """ProxyJump [2001:db8::1]:2222, as ssh -J and the inventory's ssh.jump take it: its host is
+    the address inside the brackets (it raised ValueError, the port read from 'db8::1]:2222')."""
+    from inventory.model import Node
+    from runners import ssh
+
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host *\n  ProxyJump ops@[2001:db8::1]:2222\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ssh._ssh_config.cache_clear()
+    try:
+        assert ssh.direct_host(Node("bastion6", "2001:db8::1", "ssh")) == "2001:db8::1"
+        assert ssh.direct_host(Node("gpu001", "gpu001", "ssh")) is None
+    finally:
+        ssh._ssh_config.cache_clear()
