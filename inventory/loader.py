@@ -338,28 +338,14 @@ def _integer(at: _At) -> int:
     return _scalar_value(at)
 
 
-def _count(at: _At) -> int:
-    """A number of things (GPUs, links, errors allowed): 0 or more."""
-    value = _integer(at)
-    if value < 0:
-        raise at.error(f"expected 0 or more, got {value}")
-    return value
-
-
-def _positive_integer(at: _At) -> int:
-    """A PCIe generation or width, a block size: 1 or more."""
-    value = _integer(at)
-    if value < 1:
-        raise at.error(f"expected 1 or more, got {value}")
-    return value
-
-
-def _positive_number(at: _At) -> float:
-    """A rate, a peak, a fraction or a budget: above 0."""
-    value = _number(at)
-    if value <= 0:
-        raise at.error(f"expected a number above 0, got {at.node.value}")
-    return value
+def _checked(read: Callable[[_At], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[_At], Any]:
+    """read, refusing a value that is not ok: 'expected <expected>, got <as written>'."""
+    def checked(at: _At) -> Any:
+        value = read(at)
+        if not ok(value):
+            raise at.error(f"expected {expected}, got {at.node.value}")
+        return value
+    return checked
 
 
 def _pair_count(at: _At) -> int:
@@ -455,6 +441,11 @@ def _display_path(path: Path) -> str:
 
 
 # ---------------------------------------------------------------- profiles
+
+_count = _checked(_integer, lambda value: value >= 0, "0 or more")  # GPUs, links, errors allowed
+_positive_integer = _checked(_integer, lambda value: value >= 1, "1 or more")  # PCIe gen, width, block
+_positive_number = _checked(_number, lambda value: value > 0, "a number above 0")  # rates, peaks, budgets
+
 
 # How each Expectations field is read and validated, by name; the names a profile's `expect:`
 # may use are the dataclass's fields (EXPECT_KEYS).

@@ -9,8 +9,11 @@ import sys
 from itertools import islice
 from pathlib import Path
 
+import pytest
 import yaml
 
+from inventory.model import Node
+from runners import ssh
 from runners.neighbours import ENTRY_LIMITS, ROUTE_TABLES, on_link_networks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,35 +82,31 @@ def test_a_local_session_loads_no_ssh_library_for_the_check():
     assert shown.returncode == 0 and shown.stdout.strip() == "[]", shown.stdout + shown.stderr
 
 
-def test_the_bastion_of_a_host_star_proxyjump_counts_as_reached_directly(tmp_path, monkeypatch):
+@pytest.fixture
+def ssh_config(tmp_path, monkeypatch):
+    """Write ~/.ssh/config (HOME in tmp_path) for runners.ssh to read, its cache cleared around."""
+    (tmp_path / ".ssh").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    def write(text: str) -> None:
+        (tmp_path / ".ssh" / "config").write_text(text)
+        ssh._ssh_config.cache_clear()
+
+    yield write
+    ssh._ssh_config.cache_clear()
+
+
+def test_the_bastion_of_a_host_star_proxyjump_counts_as_reached_directly(ssh_config):
     """Under `Host *` ProxyJump bastion, the bastion itself is connected to directly (as ssh and
     the transport do), so it costs a neighbour entry; the nodes behind it do not."""
-    from inventory.model import Node
-    from runners import ssh
-
-    (tmp_path / ".ssh").mkdir()
-    (tmp_path / ".ssh" / "config").write_text("Host gpu*\n  HostName %h.fabric\nHost *\n  ProxyJump ops@bastion:2222\n")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    ssh._ssh_config.cache_clear()
-    try:
-        assert ssh.direct_host(Node("bastion", "bastion", "ssh")) == "bastion"
-        assert ssh.direct_host(Node("gpu001", "gpu001", "ssh")) is None
-    finally:
-        ssh._ssh_config.cache_clear()
+    ssh_config("Host gpu*\n  HostName %h.fabric\nHost *\n  ProxyJump ops@bastion:2222\n")
+    assert ssh.direct_host(Node("bastion", "bastion", "ssh")) == "bastion"
+    assert ssh.direct_host(Node("gpu001", "gpu001", "ssh")) is None
 
 
-def test_a_jump_hop_at_an_ipv6_address_is_read_as_ssh_writes_it(tmp_path, monkeypatch):
+def test_a_jump_hop_at_an_ipv6_address_is_read_as_ssh_writes_it(ssh_config):
     """ProxyJump [2001:db8::1]:2222, as ssh -J and the inventory's ssh.jump take it: its host is
     the address inside the brackets (it raised ValueError, the port read from 'db8::1]:2222')."""
-    from inventory.model import Node
-    from runners import ssh
-
-    (tmp_path / ".ssh").mkdir()
-    (tmp_path / ".ssh" / "config").write_text("Host *\n  ProxyJump ops@[2001:db8::1]:2222\n")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    ssh._ssh_config.cache_clear()
-    try:
-        assert ssh.direct_host(Node("bastion6", "2001:db8::1", "ssh")) == "2001:db8::1"
-        assert ssh.direct_host(Node("gpu001", "gpu001", "ssh")) is None
-    finally:
-        ssh._ssh_config.cache_clear()
+    ssh_config("Host *\n  ProxyJump ops@[2001:db8::1]:2222\n")
+    assert ssh.direct_host(Node("bastion6", "2001:db8::1", "ssh")) == "2001:db8::1"
+    assert ssh.direct_host(Node("gpu001", "gpu001", "ssh")) is None
