@@ -682,14 +682,17 @@ def gap_allowed(interval_s: float) -> float:
 
 
 def dropped_out(log: SoakLog, plan_end: float, interval_s: float, stopped: bool = False) -> Optional[str]:
-    """Why the node's samples stop before the end (None when they reach it)."""
+    """Why the node's samples stop before the end (None when they reach it). An end line does not
+    make up for them: a supervisor ended by a signal writes one early, and so does one whose
+    sampling hung (a GPU fallen off the bus) and came back only after the end."""
     if log.start is None:
         return "no sample of its soak reached the harness"
-    if log.end is not None:
-        return None
     last = max(log.times, default=float(log.start["t"]))
     if stopped or last >= plan_end - gap_allowed(interval_s):
         return None
+    if log.end is not None:
+        return (f"its samples stop at {clock_utc(last)}, {plan_end - last:.0f} s before the end; its supervisor "
+                f"ended at {clock_utc(_number(log.end.get('t')) or last)}: {log.end.get('reason') or 'no reason given'}")
     return f"its samples stop at {clock_utc(last)}, {plan_end - last:.0f} s before the end, with no end line"
 
 

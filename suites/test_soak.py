@@ -161,8 +161,10 @@ def test_soak_heartbeat(soak, node, record, metrics: Metrics):
     log = log_of(soak, node)
     record.raw([str(soak.run_dir.joinpath("raw", soaking.RAW_STEP, f"{node}.jsonl").relative_to(soak.run_dir))])
     dropped = soak.dropped(node)
-    if dropped:
+    if dropped and log.end is None:
         raise NodeUnreachable(f"{node} dropped out of the soak: {dropped}")
+    if dropped:  # it answered to the end, and its supervisor said it stopped early
+        raise SanityFailure(f"{node} did not soak to the end: {dropped}")
     allowed = soaking.gap_allowed(soak.plan.interval_s)
     gaps = soaking.heartbeat_gaps(log.times, allowed)
     times = log.times

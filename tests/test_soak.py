@@ -83,6 +83,27 @@ def test_a_node_cut_off_mid_soak_is_dropped_out_and_its_torn_last_line_left_out(
     assert soak.dropped_out(log, plan_end, 2, stopped=True) is None  # --soak-stop ended it early
 
 
+@pytest.mark.parametrize("ended_after_s", [0, 3600], ids=["at-once", "an-hour-late"])
+def test_a_supervisor_that_ended_early_did_not_soak_to_the_end(ended_after_s):
+    """DERIVED from the real CPU soak: its lines up to its fifth sample, then an end line as the
+    supervisor writes it on SIGTERM (at once), or as one whose sampling hung in a GPU's NVML read
+    and came back after the end writes it (an hour late). Either way its samples stop early."""
+    lines = (DATA / "local_cpu_soak_node1.jsonl").read_text().splitlines()
+    whole = soak.parse_soak("\n".join(lines))
+    samples = [i for i, line in enumerate(lines) if '"kind":"sample"' in line.replace(" ", "")]
+    kept = lines[:samples[4] + 1]
+    last = json.loads(kept[-1])["t"]
+    ended = json.dumps({"kind": "end", "t": last + ended_after_s, "reason": "stopped (SIGTERM)"})
+    log = soak.parse_soak("\n".join([*kept, ended]))
+    plan_end = whole.start["end"]
+
+    why = soak.dropped_out(log, plan_end, 2)
+
+    assert why is not None and f"{plan_end - last:.0f} s before the end" in why and "stopped (SIGTERM)" in why
+    assert soak.dropped_out(log, plan_end, 2, stopped=True) is None  # --soak-stop ended it early
+    assert soak.dropped_out(whole, plan_end, 2) is None
+
+
 def test_gpu_samples_name_new_xids_ecc_remaps_and_slowdowns_and_quiet_ones_pass():
     healthy = soak.parse_soak((DATA / "derived_h200_burn_nvml_as_soak_samples.jsonl").read_text())
     assert healthy.start["gpus"] == 1 and soak.gpu_problems(healthy) == []
