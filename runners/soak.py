@@ -537,6 +537,13 @@ class SoakLog:
     slowdowns: dict[str, list[str]] = field(default_factory=dict)  # GPU -> failing slowdown reasons seen
     lost: dict[str, float] = field(default_factory=dict)  # GPU -> the first sample NVML could not reach it
     digests: dict[str, dict[str, int]] = field(default_factory=dict)  # GPU -> the burn's result digest -> checks
+    # What each error counter rose by over the soak, summed sample to sample from the start's
+    # baseline: a counter reset (a GPU reset, a cleared port) counts again from 0, and a last
+    # sample that could not read it keeps what the earlier ones saw. GPU -> ecc_uncorrected,
+    # ecc_corrected, remap (rows); port -> symbol_error, link_downed, ...
+    gpu_rises: dict[str, dict[str, int]] = field(default_factory=dict)
+    link_rises: dict[str, dict[str, int]] = field(default_factory=dict)
+    remap_failed: list[str] = field(default_factory=list)  # GPUs a sample said a row remap failed on
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (epoch s, mean) per bucket
 
 
@@ -555,6 +562,7 @@ class SoakReader:
         self._origin: Optional[float] = None
         self._width = 60.0
         self._written = self._objects = self._known = 0
+        self._counters: dict[tuple[str, str, str], int] = {}  # (gpu|link, GPU or port, counter) -> last read
 
     def feed(self, lines: Iterable[str]) -> "SoakReader":
         log = self._log
@@ -573,6 +581,9 @@ class SoakReader:
             self._known += kind in ("start", "sample", "part", "end")
             if kind == "start" and log.start is None:
                 log.start = record
+                baseline = record.get("baseline")
+                if isinstance(baseline, dict):
+                    _count_rises(log, self._counters, baseline, baseline=True)
                 origin, until = _number(record.get("t")), _number(record.get("end"))
                 self._origin = origin if self._origin is None else self._origin
                 if origin is not None and until is not None and until > origin:
@@ -583,6 +594,7 @@ class SoakReader:
                 log.times.append(moment)
                 log.last = record
                 _reduce(log, self._buckets, record, int(max(0.0, moment - self._origin) // self._width))
+                _count_rises(log, self._counters, record)
             elif kind == "part":
                 value = record.get("value")
                 log.parts.append(Part(str(record.get("part")), float(record["t0"]), float(record["t1"]),
@@ -625,6 +637,38 @@ def _count_digests(kept: dict[str, dict[str, int]], digests: object) -> None:
                 continue
             key = digest if digest in mine or len(mine) < DIGESTS_KEPT else OTHER_DIGESTS
             mine[key] = mine.get(key, 0) + checks
+
+
+def _count_rises(log: SoakLog, seen: dict[tuple[str, str, str], int], sample: dict,
+                 baseline: bool = False) -> None:
+    """A sample's (or the start's baseline's) error counters into the log's rises."""
+    readings: list[tuple[str, str, str, object]] = []
+    for gpu, values in _gpu_entries(sample).items():
+        readings += [("gpu", gpu, key, values.get(key)) for key in ("ecc_uncorrected", "ecc_corrected")]
+        rows = values.get("remap")
+        if isinstance(rows, list) and len(rows) >= 2 and all(isinstance(r, int) for r in rows[:2]):
+            readings.append(("gpu", gpu, "remap", rows[0] + rows[1]))
+            if len(rows) >= 4 and rows[3] and gpu not in log.remap_failed:
+                log.remap_failed.append(gpu)
+    ports = sample.get("ib")
+    for port, counters in (ports.items() if isinstance(ports, dict) else ()):
+        readings += [("link", str(port), str(name), value)
+                     for name, value in (counters.items() if isinstance(counters, dict) else ())]
+    for scope, owner, name, value in readings:
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue  # unreadable this time: the next reading is held against the last one read
+        previous = seen.get((scope, owner, name))
+        seen[(scope, owner, name)] = value
+        if baseline or previous is None:
+            continue
+        rise = value - previous if value >= previous else value  # below the last: reset, counting from 0
+        if rise > 0:
+            rises = (log.gpu_rises if scope == "gpu" else log.link_rises).setdefault(owner, {})
+            rises[name] = rises.get(name, 0) + rise
+
+
+def _gpu_entries(sample: dict) -> dict[str, dict]:
+    return {str(g["gpu"]): g for g in sample.get("gpus") or [] if isinstance(g, dict) and "gpu" in g}
 
 
 def _number(value: object) -> Optional[float]:
@@ -691,8 +735,9 @@ def dropped_out(log: SoakLog, plan_end: float, interval_s: float, stopped: bool 
     if stopped or last >= plan_end - gap_allowed(interval_s):
         return None
     if log.end is not None:
-        return (f"its samples stop at {clock_utc(last)}, {plan_end - last:.0f} s before the end; its supervisor "
-                f"ended at {clock_utc(_number(log.end.get('t')) or last)}: {log.end.get('reason') or 'no reason given'}")
+        ended, reason = _number(log.end.get("t")) or last, log.end.get("reason") or "no reason given"
+        return (f"its samples stop at {clock_utc(last)}, {plan_end - last:.0f} s before the end; "
+                f"its supervisor ended at {clock_utc(ended)}: {reason}")
     return f"its samples stop at {clock_utc(last)}, {plan_end - last:.0f} s before the end, with no end line"
 
 
@@ -745,23 +790,14 @@ def gpu_problems(log: SoakLog) -> list[str]:
                 for gpu, moment in sorted(log.lost.items(), key=lambda item: int(item[0]))]
     problems += [f"{'a GPU' if x.get('gpu') is None else 'GPU %s' % x['gpu']}: Xid {x.get('xid')} "
                  f"at {clock_utc(float(x['t']))}" for x in log.xids]
-    baseline = (log.start or {}).get("baseline") or {}
-    last = log.last or {}
+    gpus = sorted(log.gpu_rises, key=int)
     for key, what in (("ecc_uncorrected", "uncorrected ECC errors"), ("ecc_corrected", "corrected ECC errors")):
-        before, after = _gpu_values(baseline, key), _gpu_values(last, key)
-        for gpu, count in sorted(after.items()):
-            old = before.get(gpu)
-            if isinstance(count, int) and isinstance(old, int) and count > old:
-                problems.append(f"GPU {gpu}: {count - old} new {what}")
-    before_rows, after_rows = _gpu_values(baseline, "remap"), _gpu_values(last, "remap")
-    for gpu, rows in sorted(after_rows.items()):
-        old = before_rows.get(gpu)
-        if isinstance(rows, list) and isinstance(old, list) and len(rows) >= 2 and len(old) >= 2:
-            new = (rows[0] - old[0]) + (rows[1] - old[1])
-            if new > 0:
-                problems.append(f"GPU {gpu}: {new} rows remapped during the soak")
-            if len(rows) >= 4 and rows[3]:
-                problems.append(f"GPU {gpu}: a row remap failed")
+        problems += [f"GPU {gpu}: {log.gpu_rises[gpu][key]} new {what}" for gpu in gpus if key in log.gpu_rises[gpu]]
+    for gpu in sorted(set(gpus) | set(log.remap_failed), key=int):
+        if "remap" in log.gpu_rises.get(gpu, {}):
+            problems.append(f"GPU {gpu}: {log.gpu_rises[gpu]['remap']} rows remapped during the soak")
+        if gpu in log.remap_failed:
+            problems.append(f"GPU {gpu}: a row remap failed")
     slowed = sorted(log.slowdowns.items(), key=lambda item: int(item[0]))
     problems += [f"GPU {gpu}: {', '.join(names)}" for gpu, names in slowed]
     return problems + digest_problems(log)
@@ -789,15 +825,8 @@ def digest_problems(log: SoakLog) -> list[str]:
 
 def link_problems(log: SoakLog) -> list[str]:
     """InfiniBand error counters that rose during the soak, per port."""
-    before = ((log.start or {}).get("baseline") or {}).get("ib") or {}
-    after = (log.last or {}).get("ib") or {}
-    problems = []
-    for port, counters in sorted(after.items()):
-        for name, value in sorted(counters.items()):
-            old = (before.get(port) or {}).get(name)
-            if isinstance(value, int) and isinstance(old, int) and value > old:
-                problems.append(f"{port}: {name} +{value - old}")
-    return problems
+    return [f"{port}: {name} +{rise}" for port, rises in sorted(log.link_rises.items())
+            for name, rise in sorted(rises.items())]
 
 
 def peak(log: SoakLog, key: str) -> Optional[float]:

@@ -115,6 +115,39 @@ def test_gpu_samples_name_new_xids_ecc_remaps_and_slowdowns_and_quiet_ones_pass(
     assert "rows remapped" in problems and "HW thermal slowdown" in problems
 
 
+def test_counters_that_rose_are_named_though_the_last_sample_could_not_read_them():
+    """DERIVED from the failing H200 samples: the last sample's ECC counts unreadable (as the
+    supervisor writes a failed NVML read: the value null, the error beside it). The errors that
+    arrived mid-soak are still named, by the same counts."""
+    lines = (DATA / "derived_h200_soak_xid_ecc_remap_thermal.jsonl").read_text().splitlines()
+    whole = [p for p in soak.gpu_problems(soak.parse_soak("\n".join(lines))) if "ECC" in p or "remap" in p]
+    at = max(i for i, line in enumerate(lines) if '"kind":"sample"' in line)
+    last = json.loads(lines[at])
+    for gpu in last["gpus"]:
+        gpu.update(ecc_uncorrected=None, ecc_corrected=None, remap=None,
+                   errors={"ecc_uncorrected": "Unknown Error", "remap": "Unknown Error"})
+    lines[at] = json.dumps(last)
+    blind = [p for p in soak.gpu_problems(soak.parse_soak("\n".join(lines))) if "ECC" in p or "remap" in p]
+    assert blind == whole and any("new uncorrected ECC" in p for p in whole)
+
+
+def test_link_counters_are_summed_across_a_reset_and_an_unreadable_last_sample():
+    """DERIVED from the real CPU soak's lines, with InfiniBand counters added: symbol_error 40 at
+    the start, 40, cleared to 0, then 25 (25 new); link_downed 0, then 1, then unreadable."""
+    lines = (DATA / "local_cpu_soak_node1.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    samples = [r for r in records if r.get("kind") == "sample"]
+    baseline = {"symbol_error": 40, "link_downed": 0}
+    records[0]["baseline"] = {**records[0].get("baseline", {}), "ib": {"mlx5_0/1": baseline}}
+    readings = (baseline, {"symbol_error": 0, "link_downed": 1}, {"symbol_error": 25, "link_downed": 1}, {})
+    for sample, counters in zip(samples, readings, strict=False):
+        sample["ib"] = {"mlx5_0/1": counters}
+    for sample in samples[4:]:
+        sample["ib"] = {"mlx5_0/1": {}}
+    log = soak.parse_soak("\n".join(json.dumps(r) for r in records))
+    assert soak.link_problems(log) == ["mlx5_0/1: link_downed +1", "mlx5_0/1: symbol_error +25"]
+
+
 def test_a_gpu_nvml_lost_mid_soak_is_named_with_the_time_it_fell_off():
     """From the derived H200 samples: from the middle on, GPU 0's every read fails as the
     supervisor writes it when NVML raises NVMLError_GpuIsLost (its text from nvidia-ml-py itself)."""
