@@ -1142,25 +1142,32 @@ def _launch_interface(at: _At) -> Optional[str]:
 # What Slurm takes as a partition, account or reservation name, and nothing srun would read as
 # an option or a list.
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_TIME_LIMIT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?")
+# Slurm's --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (sbatch(1), "time formats").
+_TIME_LIMIT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
 
 def _time_limit(at: _At) -> int:
-    """launch.time_limit: whole minutes (an integer), or Slurm's [D-]HH:MM[:SS]; rounded up."""
+    """launch.time_limit: whole minutes, or a time as Slurm's --time reads it (30:00 is thirty
+    minutes, 2:00:00 two hours, 1-12 a day and a half); rounded up to whole minutes."""
     text = _string(at)  # as written: YAML 1.1 would read 1:30:00 as a base-60 integer
-    usage = f"time_limit {text!r}: give minutes (e.g. 30) or Slurm's [D-]HH:MM[:SS]"
-    if ":" not in text:
+    usage = (f"time_limit {text!r}: give minutes (e.g. 30) or a time as Slurm's --time takes it "
+             "(MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)")
+    if ":" not in text and "-" not in text:
         if at.node.tag != _INT:
             raise at.error(usage)
-        minutes = _integer(at)
-        if minutes < 1:
-            raise at.error(f"time_limit must be at least 1 minute, got {minutes}")
-        return minutes
+        whole = _integer(at)
+        if whole < 1:
+            raise at.error(f"time_limit must be at least 1 minute, got {whole}")
+        return whole
     match = _TIME_LIMIT.fullmatch(text)
     if not match:
         raise at.error(usage)
-    days, hours, minutes, seconds = (int(part) if part else 0 for part in match.groups())
-    total = days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+    days, first, second, third = match.groups()
+    if days is None:  # M:S or H:M:S
+        hours, minutes, seconds = (first, second, third) if third is not None else ("0", first, second)
+    else:  # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = first, second, third
+    total = int(days or 0) * 1440 + int(hours or 0) * 60 + int(minutes or 0) + (1 if int(seconds or 0) else 0)
     if total < 1:
         raise at.error(f"time_limit {text!r} is shorter than a minute")
     return total

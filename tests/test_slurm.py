@@ -201,6 +201,11 @@ def write_inventory(tmp_path: Path, launch: str, transport: str = "slurm") -> Pa
      LaunchSettings("slurm", None, "gpu", "acme", "handover", 90)),
     ("{engine: slurm, time_limit: 45, interface: eth0}", LaunchSettings("slurm", "eth0", time_limit_min=45)),
     ('{engine: slurm, time_limit: "2-00:00:30"}', LaunchSettings("slurm", time_limit_min=2881)),
+    # as Slurm's --time reads them: minutes:seconds, days-hours, days-hours:minutes
+    ('{engine: slurm, time_limit: "30:00"}', LaunchSettings("slurm", time_limit_min=30)),
+    ('{engine: slurm, time_limit: "45:30"}', LaunchSettings("slurm", time_limit_min=46)),
+    ('{engine: slurm, time_limit: "1-12"}', LaunchSettings("slurm", time_limit_min=2160)),
+    ('{engine: slurm, time_limit: "1-0:30"}', LaunchSettings("slurm", time_limit_min=1470)),
     ("{interface: ib0}", LaunchSettings(interface="ib0")),
 ])
 def test_launch_key(tmp_path, launch, expected):
