@@ -209,12 +209,14 @@ def batch_argv(nodes: Sequence[str], python: str, settings: LaunchSettings, *, n
 def allocation_argv(nodes: Sequence[str], settings: LaunchSettings, *, name: str) -> list[str]:
     """salloc for the run's nodes, whole (an acceptance run measures them alone), with the
     inventory's partition, account, reservation and time limit; --immediate: a node Slurm cannot
-    give at once fails the request instead of queueing the run. Its command runs on this
+    give at once fails the request instead of queueing the run; --no-kill: a node that fails
+    during the run leaves the allocation to the others (Slurm would end the whole job, and every
+    node's later checks with it), its own checks failing. Its command runs on this
     machine and reads the harness's pipe: when the harness ends, however it ends, it reads the
     end of its input and, after LEASE_GRACE_S (the lease step's time to kill what it tags, as
     its input ended at the same moment), salloc gives the allocation back, ending every step."""
     return [SALLOC, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", "--exclusive",
-            f"--immediate={IMMEDIATE_S}", f"--job-name={name}", *job_options(settings),
+            f"--immediate={IMMEDIATE_S}", "--no-kill", f"--job-name={name}", *job_options(settings),
             "--", "sh", "-c", f"cat; sleep {LEASE_GRACE_S}"]
 
 

@@ -144,7 +144,7 @@ def test_the_runs_allocation_is_salloc_of_whole_nodes_holding_a_pipe(monkeypatch
     settings = LaunchSettings(engine="slurm", partition="gpu", account="acme", reservation="handover",
                               time_limit_min=120, allocation="4711")
     assert allocation_argv(["gpu001", "gpu002"], settings, name="handover-run-x") == [
-        "salloc", "--nodelist=gpu001,gpu002", "--nodes=2", "--exclusive", "--immediate=30",
+        "salloc", "--nodelist=gpu001,gpu002", "--nodes=2", "--exclusive", "--immediate=30", "--no-kill",
         "--job-name=handover-run-x", "--partition=gpu", "--account=acme", "--reservation=handover",
         "--time=120", "--", "sh", "-c", "cat; sleep 5"]
 

@@ -2,8 +2,9 @@
 
 The system suite runs through the slurm transport (one srun per step), the training suite's
 cross-node run through the slurm launcher (one srun step), a node whose slurmd is stopped is
-unreachable with Slurm's reason while the others pass, and Ctrl-C during an srun step leaves no
-step in squeue and no task on any node. One Slurm cluster serves the module, its tests in this
+unreachable with Slurm's reason while the others pass, a node set down leaves the run's
+allocation to the others, and Ctrl-C during an srun step leaves no step in squeue and no task on
+any node. One Slurm cluster serves the module, its tests in this
 order: the training run (on node1 and node2) stops node3's slurmd, and the last test finds it down.
 """
 from __future__ import annotations
@@ -22,10 +23,11 @@ from nodes import unique_sleep, wait_for_no_leftovers
 from test_e2e import ROOT, results_of, run_dir_of
 
 from inventory.loader import InventoryError, load_inventory
+from inventory.model import LaunchSettings
 from runners import hpl
 from runners.cluster import ClusterRun
 from runners.fanout import fan_out
-from runners.slurm import SlurmSteps, SlurmTransport
+from runners.slurm import Allocation, SlurmSteps, SlurmTransport
 from runners.transport import LEASE_VARIABLE, Transport
 
 STEP_WAIT_S = 60  # how long the Ctrl-C test waits for the harness to start an srun step
@@ -198,6 +200,28 @@ def test_a_sigkilled_harness_leaves_nothing_once_its_allocation_ends(slurm_nodes
     proc.kill()
     proc.communicate(timeout=30)
     assert nothing_left(slurm, KILLED_HARNESS_BOUND_S) == ([], [])
+
+
+def test_a_node_that_fails_leaves_the_run_its_allocation_on_the_others(slurm_nodes, monkeypatch):
+    """Slurm ends a job whose node fails unless salloc says --no-kill: then one dead node would
+    take every later step of the run with it, where it should be that node's checks alone."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    allocation = Allocation(["node1", "node2"], LaunchSettings(engine="slurm", partition=slurm.partition,
+                                                               time_limit_min=5))
+    try:
+        # slurmctld deals with a node set down within the update (the jobs on it first); this
+        # Slurm's ReturnToService gives the node back as soon as its slurmd answers again
+        failed = slurm.client("scontrol", "update", "nodename=node2", "state=down", "reason=handover-test")
+        assert failed.returncode == 0, failed.stderr
+        assert f"{allocation.job} {allocation.name} RUNNING" in slurm.jobs(), slurm.jobs()
+        step = slurm.client("srun", f"--jobid={allocation.job}", "--overlap", "--nodelist=node1", "--nodes=1",
+                            "--immediate=10", "hostname")
+        assert step.returncode == 0 and step.stdout.strip() == "node1", step.stdout + step.stderr
+        assert "--no-kill" in allocation.argv
+    finally:
+        allocation.release()
+        slurm.client("scontrol", "update", "nodename=node2", "state=resume")
 
 
 @pytest.mark.skipif(not os.environ.get(SLOW_TESTS), reason=f"about 40 s of hpcc across two namespace "
