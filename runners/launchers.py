@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from inventory.model import LaunchSettings, Node, SshSettings
+from runners.transport import HARNESS_GRACE_S
 
 STARTS_ON = ("first", "every")
 SRUN = "srun"
@@ -225,7 +226,13 @@ def mpi_launcher(launch: LaunchSettings, *, ssh: SshSettings, as_root: bool = Fa
     if interfaces:
         env["OMPI_MCA_btl_tcp_if_include"] = ",".join(_one_word(name, "interface") for name in interfaces)
     return SrunLauncher(settings=launch, mpi=SRUN_MPI, overcommit=oversubscribe, env=env,
-                        time_min=None if timeout is None else max(1, math.ceil(timeout / 60)))
+                        time_min=None if timeout is None else minutes_for(timeout))
+
+
+def minutes_for(seconds: float) -> int:
+    """srun's --time in whole minutes, beyond the node-side timeout and its kill grace: Slurm's
+    limit must not fire with the node's own timeout, whose exit (124, 137) says what happened."""
+    return max(1, math.ceil((seconds + HARNESS_GRACE_S) / 60))
 
 
 def launch_program(launch: Optional[LaunchSettings]) -> str:

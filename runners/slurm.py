@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import os
 import re
 import secrets
@@ -40,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from inventory.model import LaunchSettings, Node
-from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, allocation_options, job_options
+from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, allocation_options, job_options, minutes_for
 from runners.parsing import ParseError
 from runners.transport import (
     HARNESS_GRACE_S,
@@ -191,11 +190,6 @@ def salloc_problem(lines: Sequence[str]) -> str:
 
 
 # -- argv ---------------------------------------------------------------------------------------
-
-def minutes_for(seconds: float) -> int:
-    """srun's --time in whole minutes, beyond the node-side timeout and its kill grace."""
-    return max(1, math.ceil((seconds + HARNESS_GRACE_S) / 60))
-
 
 def batch_argv(nodes: Sequence[str], python: str, settings: LaunchSettings, *, name: str,
                timeout: float) -> list[str]:

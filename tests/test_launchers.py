@@ -99,6 +99,8 @@ def test_the_inventory_chooses_the_mpi_launcher(monkeypatch):
         "--jobid=4711", "--overlap", "--time=3", "--mpi=pmix", "--overcommit",
         "--export=ALL,NCCL_SOCKET_IFNAME=ib0,OMPI_MCA_btl_tcp_if_include=ib0", "xhpl"]
     assert "--partition=gpu" not in argv  # a step of the allocation, which has the partition
+    # Slurm's limit comes after the node's own timeout and its kill grace, never with it
+    assert mpi_launcher(LaunchSettings(engine="slurm"), ssh=SSH, timeout=120).time_min == 3
     with pytest.raises(LaunchError, match="comma"):
         mpi_launcher(LaunchSettings(engine="slurm"), ssh=SSH, interfaces=("ib0", "ib1")).argv(["a"], 1, ["x"])
 
