@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
 import secrets
@@ -51,6 +52,8 @@ from runners.transport import (
     new_tag,
     node_timed_out,
 )
+
+log = logging.getLogger("handover.slurm")
 
 SINFO, SCANCEL, SQUEUE, SALLOC = "sinfo", "scancel", "squeue", "salloc"
 ALLOCATION_PREFIX = JOB_PREFIX + "run-"  # the harness's own allocation: handover-run-<hex>
@@ -252,6 +255,18 @@ def last_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[-1]
 
 
+def _cancel_and_stop(name: str, proc: subprocess.Popen) -> None:
+    """Cancel the job or step named `name` and kill its srun or salloc here, whatever the cancel
+    did: a squeue past its timeout, or a second Ctrl-C in it, must neither leave srun running nor
+    stand in for the error that brought the cleanup on (which is re-raised after it)."""
+    try:
+        cancel(name)
+    except SlurmError as error:
+        log.warning("could not cancel %s: %s", name, error)
+    finally:
+        _stop(proc)
+
+
 def _stop(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -273,14 +288,12 @@ def run_here(argv: Sequence[str], *, name: str, timeout: float, node: str = "slu
     try:
         stdout, stderr = proc.communicate(stdin, timeout=timeout + HARNESS_GRACE_S + IMMEDIATE_S)
     except subprocess.TimeoutExpired:
-        cancel(name)
-        _stop(proc)
+        _cancel_and_stop(name, proc)
         stdout, stderr = proc.communicate()
         return Result(node, argv[0], None, stdout, stderr, time.monotonic() - started, timed_out=True,
                       full_command=shlex.join(argv))
     except BaseException:
-        cancel(name)
-        _stop(proc)
+        _cancel_and_stop(name, proc)
         raise
     return Result(node, argv[0], proc.returncode, stdout, stderr, time.monotonic() - started,
                   full_command=shlex.join(argv))
@@ -410,8 +423,7 @@ class LeaseStep:
         try:
             proc.wait(KILL_WAIT_S)
         except subprocess.TimeoutExpired:
-            cancel(self.name)
-            _stop(proc)
+            _cancel_and_stop(self.name, proc)
             proc.wait()
 
 
@@ -557,8 +569,7 @@ class SlurmSteps:
             proc.wait()
         except BaseException:  # Ctrl-C where this thread is the main one: nothing stays behind
             batch.cancelled = True
-            cancel(batch.name)
-            _stop(proc)
+            _cancel_and_stop(batch.name, proc)
             raise
         finally:
             deadline.cancel()

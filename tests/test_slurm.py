@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -234,3 +235,14 @@ def test_launch_key_mistakes_are_one_line(tmp_path, launch, message):
         load_inventory(write_inventory(tmp_path, launch))
     assert message in str(caught.value) and "\n" not in str(caught.value)
     assert str(caught.value).startswith(f"{tmp_path / 'c.yaml'}:5: ")
+
+
+def test_a_cancel_that_fails_still_ends_srun_here(monkeypatch, tmp_path):
+    """Cleanup after a timeout or Ctrl-C: scancel's squeue missing (or past its timeout) is said
+    and let be; the srun process here is killed all the same, so nothing of the step stays."""
+    from runners import slurm
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no squeue, no scancel: the cancel fails
+    proc = subprocess.Popen(["/bin/sleep", "300"], start_new_session=True)
+    slurm._cancel_and_stop("handover-x", proc)
+    assert proc.wait(10) == -signal.SIGKILL
