@@ -164,8 +164,10 @@ class ClusterRun:
         if slurm:  # one srun for every node: what escaped Slurm's tracking (lock holders) ends
             fan_out(slurm, lambda transport: slurm[transport.node.name].release(), name="release")
         close_everywhere(self._transports.values())
-        if self._slurm_steps is not None and self._slurm_steps.lease is not None:
-            self._slurm_steps.lease.close()
-        if self._allocation is not None:  # last: its end would end the release's srun too
-            self._allocation.release()
-            self._allocation = None
+        try:
+            if self._slurm_steps is not None and self._slurm_steps.lease is not None:
+                self._slurm_steps.lease.close()
+        finally:  # whatever the lease's end did (a second Ctrl-C in it), the allocation goes back
+            if self._allocation is not None:  # last: its end would end the release's srun too
+                self._allocation.release()
+                self._allocation = None
