@@ -65,12 +65,14 @@ class ClusterRun:
         return self._launch
 
     def _allocate(self) -> None:
-        """The run's allocation on the selected nodes Slurm can run on; none: each srun its own."""
+        """The run's allocation on the selected nodes Slurm can give it whole now: not down, not
+        running another job (one such node would have Slurm refuse the whole request, and every
+        node's checks would fail); none: each srun asks for its own."""
         names = [node.name for node in self.nodes]
         try:
-            usable = [name for name, state in node_states(names).items() if state.usable]
+            usable = [name for name, state in node_states(names).items() if state.usable and not state.busy]
             if not usable:
-                raise SlurmError(f"Slurm can run on none of {', '.join(names)}")
+                raise SlurmError(f"Slurm can give the run none of {', '.join(names)} now")
             self._allocation = Allocation([name for name in names if name in usable], self.cluster.launch)
         except SlurmError as exc:
             log.warning("no Slurm allocation for the run, each srun asks for its own: %s", exc)

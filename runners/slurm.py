@@ -65,6 +65,9 @@ BATCH_MAX_WAIT_S = 0.5  # ... or this long after its first
 FRAME_CHUNK = 700  # base64 characters per frame line: well under what Slurm's I/O keeps whole
 # Base states (sinfo %t, without its flag suffix) a task can start on.
 USABLE_STATES = ("idle", "mix", "alloc", "comp", "resv", "plnd")
+# ... of which these run other jobs: a step of a job of theirs could start there, the run's own
+# whole-node allocation cannot.
+BUSY_STATES = ("mix", "alloc")
 # sinfo %t's suffixes: * not responding, ~ powered off, # powering up, ! powering down,
 # % powering down, $ maintenance reservation, @ pending reboot, ^ reboot issued, - planned
 _STATE_FLAGS = "*~#!%$@^-"
@@ -122,6 +125,11 @@ class NodeState:
         """Whether a task can start there now (a not-responding or powered-off node cannot)."""
         base = self.state.rstrip(_STATE_FLAGS)
         return base in USABLE_STATES and not any(flag in self.state for flag in "*~#!%")
+
+    @property
+    def busy(self) -> bool:
+        """Whether other jobs run there, so the run cannot have the node to itself."""
+        return self.state.rstrip(_STATE_FLAGS) in BUSY_STATES
 
     def explain(self) -> str:
         reason = f" ({self.reason})" if self.reason and self.reason.lower() != "none" else ""
@@ -525,7 +533,8 @@ class SlurmSteps:
                     _finish(entry, failure="unreachable", detail=state.explain())
                 elif self.lease is not None and name not in self.lease.nodes:  # one srun: all or none
                     _finish(entry, failure="unreachable", detail=f"{name} is not in the run's Slurm "
-                            f"allocation: Slurm could not run on it when the run began")
+                            f"allocation: Slurm could not give it to the run when the run began "
+                            f"({state.explain()} now)")
                 else:
                     ready[name] = entry
             if ready:

@@ -3,7 +3,7 @@
 The system suite runs through the slurm transport (one srun per step), the training suite's
 cross-node run through the slurm launcher (one srun step), a node whose slurmd is stopped is
 unreachable with Slurm's reason while the others pass, a node set down leaves the run's
-allocation to the others, and Ctrl-C during an srun step leaves no step in squeue and no task on
+allocation to the others, a node running another job is left out of it alone, and Ctrl-C during an srun step leaves no step in squeue and no task on
 any node. One Slurm cluster serves the module, its tests in this
 order: the training run (on node1 and node2) stops node3's slurmd, and the last test finds it down.
 """
@@ -222,6 +222,36 @@ def test_a_node_that_fails_leaves_the_run_its_allocation_on_the_others(slurm_nod
     finally:
         allocation.release()
         slurm.client("scontrol", "update", "nodename=node2", "state=resume")
+
+
+def test_a_node_running_another_job_fails_alone_and_the_others_are_tested(slurm_nodes, sign_key, tmp_path):
+    """A node busy with someone else's job: Slurm would refuse a whole-node allocation that asks
+    for it (and each srun of the run would wait for it, then fail on every node); the run takes
+    the other nodes, and that node's checks fail saying why."""
+    nodes, slurm = slurm_nodes
+    other = slurm.client("sbatch", "--parsable", "--nodelist=node4", "--exclusive", "--job-name=someone-else",
+                         "--output=/dev/null",
+                         "--wrap", "sleep 300")
+    assert other.returncode == 0, other.stderr
+    job = other.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 30  # a bound on Slurm starting the job, not a speed measure
+        while slurm.states().get("node4") != "alloc" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert slurm.states().get("node4") == "alloc", slurm.states()
+        path = inventory(slurm_nodes, tmp_path / "cluster.yaml")
+        done = run_pytest(slurm, path, tmp_path / "out", sign_key, "-m", "system and quick", "-k", "os or kernel")
+        results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
+        outcomes = {(c["node"], c["check"]): c["outcome"] for c in results["checks"] if c["node"]}
+        assert {node for (node, _), outcome in outcomes.items() if outcome != "passed"} == {"node4"}, done.stdout
+        assert {node for node, _ in outcomes} == {"node1", "node2", "node3", "node4"}
+        node4 = [c for c in results["checks"] if c["node"] == "node4"]
+        assert node4 and all(c["kind"] == "unreachable" for c in node4)
+        assert "not in the run's Slurm allocation" in node4[0]["message"]
+        assert "Slurm says node4 is alloc" in node4[0]["message"], node4[0]["message"]
+    finally:
+        slurm.client("scancel", job)
+    assert nothing_left(slurm, 20) == ([], [])
 
 
 @pytest.mark.skipif(not os.environ.get(SLOW_TESTS), reason=f"about 40 s of hpcc across two namespace "
