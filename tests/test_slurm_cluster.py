@@ -3,9 +3,10 @@
 The system suite runs through the slurm transport (one srun per step), the training suite's
 cross-node run through the slurm launcher (one srun step), a node whose slurmd is stopped is
 unreachable with Slurm's reason while the others pass, a node set down leaves the run's
-allocation to the others, a node running another job is left out of it alone, and Ctrl-C during an srun step leaves no step in squeue and no task on
-any node. One Slurm cluster serves the module, its tests in this
-order: the training run (on node1 and node2) stops node3's slurmd, and the last test finds it down.
+allocation to the others, a node running another job is left out of it alone, and Ctrl-C
+during an srun step leaves no step in squeue and no task on any node. One Slurm cluster serves
+the module, its tests in this order: the training run (on node1 and node2) stops node3's
+slurmd, and the last test finds it down.
 """
 from __future__ import annotations
 
