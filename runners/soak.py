@@ -562,7 +562,8 @@ class SoakReader:
         self._origin: Optional[float] = None
         self._width = 60.0
         self._written = self._objects = self._known = 0
-        self._counters: dict[tuple[str, str, str], int] = {}  # (gpu|link, GPU or port, counter) -> last read
+        self._counters: dict[tuple[str, str], dict[str, int]] = {}  # (gpu|link, GPU or port) -> last reads
+        self._gpu_counters: dict[str, tuple] = {}  # GPU -> its counters as the last sample had them
 
     def feed(self, lines: Iterable[str]) -> "SoakReader":
         log = self._log
@@ -583,7 +584,7 @@ class SoakReader:
                 log.start = record
                 baseline = record.get("baseline")
                 if isinstance(baseline, dict):
-                    _count_rises(log, self._counters, baseline, baseline=True)
+                    _count_rises(log, self._counters, self._gpu_counters, baseline, baseline=True)
                 origin, until = _number(record.get("t")), _number(record.get("end"))
                 self._origin = origin if self._origin is None else self._origin
                 if origin is not None and until is not None and until > origin:
@@ -594,7 +595,7 @@ class SoakReader:
                 log.times.append(moment)
                 log.last = record
                 _reduce(log, self._buckets, record, int(max(0.0, moment - self._origin) // self._width))
-                _count_rises(log, self._counters, record)
+                _count_rises(log, self._counters, self._gpu_counters, record)
             elif kind == "part":
                 value = record.get("value")
                 log.parts.append(Part(str(record.get("part")), float(record["t0"]), float(record["t1"]),
@@ -639,36 +640,55 @@ def _count_digests(kept: dict[str, dict[str, int]], digests: object) -> None:
             mine[key] = mine.get(key, 0) + checks
 
 
-def _count_rises(log: SoakLog, seen: dict[tuple[str, str, str], int], sample: dict,
-                 baseline: bool = False) -> None:
-    """A sample's (or the start's baseline's) error counters into the log's rises."""
-    readings: list[tuple[str, str, str, object]] = []
-    for gpu, values in _gpu_entries(sample).items():
-        readings += [("gpu", gpu, key, values.get(key)) for key in ("ecc_uncorrected", "ecc_corrected")]
-        rows = values.get("remap")
-        if isinstance(rows, list) and len(rows) >= 2 and all(isinstance(r, int) for r in rows[:2]):
-            readings.append(("gpu", gpu, "remap", rows[0] + rows[1]))
+GPU_COUNTERS = ("ecc_uncorrected", "ecc_corrected")
+
+
+def _count_rises(log: SoakLog, seen: dict[tuple[str, str], dict[str, int]], unchanged: dict[str, tuple],
+                 sample: dict, baseline: bool = False) -> None:
+    """A sample's (or the start's baseline's) error counters into the log's rises. Read for every
+    sample of every node: a GPU whose counters read as they did last time (nearly all, nearly
+    always) costs one comparison (`unchanged`: each GPU's counters as last read)."""
+    for entry in sample.get("gpus") or ():
+        if not isinstance(entry, dict) or "gpu" not in entry:
+            continue
+        gpu = str(entry["gpu"])
+        as_read = (entry.get("ecc_uncorrected"), entry.get("ecc_corrected"), entry.get("remap"))
+        if unchanged.get(gpu) == as_read:
+            continue
+        unchanged[gpu] = as_read
+        readings = [(key, entry.get(key)) for key in GPU_COUNTERS]
+        rows = entry.get("remap")
+        if isinstance(rows, list) and len(rows) >= 2 and type(rows[0]) is int and type(rows[1]) is int:
+            readings.append(("remap", rows[0] + rows[1]))
             if len(rows) >= 4 and rows[3] and gpu not in log.remap_failed:
                 log.remap_failed.append(gpu)
+        _rise(log.gpu_rises, seen.setdefault(("gpu", gpu), {}), gpu, readings, baseline)
     ports = sample.get("ib")
     for port, counters in (ports.items() if isinstance(ports, dict) else ()):
-        readings += [("link", str(port), str(name), value)
-                     for name, value in (counters.items() if isinstance(counters, dict) else ())]
-    for scope, owner, name, value in readings:
-        if not isinstance(value, int) or isinstance(value, bool):
-            continue  # unreadable this time: the next reading is held against the last one read
-        previous = seen.get((scope, owner, name))
-        seen[(scope, owner, name)] = value
+        if isinstance(counters, dict):
+            _rise(log.link_rises, seen.setdefault(("link", str(port)), {}), str(port),
+                  [(str(name), value) for name, value in counters.items()], baseline)
+
+
+
+
+def _rise(rises: dict[str, dict[str, int]], last: dict[str, int], owner: str,
+          readings: list[tuple[str, object]], baseline: bool) -> None:
+    """Each counter's rise since its last reading into rises[owner]; a reading below the last is
+    a reset, counted again from 0; one that is not a number (unreadable this time) is skipped."""
+    for name, value in readings:
+        if type(value) is not int:
+            continue
+        previous = last.get(name)
+        if previous == value:
+            continue
+        last[name] = value
         if baseline or previous is None:
             continue
-        rise = value - previous if value >= previous else value  # below the last: reset, counting from 0
+        rise = value - previous if value > previous else value
         if rise > 0:
-            rises = (log.gpu_rises if scope == "gpu" else log.link_rises).setdefault(owner, {})
-            rises[name] = rises.get(name, 0) + rise
-
-
-def _gpu_entries(sample: dict) -> dict[str, dict]:
-    return {str(g["gpu"]): g for g in sample.get("gpus") or [] if isinstance(g, dict) and "gpu" in g}
+            mine = rises.setdefault(owner, {})
+            mine[name] = mine.get(name, 0) + rise
 
 
 def _number(value: object) -> Optional[float]:
