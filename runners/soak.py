@@ -670,8 +670,6 @@ def _count_rises(log: SoakLog, seen: dict[tuple[str, str], dict[str, int]], unch
                   [(str(name), value) for name, value in counters.items()], baseline)
 
 
-
-
 def _rise(rises: dict[str, dict[str, int]], last: dict[str, int], owner: str,
           readings: list[tuple[str, object]], baseline: bool) -> None:
     """Each counter's rise since its last reading into rises[owner]; a reading below the last is
