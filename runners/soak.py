@@ -38,6 +38,9 @@ RAW_STEP = "soak"
 PORT = 5399  # the supervisors' iperf3 server
 IB_PORT = 5400  # rail i's ib_write_bw server listens on IB_PORT + i
 ROUND_KEYS = {"gpu": "gpu_round_s"}  # a load part's round length in the mix; the others' is round_s
+# How late a round may end past its length, and a busy peer be retried, on the supervisor's side
+# (soak_supervisor.py's ROUND_GRACE_S and RETRY_FOR_S).
+ROUND_SLACK_S = 20 + 60
 POLL_S = 5.0
 START_TIMEOUT_S = 60
 COMMAND_TIMEOUT_S = 30
@@ -48,6 +51,7 @@ STOP_WAIT_S = 30  # --soak-stop: how long each supervisor has to end and clean u
 EXIT_NO_SOAK = 3
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_DURATION_S = 30 * 86400  # burn-in contracts ask for 24-72 h; a typo's 99999999d would hold the nodes for good
 STATUS_PREFIX = "handover-soak: "
 
 # $1 the node's soak folder, $2 the payload's interpreter, $3 the config; the payload on stdin.
@@ -80,7 +84,11 @@ def parse_duration(text: str, option: str = "--soak-duration") -> float:
     match = DURATION.match(str(text).strip())
     if not match or float(match.group(1)) <= 0:
         raise SoakError(f"{option} {text!r}: a positive number and a unit, s, m, h or d (90s, 30m, 24h)")
-    return float(match.group(1)) * UNIT_S[match.group(2)]
+    seconds = float(match.group(1)) * UNIT_S[match.group(2)]
+    if seconds > MAX_DURATION_S:
+        raise SoakError(f"{option} {text!r}: at most {MAX_DURATION_S // 86400}d: a soak's load holds its nodes "
+                        "until it ends, whether or not a harness comes back for it")
+    return seconds
 
 
 def parse_mix(text: Optional[str], profile_mix: Optional[dict] = None) -> dict[str, object]:
@@ -720,16 +728,39 @@ def _reduce(log: SoakLog, buckets: dict[str, dict[int, list[float]]], sample: di
 PARSERS = {"soak": parse_soak}
 
 
+def round_length(plan: SoakPlan, part: str) -> tuple[str, float]:
+    """The mix's key for a load part's round length, and its seconds."""
+    key = ROUND_KEYS.get(part, "round_s")
+    return key, float(plan.mix.get(key, SOAK_MIX_DEFAULTS[key]))  # type: ignore[arg-type]
+
+
 def no_round(plan: SoakPlan, log: SoakLog, part: str) -> Optional[str]:
     """Why a load part that should have run on the node has no round at all (a soak stopped early
     is not held to it), or None."""
     if plan.stopped or any(p.part == part for p in log.parts):
         return None
-    key = ROUND_KEYS.get(part, "round_s")
-    round_s = float(plan.mix.get(key, SOAK_MIX_DEFAULTS[key]))  # type: ignore[arg-type]
+    key, round_s = round_length(plan, part)
     if plan.duration_s < round_s / 2:
         return f"no round ran: the soak's {plan.duration_s:g} s is shorter than half a round ({key}={round_s:g})"
     return "no round ran"
+
+
+def rounds_stop_early(plan: SoakPlan, log: SoakLog, part: str, until: Optional[float] = None) -> Optional[str]:
+    """Why a load part's rounds end well before the node's samples do (its supervisor went on
+    sampling, its load did not: the part's round thread died), or None. The rounds are due
+    until the soak's end, the node's last sample (a node that dropped out, a soak stopped early)
+    or `until` (its peer dropped out then); a round may take its length and the supervisor's
+    slack, and the next may retry a busy peer for a while."""
+    ended = [p.t1 for p in log.parts if p.part == part]
+    if not ended or not log.times:
+        return None
+    due = min(plan.end, max(log.times), math.inf if until is None else until)
+    allowed = 3 * round_length(plan, part)[1] + ROUND_SLACK_S + gap_allowed(plan.interval_s)
+    last = max(ended)
+    if due - last <= allowed:
+        return None
+    return (f"its rounds stop at {clock_utc(last)}, {due - last:.0f} s before they were due to "
+            f"({clock_utc(due)}): the load stopped, the node did not")
 
 
 def heartbeat_gaps(times: Sequence[float], allowed_s: float) -> list[tuple[float, float]]:

@@ -192,9 +192,11 @@ def test_soak_load(soak, node, record, metrics: Metrics, acceptance):
     temperature = soaking.peak(log, "cpu_temp_c")
     events = [f"{len(log.events)} supervisor event(s), the last: {log.events[-1].get('event')}"] if log.events else []
     burned = bool((log.start or {}).get("gpus")) and bool(soak.plan.mix.get("gpu", 1))
+    due = {"cpu": bool(soak.plan.mix.get("cpu", 1)), "gpu": burned,
+           "net": soak.plan.nodes[node].peer not in (None, *soak.plan.refused)}
     judge_parts(soak, node, LOAD_PARTS, record, metrics, notes_after=events,  # the supervisor's own troubles
                 extra={"soak_cpu_temp_max": (temperature, "°C")} if temperature is not None else {},
-                required=("gpu",) if burned else ())
+                required=tuple(part for part, runs in due.items() if runs))
 
 
 @pytest.mark.network
@@ -207,7 +209,7 @@ def test_soak_ib(soak, node, record, metrics: Metrics):
         pytest.skip(f"no active InfiniBand port on {node}")
     if soak.plan.nodes[node].peer is None:
         pytest.skip("a soak of one node: no peer to send to")
-    judge_parts(soak, node, ("ib",), record, metrics)
+    judge_parts(soak, node, ("ib",), record, metrics, required=("ib",))
 
 
 @pytest.mark.storage
@@ -218,7 +220,7 @@ def test_soak_io(soak, node, record, metrics: Metrics):
         pytest.skip("the soak's mix leaves fio out (io=0)")
     if soak.plan.nodes[node].io_dir is None:
         pytest.skip("no shared scratch path declared: the soak's storage load runs only there")
-    judge_parts(soak, node, ("io",), record, metrics)
+    judge_parts(soak, node, ("io",), record, metrics, required=("io",))
 
 
 def judge_parts(soak: SoakOutcome, node: str, parts: tuple[str, ...], record, metrics: Metrics,
@@ -226,18 +228,18 @@ def judge_parts(soak: SoakOutcome, node: str, parts: tuple[str, ...], record, me
                 required: tuple[str, ...] = ()) -> None:
     """These load parts' rounds on the node: rounds that failed, first against last quarter,
     against its peers (the outlier rule), against the profile's soak_* bands. extra: more figures
-    to judge with them; notes_after: more words for the note; required: parts that must have run
-    a round (the GPU burn on a node with GPUs), unless the soak was stopped early."""
+    to judge with them; notes_after: more words for the note; required: parts the node's mix
+    runs, whose rounds must go on for as long as the node's soak (and its peer's) did."""
     log = log_of(soak, node)
     lost_peer = peer_lost_at(node, soak.logs, soak.plan)
     figures: dict[str, tuple[Optional[float], str]] = {}
     failed, notes = [], []
     for part in parts:
         what, unit, metric = PARTS[part]
-        if part in required:
-            unrun = soaking.no_round(soak.plan, log, part)
-            failed += [f"{what}: {unrun}"] if unrun else []
         until = lost_peer if part in PEER_PARTS else None
+        if part in required:
+            unrun = soaking.no_round(soak.plan, log, part) or soaking.rounds_stop_early(soak.plan, log, part, until)
+            failed += [f"{what}: {unrun}"] if unrun else []
         figure = soaking.drift(log.parts, part, until=until)
         errors = [p for p in log.parts if p.part == part and p.value is None and (until is None or p.t1 <= until)]
         if errors:

@@ -421,14 +421,16 @@ def test_text_that_is_not_soak_samples_is_a_parse_error():
         soak.parse_soak('{"tool": "fio"}\n')
 
 
-@pytest.mark.parametrize("text", ["24", "1x", "-5m", "0s", "h"])
+@pytest.mark.parametrize("text", ["24", "1x", "-5m", "0s", "h", "99999999d", "721h"])
 def test_a_bad_duration_is_one_line_naming_the_option(text):
-    with pytest.raises(soak.SoakError, match="--soak-duration"):
+    with pytest.raises(soak.SoakError, match="--soak-duration") as raised:
         soak.parse_duration(text)
+    assert "\n" not in str(raised.value)
 
 
 def test_durations_and_mixes():
-    assert [soak.parse_duration(t) for t in ("90s", "30m", "24h", "1.5d")] == [90, 1800, 86400, 129600]
+    assert [soak.parse_duration(t) for t in ("90s", "30m", "24h", "1.5d", "30d")] == [90, 1800, 86400, 129600,
+                                                                                    soak.MAX_DURATION_S]
     assert soak.parse_mix("cpu_load=10,net_rate=2M")["cpu_load"] == 10
     with pytest.raises(soak.SoakError, match="cpu_lod"):
         soak.parse_mix("cpu_lod=10")
@@ -451,6 +453,52 @@ def test_a_mix_value_no_round_could_run_with_is_refused_before_the_soak(item, pr
     with pytest.raises(soak.SoakError) as raised:
         soak.parse_mix(item)
     assert str(raised.value) == f"--soak-mix {item!r}: {problem}"
+
+
+def test_a_load_part_whose_rounds_stop_while_the_node_samples_on_is_named():
+    """DERIVED from the real CPU soak: its lines, then its samples again ten minutes on (the
+    supervisor sampling on), and no later round (the round threads died). Due until the soak's
+    end or the node's last sample, whichever comes first, or until its peer dropped out."""
+    lines = (DATA / "local_cpu_soak_node1.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    later = [json.dumps(dict(r, t=r["t"] + 600)) for r in records if r["kind"] == "sample"]
+    whole = soak.parse_soak("\n".join(lines))
+    log = soak.parse_soak("\n".join([*lines[:-1], *later]))
+    mix = soak.parse_mix(MIX)
+    plan = soak.SoakPlan("s", "t", whole.start["t"], whole.start["end"] + 600, mix, {})
+    last = max(p.t1 for p in log.parts if p.part == "cpu")
+
+    why = soak.rounds_stop_early(plan, log, "cpu")
+
+    assert why == (f"its rounds stop at {soak.clock_utc(last)}, {max(log.times) - last:.0f} s before they were "
+                   f"due to ({soak.clock_utc(max(log.times))}): the load stopped, the node did not")
+    assert soak.rounds_stop_early(plan, log, "net", until=last + 10) is None  # its peer dropped out then
+    assert soak.rounds_stop_early(replace(plan, end=whole.start["end"]), log, "cpu") is None  # they reach the end
+    assert soak.rounds_stop_early(plan, whole, "cpu") is None  # the node's samples stop with them
+    assert soak.rounds_stop_early(plan, log, "gpu") is None  # no round at all is no_round's
+
+
+def test_a_round_whose_output_no_reader_expected_is_a_failed_round_and_the_rounds_go_on(tmp_path):
+    """A reader that raises (a tool's new output format) once ended the part's thread: its load
+    stopped and nothing said so. Now the round fails, naming why, and the next one runs."""
+    (tmp_path / "config.json").write_text(json.dumps({"mix": {"round_s": 2}, "end": time.time() + 3600}))
+    supervisor = Supervisor(str(tmp_path))
+    readings = iter([ValueError("could not convert string to float: 'n/a'")])
+
+    def measure(seconds):
+        reading = next(readings, None)
+        if reading is not None:
+            raise reading
+        supervisor.stop("end time")  # the second round is the last
+        return 0, 1.5, "bogo-ops/s", None
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(soak_supervisor, "ERROR_HOLD_S", 0)
+        supervisor.rounds("cpu", measure)
+    supervisor.out.close()
+    rounds = [json.loads(line) for line in (tmp_path / soak_supervisor.SAMPLES).read_text().splitlines()]
+    assert [(r["value"], r["error"]) for r in rounds] == [
+        (None, "ValueError: could not convert string to float: 'n/a'"), (1.5, None)]
 
 
 def test_a_gpu_node_whose_burn_ran_no_round_says_why():

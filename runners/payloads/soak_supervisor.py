@@ -165,7 +165,10 @@ class Supervisor:
             if seconds < max(1.0, round_s / 2):
                 return  # a short last round would not compare with the others
             began = time.time()
-            code, value, unit, error, *more = measure(int(seconds))
+            try:
+                code, value, unit, error, *more = measure(int(seconds))
+            except Exception as exc:  # a tool's output no reader expected: a failed round, the load goes on
+                code, value, unit, error, more = None, None, "", "%s: %s" % (type(exc).__name__, exc), []
             if code is None and self.stopping.is_set():
                 return  # cut short by the end: not a round
             ended = time.time()
