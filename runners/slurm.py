@@ -12,7 +12,8 @@ duration back as framed base64 lines (`@hov NODE out|err|end ...`), short enough
 splits one; the harness reads them as they come, so each node's Result is there as soon as its
 task ends. Before a batch, `sinfo` says which nodes Slurm would not run on (down, drained, not
 responding): those are unreachable with Slurm's state and reason and the batch runs without them.
-A task that cannot start (`Task launch ... failed on node X`) makes its node unreachable too.
+A task that cannot start (`Task launch ... failed on node X`) makes its node unreachable too;
+srun aborts the whole step then, so the other nodes' commands run once more without it.
 
 Every srun has --immediate (a busy or down node never leaves it queued), a --time limit, the
 node-side `timeout` of runners.transport, and a harness-side deadline; on a timeout, Ctrl-C or
@@ -59,6 +60,7 @@ SINFO, SCANCEL, SQUEUE, SALLOC = "sinfo", "scancel", "squeue", "salloc"
 ALLOCATION_PREFIX = JOB_PREFIX + "run-"  # the harness's own allocation: handover-run-<hex>
 CLIENT_TIMEOUT_S = 30  # sinfo, squeue, scancel
 KILL_WAIT_S = 10  # how long srun may take to end after its step was cancelled
+RELAUNCH_WAIT_S = 60  # how long an aborted step may take to leave its nodes (KillWait, 30 s by default)
 LEASE_GRACE_S = 5  # a lost harness's allocation outlives it this long: its lease step kills first
 BATCH_QUIET_S = 0.05  # a batch closes once no node's command came for this long ...
 BATCH_MAX_WAIT_S = 0.5  # ... or this long after its first
@@ -256,6 +258,21 @@ def cancel(name: str) -> None:
         client([SCANCEL, *ids])
     if not os.environ.get("SLURM_JOB_ID"):  # our own job, maybe still pending
         client([SCANCEL, f"--name={name}"])
+
+
+def wait_gone(name: str, within_s: float) -> bool:
+    """Whether Slurm lists no job or step named `name` any more, waiting up to within_s for one
+    that is completing (its tasks get KillWait, 30 s by default, to end): its nodes are busy until
+    then, and a job asking for them with --immediate is refused."""
+    deadline = time.monotonic() + within_s
+    while True:
+        jobs = client([SQUEUE, "-h", f"--name={name}", "-o", "%i"]).stdout.split()
+        steps = client([SQUEUE, "-h", "-s", "-o", "%j"]).stdout.split()
+        if not jobs and name not in steps:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
 
 
 def last_line(text: str) -> str:
@@ -544,7 +561,7 @@ class SlurmSteps:
                 _finish(entry, failure="error", detail=f"{type(exc).__name__}: {exc}")
             raise
 
-    def _srun(self, batch: _Batch, entries: dict[str, _Entry]) -> None:
+    def _srun(self, batch: _Batch, entries: dict[str, _Entry], *, again: bool = True) -> None:
         inputs: list[str] = []
         jobs = {}
         for name, entry in entries.items():
@@ -588,6 +605,9 @@ class SlurmSteps:
         expired = batch.cancelled
         failed = parse_launch_failures(stderr)
         missing = [name for name, entry in entries.items() if not entry.done.is_set()]
+        spared = {name: entries[name] for name in missing if failed and name not in failed}
+        if again and spared and not expired and self._rebatch(batch, spared, failed):
+            missing = [name for name in missing if name not in spared]
         states = _states_or_none(missing) if missing and not expired else {}
         for name in missing:
             entry, state = entries[name], states.get(name)
@@ -604,6 +624,27 @@ class SlurmSteps:
             else:
                 _finish(entry, failure="error", detail=f"srun exited {proc.returncode} without "
                         f"{name}'s result: {last_line(stderr) or 'no message'}", output=partial)
+
+    def _rebatch(self, batch: _Batch, spared: dict[str, _Entry], failed: dict[str, str]) -> bool:
+        """srun aborts the whole step when a task cannot start on one node (a node whose slurmd
+        died before slurmctld noticed, for up to SlurmdTimeout), killing every other node's
+        command: run those once more, in a step without the failed nodes. False where the batch
+        was cancelled meanwhile."""
+        again = _Batch(batch.python)
+        with self._lock:
+            if batch.cancelled:
+                return False
+            again.entries = dict(spared)
+            for entry in spared.values():
+                self._running[entry.tag] = again
+        log.warning("srun step %s could not start on %s; its %d other node(s) run again as %s",
+                    batch.name, ", ".join(failed), len(spared), again.name)
+        try:
+            wait_gone(batch.name, RELAUNCH_WAIT_S)
+        except SlurmError as error:  # the new step's own --immediate still bounds a busy node
+            log.warning("could not see %s end: %s", batch.name, error)
+        self._srun(again, spared, again=False)
+        return True
 
     def _expire(self, batch: _Batch, proc: subprocess.Popen) -> None:
         """The harness-side deadline: cancel the step, then make sure srun itself is gone."""

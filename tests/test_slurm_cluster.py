@@ -2,11 +2,12 @@
 
 The system suite runs through the slurm transport (one srun per step), the training suite's
 cross-node run through the slurm launcher (one srun step), a node whose slurmd is stopped is
-unreachable with Slurm's reason while the others pass, a node set down leaves the run's
+unreachable with Slurm's reason while the others pass, a node whose task Slurm cannot start
+fails alone (srun aborts the whole step: the others run again), a node set down leaves the run's
 allocation to the others, a node running another job is left out of it alone, and Ctrl-C
 during an srun step leaves no step in squeue and no task on any node. One Slurm cluster serves
-the module, its tests in this order: the training run (on node1 and node2) stops node3's
-slurmd, and the last test finds it down.
+the module, its tests in this order: the launch failure's test kills node3's slurmd, the
+training run leaves node3 out, and the last test finds it down.
 """
 from __future__ import annotations
 
@@ -291,11 +292,31 @@ def test_hpl_across_two_nodes_under_srun(slurm_nodes, tmp_path, monkeypatch):
     assert nothing_left(slurm, 20) == ([], [])
 
 
+def test_a_task_slurm_cannot_start_fails_its_node_and_the_others_run_again(slurm_nodes, tmp_path, monkeypatch):
+    """node3's slurmd is gone, slurmctld does not know yet (for up to SlurmdTimeout: 300 s by
+    default): the task launch fails there and srun aborts the whole step, killing the other
+    nodes' commands. They run again without node3, which alone is unreachable. (node3 stays
+    stopped: the next test finds it down.)"""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
+    steps = SlurmSteps(cluster.launch)
+    transports: dict[str, Transport] = {n.name: SlurmTransport(n, steps) for n in cluster.nodes}
+    slurm.kill_slurmd("node3")
+    assert slurm.states().get("node3") == "idle", slurm.states()  # slurmctld has not noticed
+    results = fan_out(transports, lambda t: t.run(["sh", "-c", "sleep 3; hostname"], timeout=60))
+    assert {name: r.stdout.strip() for name, r in results.items() if r.ok} == {
+        "node1": "node1", "node2": "node2", "node4": "node4"}, {n: r.explain() for n, r in results.items()}
+    assert results["node3"].failure == "unreachable"
+    assert results["node3"].detail.startswith("Slurm could not start the task on node3: "), results["node3"].detail
+    assert nothing_left(slurm, 20) == ([], [])
+
+
 def test_training_across_nodes_through_the_slurm_launcher(slurm_nodes, sign_key, tmp_path):
     nodes, slurm = slurm_nodes
     pytest.importorskip("torch")
     # For the last test: slurmctld takes a while to call node3 not responding; this run leaves
-    # node3 out, so it takes that while here.
+    # node3 out, so it takes that while here (its slurmd is already gone where the tests run in order).
     slurm.kill_slurmd("node3")
     path = inventory(slurm_nodes, tmp_path / "cluster.yaml", engine="slurm", partition=slurm.partition,
                      time_limit=10)
