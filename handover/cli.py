@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     inventory.add_argument("file", type=Path, metavar="FILE")
     inventory.add_argument("--json", action="store_true",
                            help='print {"nodes": [{"name", "address", "port", "user", "identity_file", '
-                                '"source"}, ...]} for scripts')
+                                '"source", "rack", "leaf"}, ...]} for scripts')
     inventory.set_defaults(handler=cmd_inventory)
 
     parse = verbs.add_parser("parse", help="parse a saved tool output into JSON on stdout")

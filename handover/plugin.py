@@ -92,7 +92,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def add_soak_options(group) -> None:
     group.addoption("--soak-duration", metavar="DURATION",
-                    help="with -m soak: run the soak this long on every node at once (90s, 30m, 24h, 2d); "
+                    help="with -m soak: run the soak this long on every node at once (30m, 24h, 2d; "
+                         "at least two load rounds, 2m by default); "
                          "the same command again re-attaches to a soak still running")
     group.addoption("--soak-mix", metavar="KEY=VALUE,...",
                     help="the soak's load mix: cpu, cpu_workers (0: every CPU), cpu_load (%%), vm_workers, "

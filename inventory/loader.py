@@ -1153,9 +1153,9 @@ def _time_limit(at: _At) -> int:
     usage = (f"time_limit {text!r}: give minutes (e.g. 30) or a time as Slurm's --time takes it "
              "(MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)")
     if ":" not in text and "-" not in text:
-        if at.node.tag != _INT:
+        if not text.isdigit():
             raise at.error(usage)
-        whole = _integer(at)
+        whole = int(text)
         if whole < 1:
             raise at.error(f"time_limit must be at least 1 minute, got {whole}")
         return whole

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from netns import NamespaceCluster, netns_available
@@ -100,3 +101,39 @@ def pytest_xdist_make_scheduler(config, log):
             return GROUP_OF_MODULE.get(module, nodeid.split("::", 1)[0])
 
     return SerialGroups(config, log)
+
+
+class TinyDisk:
+    """A tmpfs mounted for one test: filled to leave a few KiB, freed, or made read-only."""
+
+    FILLER = "filler"
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fill(self, leave_kib: int = 0) -> None:
+        free_kib = os.statvfs(self.path).f_bavail * os.statvfs(self.path).f_frsize // 1024
+        with open(self.path / self.FILLER, "ab") as filler:
+            filler.write(b"\0" * max(0, free_kib - leave_kib) * 1024)
+
+    def free(self) -> None:
+        (self.path / self.FILLER).unlink()
+
+    def remount(self, mode: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,{mode}", str(self.path)], check=True)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path = tmp_path / "disk"
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield TinyDisk(path)
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

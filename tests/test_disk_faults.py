@@ -6,7 +6,6 @@ and the errno, the run stops cleanly, and the ledger renders later once there is
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,41 +17,6 @@ from reports.ledger import LEDGER_FILE, Ledger, read_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_INVENTORY = ROOT / "inventory" / "local.yaml"
-FILLER = "filler"
-
-
-class TinyDisk:
-    """A tmpfs mounted for one test: filled to leave a few KiB, freed, or made read-only."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def fill(self, leave_kib: int = 0) -> None:
-        free_kib = os.statvfs(self.path).f_bavail * os.statvfs(self.path).f_frsize // 1024
-        with open(self.path / FILLER, "ab") as filler:
-            filler.write(b"\0" * max(0, free_kib - leave_kib) * 1024)
-
-    def free(self) -> None:
-        (self.path / FILLER).unlink()
-
-    def remount(self, mode: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,{mode}", str(self.path)], check=True)
-
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    path = tmp_path / "disk"
-    path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield TinyDisk(path)
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 @pytest.fixture
@@ -190,7 +154,7 @@ def test_an_atomic_write_that_fails_keeps_the_old_file(tiny_disk):
     with pytest.raises(WriteError, match=r"results.json: \[Errno 28\] No space left on device"):
         write_atomically(target, "new\n" * 100_000)
     assert target.read_text() == "old\n"
-    assert sorted(p.name for p in tiny_disk.path.iterdir()) == sorted(["results.json", FILLER])
+    assert sorted(p.name for p in tiny_disk.path.iterdir()) == sorted(["results.json", tiny_disk.FILLER])
 
 
 def test_a_torn_ledger_renders_with_a_warning_and_resume_repairs_it(tmp_path, inventory, sign_key):

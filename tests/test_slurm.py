@@ -207,6 +207,8 @@ def write_inventory(tmp_path: Path, launch: str, transport: str = "slurm") -> Pa
     ('{engine: slurm, time_limit: "45:30"}', LaunchSettings("slurm", time_limit_min=46)),
     ('{engine: slurm, time_limit: "1-12"}', LaunchSettings("slurm", time_limit_min=2160)),
     ('{engine: slurm, time_limit: "1-0:30"}', LaunchSettings("slurm", time_limit_min=1470)),
+    # quoted minutes, as sbatch reads them
+    ('{engine: slurm, time_limit: "90"}', LaunchSettings("slurm", time_limit_min=90)),
     ("{interface: ib0}", LaunchSettings(interface="ib0")),
 ])
 def test_launch_key(tmp_path, launch, expected):

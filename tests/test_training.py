@@ -132,6 +132,17 @@ def test_a_checkpoint_path_that_is_not_a_directory_is_reported_not_created(tmp_p
     assert not missing.exists()
 
 
+def test_a_checkpoint_that_fills_its_disk_fails_and_leaves_nothing_there(tiny_disk):
+    """A 256 KiB tmpfs for a checkpoint of over a megabyte: the write fails, each rank says so,
+    and the torn file goes (before, the end removed only a checkpoint written whole)."""
+    result = training.run_on_node(local_transport(), 2, replace(ONE_STEP_MODEL, steps=2),
+                                  timeout=120, checkpoint_dir=str(tiny_disk.path))
+    report = training.parse_training(result.stdout)
+    assert all(rank.checkpoint.error.startswith(f"writing {tiny_disk.path}/handover-checkpoint-")
+               for rank in report.per_rank), [rank.checkpoint.error for rank in report.per_rank]
+    assert list(tiny_disk.path.iterdir()) == []
+
+
 def transports_of(cluster) -> dict:
     return {node.name: SshTransport(node) for node in cluster.nodes}
 

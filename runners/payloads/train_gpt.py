@@ -141,6 +141,7 @@ def checkpoint_round_trip(model, optimizer, directory, marker, rank, device):
     path = os.path.join(directory, f"handover-checkpoint-{marker}.pt")
     result = {"path": path, "bytes": 0, "write_s": None, "read_s": None, "sha256": None,
               "matches": None, "error": ""}
+    made = False  # rank 0 made the file: it, and nothing it did not make, is removed at the end
     if rank == 0:
         if not os.path.isdir(directory):
             result["error"] = f"{directory} is not a directory"
@@ -148,13 +149,14 @@ def checkpoint_round_trip(model, optimizer, directory, marker, rank, device):
             try:
                 begin = time.monotonic()
                 with open(path, "xb") as handle:  # never overwrite anything
+                    made = True
                     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, handle)
                     handle.flush()
                     os.fsync(handle.fileno())
                 result["write_s"] = time.monotonic() - begin
                 result["bytes"] = os.path.getsize(path)
                 result["sha256"] = digest(path)
-            except OSError as exc:
+            except Exception as exc:  # OSError, and torch's RuntimeError when the disk fills mid-write
                 result["error"] = f"writing {path}: {exc}"
     written = [result if rank == 0 else None]
     dist.broadcast_object_list(written, src=0)
@@ -175,7 +177,7 @@ def checkpoint_round_trip(model, optimizer, directory, marker, rank, device):
         result["error"] = f"reading {path}: {exc}"
     finally:
         dist.barrier()
-        if rank == 0 and os.path.exists(path) and not written["error"]:
+        if made and os.path.exists(path):
             os.remove(path)
     return result
 
