@@ -7,8 +7,9 @@ kinds in handover.failures, so a report can tell an unreachable node from a slow
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Callable, NoReturn, Optional, Sequence, TypeVar
 
@@ -220,9 +221,31 @@ def first_line(failure: BaseException) -> str:
 
 
 def at_once(groups: Sequence[K], measure: Callable[[K], T], name: str) -> dict[K, T]:
-    """measure(group) for every group at once (disjoint node sets: one thread each)."""
-    with ThreadPoolExecutor(max_workers=max(len(groups), 1), thread_name_prefix=name) as pool:
-        return dict(zip(groups, pool.map(measure, groups), strict=True))
+    """measure(group) for every group at once (disjoint node sets: one thread each); the first
+    group's exception, if any, once every group has ended. A Ctrl-C does not wait for them (an
+    executor would wait out each group's run across nodes, up to its timeout, before the
+    interrupt reached the session, whose end kills their remote work): daemon threads."""
+    ended: queue.SimpleQueue = queue.SimpleQueue()
+    outcomes: dict[int, tuple[Optional[T], Optional[BaseException]]] = {}
+
+    def work(index: int, group: K) -> None:
+        try:
+            ended.put((index, measure(group), None))
+        except BaseException as error:
+            ended.put((index, None, error))
+
+    for index, group in enumerate(groups):
+        threading.Thread(target=work, args=(index, group), name=f"{name}-{index}", daemon=True).start()
+    while len(outcomes) < len(groups):
+        try:
+            index, value, error = ended.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        outcomes[index] = (value, error)
+    failed = next((outcomes[i][1] for i in range(len(groups)) if outcomes[i][1] is not None), None)
+    if failed is not None:
+        raise failed
+    return {group: outcomes[index][0] for index, group in enumerate(groups)}
 
 
 # ---------------------------------------------------------------------------------------------

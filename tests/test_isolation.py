@@ -7,12 +7,15 @@ round takes the same time. The suite runs the same plan on real nodes (test_coll
 from __future__ import annotations
 
 import math
+import signal
+import threading
 
 import pytest
 
 from inventory.model import Node
 from runners import isolation
 from runners.isolation import BISECT, CONFIRM, SCREEN, Isolation, Outcome, ScaleRun
+from suites.checks import at_once
 
 GOOD, BAD, BAND = 1.0, 0.1, 0.5
 ROUND_S = 10.0
@@ -253,3 +256,39 @@ def test_a_table_line_names_the_slowest_run_and_those_without_a_figure():
             ScaleRun("pair", "c-a", ("c", "a"), None, "timed out")]
     assert isolation.level_line("pair", runs) == \
         "pair: 3 run(s), median 0.250, min 0.100 GB/s (b-c), no figure from c-a"
+
+
+def test_a_groups_failure_waits_for_the_other_groups_and_ctrl_c_does_not():
+    """The groups of a round run at once. An error in one is raised once the others have ended
+    (their runs hold the nodes the next check needs); a Ctrl-C is raised at once, the groups'
+    remote work left to the session's end, which kills it (an executor waited out every group's
+    run first, up to its timeout)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("Ctrl-C reaches the main thread only, as KeyboardInterrupt by Python's own handler")
+    ended = []
+
+    def failing(group):
+        if group == "bad":
+            raise ValueError("no figure")
+        ended.append(group)
+        return group
+
+    with pytest.raises(ValueError, match="no figure"):
+        at_once(["bad", "good"], failing, "rounds")
+    assert ended == ["good"]
+
+    release = threading.Event()
+
+    def interrupted(group):
+        if group == "ctrl-c":
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            return group
+        release.wait(60)  # a bound if the interrupt never comes, not a speed measure
+        return group
+
+    with pytest.raises(KeyboardInterrupt):
+        at_once(["ctrl-c", "running"], interrupted, "ctrlc")
+    still_running = not release.is_set()
+    release.set()
+    assert still_running
