@@ -44,6 +44,7 @@ _connecting = threading.BoundedSemaphore(CONNECTS_AT_ONCE)
 CHANNEL_CHUNK = 64 * 1024  # bytes per read from or write to a command's channel
 SEND_POLL_S = 0.05  # how often stdin is retried while the node's window is full
 IDLE_POLL_S = 5.0  # how often an idle connection's paramiko thread wakes (AeadFirstTransport)
+WATCHDOG_RESTARTS = 3  # a watchdog that keeps ending (sudo refusing it) is not started for ever
 
 log = logging.getLogger("handover.ssh")
 
@@ -254,6 +255,8 @@ class SshLease(Lease):
         self._closing = threading.Lock()
         self._stopped = threading.Event()
         self._channel: Optional[paramiko.Channel] = None
+        self._root, self._timeout = False, 0.0
+        self._restarts = 0  # watchdogs started again on this connection after one ended
 
     def start(self, *, root: bool, timeout: float) -> "SshLease":
         transport = self.connection.client.get_transport()
@@ -261,12 +264,17 @@ class SshLease(Lease):
             raise EOFError("the connection closed before the watchdog started")
         if isinstance(transport, AeadFirstTransport):
             transport.settle()
-        channel = transport.open_session(timeout=timeout)
-        channel.exec_command(shlex.join(lease_argv(self.tag, patience_s=NODE_PATIENCE_S, root=root)))
+        self._root, self._timeout = root, timeout
+        self._watch(transport)
+        return self
+
+    def _watch(self, transport: paramiko.Transport) -> None:
+        """Start the node-side watchdog on its own channel, and the heartbeat that feeds it."""
+        channel = transport.open_session(timeout=self._timeout)
+        channel.exec_command(shlex.join(lease_argv(self.tag, patience_s=NODE_PATIENCE_S, root=self._root)))
         self._channel = channel
         threading.Thread(target=self._beat, args=(channel,), daemon=True,
                          name=f"heartbeat-{self.connection.host}").start()
-        return self
 
     @property
     def standing(self) -> bool:
@@ -336,10 +344,24 @@ class SshLease(Lease):
         self._close_connection()
 
     def _ended(self, channel: paramiko.Channel) -> None:
+        """The watchdog ended while the connection stands: it missed the heartbeats for
+        NODE_PATIENCE_S (a starved harness) and killed our work there, or something killed it.
+        Without one, a harness killed later would leave the node's commands to their own
+        timeouts (days, for a node lock's holder): it is started again, a few times at most."""
         if self.closed_within(1.0):
             self._lost("the connection closed")
             return
         why = channel.recv_stderr(4096).decode(errors="replace").strip() if channel.recv_stderr_ready() else ""
+        transport = self.connection.client.get_transport()
+        if self._restarts < WATCHDOG_RESTARTS and transport is not None:
+            self._restarts += 1
+            log.warning("%s: the node-side watchdog ended (%s); starting it again (%d of %d)",
+                        self.connection.host, why or "it said nothing", self._restarts, WATCHDOG_RESTARTS)
+            try:
+                self._watch(transport)
+                return
+            except (OSError, EOFError, paramiko.SSHException) as error:
+                why = f"{why or 'it said nothing'}; starting it again failed: {error}"
         log.warning("%s: the node-side watchdog ended (%s); commands there are bounded by their "
                     "own timeouts only", self.connection.host, why or "it said nothing")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
 import tempfile
 import threading
@@ -19,7 +20,7 @@ from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers, 
 from inventory.model import Node
 from runners import system
 from runners.parsing import ParseError
-from runners.transport import OWN_TEMP_PREFIX, LocalTransport, make_transport
+from runners.transport import LEASE_VARIABLE, OWN_TEMP_PREFIX, LocalTransport, make_transport
 
 
 @pytest.fixture(params=["local", "ssh"])
@@ -38,7 +39,6 @@ def test_local_transport_does_not_import_ssh_libraries():
     code = ("import sys; from runners.transport import make_transport; from inventory.model import Node; "
             "t = make_transport(Node('n', 'n', 'local')); assert t.run(['true'], timeout=5).ok; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fabric', 'paramiko', 'invoke')))")
-    import subprocess
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -238,7 +238,6 @@ def test_dead_link_is_unreachable_within_the_connect_timeout(ns_cluster_factory,
 
 
 def test_wrong_key_is_an_auth_failure(ns_cluster, tmp_path):
-    import subprocess
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
     node = ns_inventory(ns_cluster, tmp_path / "inv.yaml").nodes[0]
     node = dataclasses.replace(node, ssh=dataclasses.replace(node.ssh, identity_file=str(tmp_path / "other")))
@@ -421,7 +420,6 @@ def test_a_proxyjump_from_ssh_config_is_shared_too_and_skipped_by_its_own_hop(ns
 
 def public_key(tmp_path, name: str) -> str:
     """'ssh-ed25519 AAAA...' of a fresh key made by ssh-keygen."""
-    import subprocess
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / name)], check=True)
     return " ".join((tmp_path / f"{name}.pub").read_text().split()[:2])
 
@@ -497,3 +495,22 @@ def test_a_learned_host_is_indexed_without_reading_the_file_again_unless_another
     known.learned(f"10.0.0.4 {second}\n")
     again = KnownHosts.of(str(path))
     assert again is not known and len(again.keys_of("10.0.0.3")) == 1
+
+
+def test_a_watchdog_that_ends_while_the_connection_stands_is_started_again(ns_cluster, tmp_path):
+    """The node-side watchdog kills our work and ends when the heartbeats stop for a while (a
+    harness starved of CPU), or something kills it: the connection still stands, and without a
+    watchdog a harness killed later would leave the node's commands to their own timeouts. It is
+    started again on the same connection, for the same lease; and still ends with the transport."""
+    transport = make_transport(ns_inventory(ns_cluster, tmp_path / "inv.yaml").nodes[0])
+    try:
+        assert transport.run(["true"], timeout=30).ok
+        lease = transport._lease  # the connection's, whose tag every watchdog of it carries
+        marker = f"{LEASE_VARIABLE}={lease.tag}"
+        [first] = [line.split()[0] for line in leftovers(marker)]
+        subprocess.run(["kill", "-KILL", first], check=True)
+        assert wait_until(lambda: [line.split()[0] for line in leftovers(marker)] not in ([], [first]), 30)
+        assert transport._lease is lease and transport.run(["true"], timeout=30).ok
+    finally:
+        transport.close()
+    assert wait_for_no_leftovers(marker) == []
