@@ -203,6 +203,14 @@ def test_hpcc_runs_in_a_directory_of_its_own_and_removes_it(local, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_program_that_ignores_term_at_the_timeout_still_leaves_no_directory(local, tmp_path):
+    """The node-side timeout sends TERM, then KILL 5 s later: the payload stops the program
+    (which ignores TERM here) and removes its directory within those 5 s (it waited 10 before)."""
+    result = quick_hpcc(local, tmp_path, argv=["sh", "-c", "trap '' TERM; exec sleep 60"], timeout=2)
+    assert result.timed_out, result.explain()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_undeclared_or_missing_scratch_path_is_refused(local, tmp_path):
     with pytest.raises(ScratchRefused, match="not a scratch path"):
         quick_hpcc(local, tmp_path, scratch=(ScratchPath("/scratch"),))

@@ -53,7 +53,10 @@ def run_fio(argv, filename):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            try:
+                proc.wait(1)
+            except subprocess.TimeoutExpired:  # in uninterruptible disk I/O: its file goes all the same
+                pass
     sys.stdout.write(out)
     sys.stderr.write(err)
     return proc.returncode
