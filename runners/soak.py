@@ -408,6 +408,10 @@ class SoakRun:
             state.done = "no soak"  # its folder is gone: cleaned up, or the node was wiped
         elif seen == "gone" and not more:
             state.done = "gone"  # the supervisor died (a crash, a reboot) before its end line
+            if self._collector is not None and not self.sealed:  # its samples are in raw/
+                self.transport(state.name).run(kill_argv(self.plan.tag, root=False), timeout=COMMAND_TIMEOUT_S,
+                                               label="soak: end a dead supervisor's tools")
+                self._remove_folders(state.name)
 
     def progress(self) -> "SoakProgress":
         alive = [s.name for s in self.states.values() if s.state == "alive" and not s.unreachable and not s.done]
@@ -478,12 +482,23 @@ class SoakRun:
         killed = fan_out({name: self.transport(name) for name in live if name not in outcome},
                          lambda t: t.run(kill_argv(self.plan.tag, root=False), timeout=COMMAND_TIMEOUT_S),
                          name="soak kill")
+        unclean = [name for name in killed if self.states[name].done != "ended"]  # killed, or dead before
+        if unclean and self._collector is not None and not self.sealed:
+            fan_out({name: self.transport(name) for name in unclean}, lambda t: self._remove_folders(t.node.name),
+                    name="soak remove")
         for name in killed:
             kept = ("the run was already signed: samples since are not kept" if self.sealed and self._collector
                     else "the harness following it has its samples" if self.sealed else "its samples are in raw/")
             outcome.setdefault(name, f"stopped; {kept}" if self.states[name].done == "ended"
                                else f"killed ({self.states[name].done or 'did not end in time'})")
         return outcome
+
+    def _remove_folders(self, name: str) -> Result:
+        """Remove what a supervisor that cannot clean up any more (dead, or killed) left: its
+        folder in the local scratch path and its fio folder in the shared one (1 GiB by default)."""
+        node = self.plan.nodes[name]
+        return self.transport(name).run(["rm", "-rf", "--", node.dir, *([node.io_dir] if node.io_dir else [])],
+                                        timeout=COMMAND_TIMEOUT_S, label="soak: remove a dead supervisor's folders")
 
     def _wait_cleaned(self, names: list[str], deadline: float) -> None:
         """Until each supervisor told `collected` has removed its folder (and so ended), or the deadline."""

@@ -25,7 +25,7 @@ from pathlib import Path
 import hostlist
 import pytest
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from nodes import ns_inventory
+from nodes import ns_inventory, wait_until
 from test_e2e import ROOT, handover, results_of, run_dir_of
 
 from handover.plugin import stop_lines
@@ -856,3 +856,31 @@ def test_a_soaks_load_holds_its_node_and_an_uncollected_soak_removes_itself_at_i
         assert gone_within(60, scratch, cluster)
     finally:
         transport.close()
+
+
+def test_a_supervisor_that_died_has_its_tools_ended_and_its_folders_removed(ns_cluster_factory, tmp_path):
+    """A supervisor SIGKILLed mid-soak (as the OOM killer or a crash ends it) cannot clean up: its
+    fio round runs on and its folders stay (the shared one holds fio's file, 1 GiB by default).
+    The harness collects its samples, then ends its tools and removes both folders."""
+    cluster = ns_cluster_factory(1)
+    local, shared, run_dir = tmp_path / "scratch", tmp_path / "shared", tmp_path / "run"
+    for folder in (local, shared, run_dir):
+        folder.mkdir()
+    node = ns_inventory(cluster, tmp_path / "cluster.yaml").nodes[0]
+    plan = soak.new_plan([node], [ScratchPath(str(local)), ScratchPath(str(shared), kind="shared")], 60,
+                         soak.parse_mix("cpu=0,gpu=0,interval_s=1,round_s=20,io_size=1M,io_rate=1m"))
+    run = soak.SoakRun(plan, run_dir, {"node1": node})
+    try:
+        assert run.start_all()["node1"].ok
+        folder = Path(plan.nodes["node1"].dir)
+        samples, fio_files = folder / soak_supervisor.SAMPLES, Path(plan.nodes["node1"].io_dir)
+        assert wait_until(lambda: samples.exists() and '"kind":"sample"' in samples.read_text()
+                          and any(fio_files.glob("*")), WAIT_S)
+        os.kill(int((folder / "pid").read_text()), signal.SIGKILL)
+        run.follow()
+    finally:
+        run.close()
+    assert run.states["node1"].done == "gone"
+    assert soak.parse_soak(run.raw_path("node1").read_text()).times  # its samples came first
+    assert list(local.iterdir()) == [] and list(shared.iterdir()) == []
+    assert namespace_processes(cluster, "node1") == []
