@@ -82,6 +82,8 @@ class _Group:
     file: str
     line: Optional[int]
     hosts: list[str] = field(default_factory=list)
+    # hosts as a set, kept beside the list: asking the list whether it holds a host grew with hosts x hosts
+    host_set: set[str] = field(default_factory=set)
     children: list[str] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
     variables: dict[str, _Var] = field(default_factory=dict)
@@ -160,11 +162,11 @@ class AnsibleInventory:
         if name not in self.groups:
             known = ", ".join(self.groups)
             raise AnsibleInventoryError(f"no group {name!r}; groups: {known}", self.path)
-        order: list[str] = []
+        order: dict[str, None] = {}  # ordered, and asked whether it holds a host in constant time
         queue, seen = [name], {name}
         while queue:
             group = self.groups[queue.pop(0)]
-            order.extend(host for host in group.hosts if host not in order)
+            order.update(dict.fromkeys(group.hosts))
             for child in group.children:
                 if child not in seen:
                     seen.add(child)
@@ -270,8 +272,9 @@ class _Builder:
             if port:  # only when first seen, as Ansible's Host(name, port)
                 host.variables["ansible_port"] = _Var(port, file, line)
         host = self.hosts[name]
-        if name not in self.groups[group].hosts:
+        if name not in self.groups[group].host_set:
             self.groups[group].hosts.append(name)
+            self.groups[group].host_set.add(name)
             host.groups.append(group)
         return host
 
@@ -324,6 +327,8 @@ class _Builder:
             raise AnsibleInventoryError(
                 f"{name!r} is both a host and a group; Ansible would set the host's variables on the group",
                 self.hosts[name].file, self.hosts[name].line)
+        ungrouped = self.groups["ungrouped"]
+        leaving: set[str] = set()  # taken out of ungrouped's list at the end, in one pass, not one search each
         for host in self.hosts.values():
             member_of = set(host.groups)
             for group in host.groups:
@@ -331,10 +336,13 @@ class _Builder:
             if "ungrouped" in host.groups:
                 if member_of - {"all", "ungrouped"}:
                     host.groups.remove("ungrouped")
-                    self.groups["ungrouped"].hosts.remove(host.name)
+                    leaving.add(host.name)
             elif not member_of - {"all"}:
-                self.groups["ungrouped"].hosts.append(host.name)
+                ungrouped.hosts.append(host.name)
+                ungrouped.host_set.add(host.name)
                 host.groups.append("ungrouped")
+        ungrouped.hosts = [name for name in ungrouped.hosts if name not in leaving]
+        ungrouped.host_set -= leaving
 
     def _depths(self) -> dict[str, int]:
         """Longest distance from `all`, as Ansible's Group.depth ends up."""

@@ -348,12 +348,23 @@ def _checked(read: Callable[[_At], Any], ok: Callable[[Any], bool], expected: st
     return checked
 
 
-def _pair_count(at: _At) -> int:
-    """A count of nodes or partners for pair schedules: a pair needs two."""
-    value = _integer(at)
-    if value < 2:
-        raise at.error(f"{value} is too few; a pair needs at least 2")
-    return value
+# All pairs grow with nodes x nodes: 128 nodes are 8,128 pairs in 127 rounds (the default 64: 2,016 in 63).
+PAIR_ALL_MAX_NODES_MOST = 128
+# The sample is partners / 2 pairs a node: 32 give 16N (16,384 at 1,024 nodes; the default 8: 4N).
+PAIR_SAMPLE_PARTNERS_MOST = 32
+
+
+def _pair_count(most: int, why: str) -> Callable[[_At], int]:
+    """A reader of a count of nodes or partners for pair schedules: a pair needs two, and above
+    `most` the pairs measured, and results.json, would grow with nodes x nodes."""
+    def read(at: _At) -> int:
+        value = _integer(at)
+        if value < 2:
+            raise at.error(f"{value} is too few; a pair needs at least 2")
+        if value > most:
+            raise at.error(f"{value} is too many; at most {most}, {why}")
+        return value
+    return read
 
 
 def _number(at: _At) -> float:
@@ -494,8 +505,8 @@ EXPECT_READERS: dict[str, Callable[[_At], Any]] = {
     "ib_bidirectional": _boolean,
     "ib_gpudirect": _boolean,
     "pair_low_fraction": _positive_number,
-    "pair_all_max_nodes": _pair_count,
-    "pair_sample_partners": _pair_count,
+    "pair_all_max_nodes": _pair_count(PAIR_ALL_MAX_NODES_MOST, "since every pair of that many nodes is measured"),
+    "pair_sample_partners": _pair_count(PAIR_SAMPLE_PARTNERS_MOST, "since every node is paired with that many"),
 }
 EXPECT_KEYS = tuple(item.name for item in dataclasses.fields(Expectations))
 
@@ -983,34 +994,43 @@ class _Group:
     settings: dict[str, _Setting]
 
 
-def _groups(at: _At, node_names: list[str]) -> list[_Group]:
+def _groups(at: _At, position: dict[str, int]) -> list[_Group]:
     groups = []
     for name, key_at, value_at in _read_mapping(at):
         _name(key_at, "group name")
         fields = _fields(value_at, GROUP_KEYS, required=("nodes",))
-        members = _inventory_nodes(fields["nodes"], node_names, "a group")
+        members = _inventory_nodes(fields["nodes"], position, "a group")
         groups.append(_Group(name, members, _settings(fields)))
     return groups
 
 
-def _inventory_nodes(at: _At, node_names: list[str], what: str) -> list[str]:
-    """Nodes of the inventory named by a hostlist expression or a list of them, in inventory
-    order; a name that is no node of the inventory is an error with a did-you-mean."""
-    position = {name: index for index, name in enumerate(node_names)}
+def _groups_of(node_names: list[str], groups: list[_Group]) -> dict[str, list[_Group]]:
+    """Node name -> the groups it is in, in written order: built once, since searching every
+    group for every node grew with nodes x groups."""
+    groups_of: dict[str, list[_Group]] = {name: [] for name in node_names}
+    for group in groups:
+        for member in group.members:
+            groups_of[member].append(group)
+    return groups_of
+
+
+def _inventory_nodes(at: _At, position: dict[str, int], what: str) -> list[str]:
+    """Nodes of the inventory (`position`: name -> index, in inventory order) named by a hostlist
+    expression or a list of them, in inventory order; a name that is no node of the inventory is
+    an error with a did-you-mean."""
     if isinstance(at.node, yaml.SequenceNode):
         listed = [(item, n) for item in _list(at) for n in _expand(item, "node name")]
     else:
         listed = [(at, n) for n in _expand(at, "node name")]
     if not listed:
         raise at.error(f"empty; {what} needs at least one node")
-    members: list[str] = []
+    members: set[str] = set()
     for where, member in listed:
         if member not in position:
-            close = difflib.get_close_matches(member, node_names, n=1)
+            close = difflib.get_close_matches(member, list(position), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise where.error(f"unknown node {member!r}{hint}")
-        if member not in members:
-            members.append(member)
+        members.add(member)
     return sorted(members, key=position.__getitem__)
 
 
@@ -1046,7 +1066,7 @@ def _iso_date(at: _At) -> str:
     return value
 
 
-def _waivers(at: _At, node_names: list[str]) -> tuple[Waiver, ...]:
+def _waivers(at: _At, position: dict[str, int]) -> tuple[Waiver, ...]:
     """waivers: known failures the delivery accepts, each a check on nodes with a reason and an
     owner; a check the suites do not have, or one that runs once for the whole cluster (it has
     no node to waive it on), is an error."""
@@ -1062,7 +1082,7 @@ def _waivers(at: _At, node_names: list[str]) -> tuple[Waiver, ...]:
                 f"check {check!r} runs once for the whole cluster, so it has no node to waive it on")
         waivers.append(Waiver(
             check=check,
-            nodes=tuple(_inventory_nodes(fields["nodes"], node_names, "a waiver")),
+            nodes=tuple(_inventory_nodes(fields["nodes"], position, "a waiver")),
             reason=_string(fields["reason"]),
             owner=_string(fields["owner"]),
             expires=_iso_date(fields["expires"]) if "expires" in fields else None,
@@ -1078,12 +1098,11 @@ def _sign_off(at: _At) -> SignOff:
 def _resolve_settings(
     entry: _NodeEntry, cluster: dict[str, _Setting], groups: list[_Group]
 ) -> dict[str, _Setting]:
-    """cluster < group < node; two groups disagreeing on a key the node leaves open is an error."""
+    """cluster < group < node, `groups` being the node's own; two groups disagreeing on a key the
+    node leaves open is an error."""
     resolved = dict(cluster)
     from_group: dict[str, tuple[_Group, _Setting]] = {}
     for group in groups:
-        if entry.name not in group.members:
-            continue
         for key, setting in group.settings.items():
             if key in from_group and key not in entry.settings:
                 other, earlier = from_group[key]
@@ -1276,11 +1295,13 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
             f"transport 'local' means this machine, so exactly one node; got {len(entries)}"
         )
     node_names = [entry.name for entry in entries]
-    groups = _groups(fields["groups"], node_names) if "groups" in fields else []
+    position = {name: index for index, name in enumerate(node_names)}
+    groups = _groups(fields["groups"], position) if "groups" in fields else []
+    groups_of = _groups_of(node_names, groups)
 
     nodes = []
     for entry in entries:
-        settings = _resolve_settings(entry, cluster_settings, groups)
+        settings = _resolve_settings(entry, cluster_settings, groups_of[entry.name])
         ssh = SshSettings() if transport == "local" else _ssh_settings(settings)
         nodes.append(
             Node(
@@ -1290,7 +1311,7 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
                 ssh=ssh,
                 python=settings["python"].value if "python" in settings else "python3",
                 sudo=settings["sudo"].value if "sudo" in settings else False,
-                groups=tuple(sorted(g.name for g in groups if entry.name in g.members)),
+                groups=tuple(sorted(g.name for g in groups_of[entry.name])),
                 data_address=entry.data_address,
                 rack=settings["rack"].value if "rack" in settings else None,
                 leaf=settings["leaf"].value if "leaf" in settings else None,
@@ -1311,7 +1332,7 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
         source_path=os.path.abspath(path),
         digest=_digest(data, [file for entry in entries for file in entry.files]),
         cluster_id=_name(fields["cluster_id"], "cluster ID") if "cluster_id" in fields else "",
-        waivers=_waivers(fields["waivers"], node_names) if "waivers" in fields else (),
+        waivers=_waivers(fields["waivers"], position) if "waivers" in fields else (),
         sign_off=_sign_off(fields["sign_off"]) if "sign_off" in fields else SignOff(),
         expect_overrides=expect_overrides,
     )

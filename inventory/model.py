@@ -1,6 +1,7 @@
 """The typed form of an inventory: what the loader produces and everything else consumes."""
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -306,8 +307,14 @@ class Waiver:
 
     def covers(self, check: str, node: Optional[str], day: str) -> bool:
         """Whether a failure of `check` on `node` recorded on `day` (YYYY-MM-DD) is waived."""
-        return (check == self.check and node in self.nodes
+        return (check == self.check and node in self._node_set
                 and (self.expires is None or day <= self.expires))
+
+    @functools.cached_property
+    def _node_set(self) -> frozenset[str]:
+        """The nodes as a set: a fleet-wide waiver is asked once per node, and the tuple is searched
+        end to end."""
+        return frozenset(self.nodes)
 
     def as_dict(self) -> dict:
         """The run header's form (and results.json's run.waivers)."""
@@ -372,7 +379,13 @@ class Cluster:
                 "sign_off": {"engineer": self.sign_off.engineer, "customer": self.sign_off.customer}}
 
     def node(self, name: str) -> Node:
+        return self._nodes_by_name[name]
+
+    @functools.cached_property
+    def _nodes_by_name(self) -> dict[str, Node]:
+        """Name -> node, the first of that name: node() is asked once per node by many checks, and
+        a search of the tuple made each of them grow with nodes x nodes."""
+        by_name: dict[str, Node] = {}
         for node in self.nodes:
-            if node.name == name:
-                return node
-        raise KeyError(name)
+            by_name.setdefault(node.name, node)
+        return by_name

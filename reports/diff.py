@@ -81,11 +81,12 @@ def diff_runs(old: dict, new: dict, threshold: float = DEFAULT_THRESHOLD) -> dic
     new_status = {n["name"]: n["status"] for n in new.get("nodes") or []}
     old_nodes = list((old.get("run") or {}).get("nodes") or [])
     new_nodes = list((new.get("run") or {}).get("nodes") or [])
+    old_node_set, new_node_set = set(old_nodes), set(new_nodes)  # searching the lists grew with nodes x nodes
     nodes = {
         "failed": [n for n in new_nodes if new_status.get(n) == "failed" and old_status.get(n, "failed") != "failed"],
         "fixed": [n for n in new_nodes if new_status.get(n) == "passed" and old_status.get(n) in ("failed", "waived")],
-        "added": [n for n in new_nodes if n not in old_nodes],
-        "missing": [n for n in old_nodes if n not in new_nodes],
+        "added": [n for n in new_nodes if n not in old_node_set],
+        "missing": [n for n in old_nodes if n not in new_node_set],
     }
     verdict_old = (old.get("verdict") or {}).get("status")
     verdict_new = (new.get("verdict") or {}).get("status")

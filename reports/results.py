@@ -112,8 +112,9 @@ def waivers_applied(waivers: list[dict], checks: list[dict]) -> list[dict]:
     """The inventory's waivers as the run held them, each with how many failures it waived
     (0: nothing failed there, or the waiver had expired)."""
     def count(waiver: dict) -> int:
+        nodes = set(waiver.get("nodes") or [])  # a fleet-wide waiver's list, searched per check, grew with N^2
         return sum(1 for entry in checks if is_waived(entry) and entry["check"] == waiver.get("check")
-                   and entry.get("node") in (waiver.get("nodes") or [])
+                   and entry.get("node") in nodes
                    and entry["waived"].get("reason") == waiver.get("reason"))
     return [{**{key: waiver.get(key) for key in WAIVER_KEYS}, "waived": count(waiver)} for waiver in waivers]
 

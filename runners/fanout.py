@@ -10,6 +10,7 @@ running on every node before it propagates.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import queue
 import threading
@@ -23,9 +24,17 @@ from runners.transport import Result, Transport
 log = logging.getLogger("handover.fanout")
 
 
+RUNNING_SHOWN = 4  # running nodes a progress line names, the first by name
+
+
 @dataclass
 class Progress:
-    """What a fan-out has done so far, for a progress display."""
+    """What a fan-out has done so far, for a progress display.
+
+    Nodes start and finish through start() and finish(), which keep the failure count and a heap
+    of the running names: a line is drawn after every node's event, and counting the results or
+    sorting the running nodes for each would cost nodes squared per fan-out.
+    """
 
     step: str
     total: int
@@ -33,13 +42,38 @@ class Progress:
     running: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
 
+    def __post_init__(self) -> None:
+        self._failed = sum(1 for status in self.done.values() if status != "ok")
+        self._names_started = sorted(self.running)  # a min-heap: finished names leave it as lines pop them
+
     @property
     def failed(self) -> int:
-        return sum(1 for status in self.done.values() if status != "ok")
+        return self._failed
+
+    def start(self, node: str) -> None:
+        self.running.add(node)
+        heapq.heappush(self._names_started, node)
+
+    def finish(self, node: str, status: str) -> None:
+        self.running.discard(node)
+        self._failed += (status != "ok") - (self.done.get(node, "ok") != "ok")
+        self.done[node] = status
+
+    def _first_running(self) -> list[str]:
+        """The RUNNING_SHOWN first running names, in order: popped off the heap and pushed back,
+        finished ones dropped on the way for good, so each finished name is popped once in all."""
+        first: list[str] = []
+        while self._names_started and len(first) < RUNNING_SHOWN:
+            name = heapq.heappop(self._names_started)
+            if name in self.running and name not in first:  # a node started again is in twice
+                first.append(name)
+        for name in first:
+            heapq.heappush(self._names_started, name)
+        return first
 
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
-        running = ", ".join(sorted(self.running)[:4]) + (" ..." if len(self.running) > 4 else "")
+        running = ", ".join(self._first_running()) + (" ..." if len(self.running) > RUNNING_SHOWN else "")
         text = (f"{self.step}: {len(self.done)}/{self.total} nodes done, {self.failed} failed, "
                 f"{elapsed:.0f} s")
         return f"{text}; running: {running}" if self.running else text
@@ -86,11 +120,10 @@ def fan_out(transports: Mapping[str, Transport], step: Callable[[Transport], Res
                 pass
             else:
                 if result is None:
-                    progress.running.add(node)
+                    progress.start(node)
                     continue
                 results[node] = result
-                progress.running.discard(node)
-                progress.done[node] = result.status
+                progress.finish(node, result.status)
             if on_progress:
                 on_progress(progress)
     except BaseException:

@@ -231,8 +231,8 @@ class Isolation:
                              f"less than a round takes ({self._longest_round:.0f} s)")
             return []
         self._pending = []
-        self._suspects = [node for node in self._suspects[len(pairs):]
-                          if not any(node in pair for pair in untried)]
+        paired = {node for pair in untried for node in pair}  # a set: suspects x pairs would be quadratic
+        self._suspects = [node for node in self._suspects[len(pairs):] if node not in paired]
         self._pair_rounds += bool(untried)
         self._rounds += 1
         self._round_started = spent_s
@@ -304,7 +304,8 @@ class Isolation:
         elif not self._good and self._rounds:
             findings.append("no run met the band, so no node could be cleared: the whole fabric is "
                             "slow, or more nodes are bad than the groups can separate")
-        cleared = tuple(node for node in self.nodes if node in self._good)
+        good = set(self._good)  # looked up once per node: the list would cost nodes x cleared
+        cleared = tuple(node for node in self.nodes if node in good)
         return Verdict(tuple(self._culprits), cleared, unresolved, tuple(self.steps), self._rounds,
                        self._spent, self.budget_s, self.low_bound, self.unit, tuple(findings))
 

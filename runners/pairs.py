@@ -10,6 +10,7 @@ attribution are unit-tested; those two are tested with real iperf3 between real 
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import threading
@@ -247,7 +248,8 @@ def run_server_client(server: Transport, client: Transport, server_argv: Sequenc
 
 @dataclass(frozen=True)
 class Attribution:
-    """Who is to blame for the failed pairs, with the evidence in words."""
+    """Who is to blame for the failed pairs, with the evidence in words; not changed once made
+    (suspect_links_by_node keeps the index it builds)."""
 
     suspect_nodes: dict[str, str] = field(default_factory=dict)  # node -> evidence
     suspect_links: dict[Pair, str] = field(default_factory=dict)  # pair -> evidence
@@ -262,6 +264,16 @@ class Attribution:
         parts += [f"link {pair_id(pair)}: {why}" for pair, why in self.suspect_links.items()]
         parts += [f"cleared {node}: {why}" for node, why in self.cleared_nodes.items()]
         return "; ".join(parts)
+
+    @functools.cached_property
+    def suspect_links_by_node(self) -> dict[str, list[Pair]]:
+        """Each node's suspect links, in order, indexed on first use: link_action() asks for
+        every node's, and scanning all links for each would cost nodes x links."""
+        found: dict[str, list[Pair]] = {}
+        for pair in self.suspect_links:
+            for node in set(pair):  # each end once
+                found.setdefault(node, []).append(pair)
+        return found
 
 
 def attribute(passed: dict[Pair, bool]) -> Attribution:
@@ -349,6 +361,16 @@ def low_pairs(figures: dict[Pair, Optional[float]], fraction: float = LOW_FRACTI
 
 def other(pair: Pair, node: str) -> str:
     return pair[1] if pair[0] == node else pair[0]
+
+
+def _verdicts_by_node(passed: Mapping[Pair, bool]) -> dict[str, list[tuple[str, bool]]]:
+    """Each node's (peer, passed) in the order of `passed`, built in one sweep: a node's pairs
+    looked up, where searching all pairs for each node would cost nodes x pairs."""
+    found: dict[str, list[tuple[str, bool]]] = {}
+    for pair, ok in passed.items():
+        for node in set(pair):  # each end once
+            found.setdefault(node, []).append((other(pair, node), ok))
+    return found
 
 
 def second_pass_pairs(passed: dict[Pair, bool], nodes: Sequence[str]) -> list[Pair]:
@@ -469,18 +491,19 @@ class PairVerdicts:
         blame = attribute({**first, **second})
         if not second:
             return blame
+        first_of, second_of = _verdicts_by_node(first), _verdicts_by_node(second)
         suspects = dict(blame.suspect_nodes)
         for node in suspects:
-            again = [other(pair, node) for pair, ok in second.items() if node in pair and not ok]
+            again = [peer for peer, ok in second_of.get(node, []) if not ok]
             if again:
                 suspects[node] += f"; failed again with {', '.join(again)} in the second pass"
         failed_first = {node for pair, ok in first.items() if not ok for node in pair}
         order = {node: index for index, node in enumerate(self._nodes())}
         cleared = {}
         for node in sorted(failed_first - suspects.keys(), key=order.__getitem__):
-            partners = [other(pair, node) for pair, ok in second.items() if node in pair and ok]
+            partners = [peer for peer, ok in second_of.get(node, []) if ok]
             if partners:
-                failed_with = [other(pair, node) for pair, ok in first.items() if node in pair and not ok]
+                failed_with = [peer for peer, ok in first_of.get(node, []) if not ok]
                 cleared[node] = (f"failed with {', '.join(failed_with)}, passed with "
                                  f"{', '.join(partners)} in the second pass")
         return Attribution(suspects, blame.suspect_links, cleared)
@@ -571,5 +594,5 @@ def link_action(attribution: Optional[Attribution], node: str, rail: Rail, tool:
     if node in attribution.suspect_nodes:
         steps.append(f"check {node}'s {port}: reseat its cable, then replace the transceiver or the NIC")
     steps += [f"reseat or replace {cable} between {a} and {b}" + (f" on rail {rail}" if rail is not None else "")
-              + " and check the switch ports at both ends" for a, b in attribution.suspect_links if node in (a, b)]
+              + " and check the switch ports at both ends" for a, b in attribution.suspect_links_by_node.get(node, [])]
     return "; ".join(steps) + f", then re-run {tool}" if steps else ""

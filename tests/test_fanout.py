@@ -93,3 +93,37 @@ def test_a_step_that_raises_is_an_error_entry(tmp_path):
     results = fan_out(transports, step)
     assert results["a"].ok
     assert results["b"].failure == "error" and "ValueError: parser blew up" in results["b"].detail
+
+
+def test_progress_names_the_first_running_nodes_and_counts_the_failures_after_every_event():
+    """What a terminal shows after each start and finish, in any order (a node started again
+    too): the first four running nodes by name and the failures so far, as sorting the running
+    nodes and counting every result would say."""
+    import random
+
+    from runners.fanout import Progress
+
+    rng = random.Random(3)
+    nodes = [f"node{i:02d}" for i in range(30)]
+    progress = Progress(step="hostname", total=len(nodes))
+    waiting, finished = rng.sample(nodes, len(nodes)), []
+    while waiting or progress.running:
+        if waiting and (not progress.running or rng.random() < 0.5):
+            progress.start(waiting.pop())
+        else:
+            node = rng.choice(sorted(progress.running))
+            progress.finish(node, "ok" if rng.random() < 0.7 else "unreachable")
+            finished.append(node)
+            if len(finished) == 5:
+                progress.start(node)  # started again: running once, failures counted once
+        first = sorted(progress.running)[:4]
+        failed = sum(1 for status in progress.done.values() if status != "ok")
+        line = progress.line()
+        assert progress.failed == failed
+        assert f"hostname: {len(progress.done)}/30 nodes done, {failed} failed, " in line
+        if progress.running:
+            assert line.endswith("; running: " + ", ".join(first) + (" ..." if len(progress.running) > 4 else ""))
+        else:
+            assert "running" not in line
+    given = Progress(step="soak", total=3, done={"a": "ok", "b": "gone"}, running={"c"})
+    assert given.failed == 1 and given.line().endswith("; running: c")

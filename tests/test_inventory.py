@@ -877,6 +877,32 @@ def test_an_expected_fact_no_node_could_have_is_refused(tmp_path, fact, value, p
     assert str(caught.value).endswith(problem) and f"expect.{fact}" in str(caught.value)
 
 
+def pair_profile(directory: Path, expect: str) -> Path:
+    """A profile whose `expect:` (line 4) is the flow mapping given."""
+    return write(directory, f"profile: p\ndescription: x\nmandatory: [reachable]\nexpect: {expect}\n", name="p.yaml")
+
+
+@pytest.mark.parametrize("fact, value, problem", [
+    ("pair_all_max_nodes", 2048, "2048 is too many; at most 128, since every pair of that many nodes is measured"),
+    ("pair_sample_partners", 1024, "1024 is too many; at most 32, since every node is paired with that many"),
+    ("pair_sample_partners", 1, "1 is too few; a pair needs at least 2"),
+])
+def test_pair_counts_that_would_grow_with_node_pairs_are_refused(tmp_path, fact, value, problem):
+    """In a profile's `expect:` and in an inventory's override alike: above the caps the pairs
+    measured, and results.json, grow with nodes x nodes."""
+    profile = pair_profile(tmp_path, f"{{{fact}: {value}}}")
+    with pytest.raises(InventoryError) as caught:
+        load_profile(profile)
+    assert str(caught.value) == f"{profile}:4: expect.{fact}: {problem}"
+    assert_error(write(tmp_path, one_gpu(f"  {fact}: {{value: {value}, reason: why}}\n")), 6,
+                 f"expect.{fact}.value", problem)
+
+
+def test_pair_counts_at_the_caps_load(tmp_path):
+    expect = load_profile(pair_profile(tmp_path, "{pair_all_max_nodes: 128, pair_sample_partners: 32}")).expect
+    assert (expect.pair_all_max_nodes, expect.pair_sample_partners) == (128, 32)
+
+
 def recorded_run(tmp_path: Path, inventory: str, header_without: tuple[str, ...] = ()) -> dict:
     """results.json of a run of the inventory that recorded no check, its header as run_header
     makes it (less the keys named, as a ledger written before them has it)."""

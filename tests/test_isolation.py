@@ -292,3 +292,16 @@ def test_a_groups_failure_waits_for_the_other_groups_and_ctrl_c_does_not():
     still_running = not release.is_set()
     release.set()
     assert still_running
+
+
+def test_a_pair_round_takes_its_suspects_off_the_wait_and_the_cleared_keep_inventory_order():
+    """No node cleared: n0001, n0004, n0005, n0002, n0003 are all suspects, paired with each other
+    but for n0003, which waits; n0005-n0002 meets the band, so the next round confirms n0003 and
+    n0001 with them. Cleared in the order n0005, n0002, they are listed in inventory order."""
+    verdict = simulate(names(5), {"n0001", "n0003", "n0004"})
+    assert [step.run.describe() for step in verdict.steps if step.round == 3] == [
+        "pair n0001,n0004", "pair n0005,n0002"]
+    assert [step.run.describe() for step in verdict.steps if step.round == 4] == [
+        "confirm n0003 with n0005", "confirm n0001 with n0002"]
+    assert verdict.culprits == ("n0003", "n0001", "n0004") and not verdict.unresolved
+    assert verdict.cleared == ("n0002", "n0005")

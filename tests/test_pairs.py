@@ -3,6 +3,7 @@ node's links: pure."""
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
@@ -18,8 +19,10 @@ from runners.pairs import (
     findings,
     greedy_rounds,
     kinds_by_pair,
+    link_action,
     low_pairs,
     median_of,
+    other,
     pair_id,
     pair_rail_id,
     pair_schedule,
@@ -360,3 +363,60 @@ def test_findings_hold_a_suspect_node_and_both_ends_of_a_suspect_link():
     assert held == {"n3": "suspect node: all 3 of its pairs failed",
                     "n1": "suspect link n1-n2: failed while both nodes passed with other partners",
                     "n2": "suspect link n1-n2: failed while both nodes passed with other partners"}
+
+
+def test_attribution_looks_up_each_nodes_pairs_and_says_what_scanning_every_pair_said():
+    """attribution() reads a node's pairs of each pass from an index built once; on a generated
+    case (nodes with several failed pairs and two second-pass partners) its words, and their
+    order, are those of scanning every pair for every node."""
+    rng = random.Random(11)
+    nodes = names(48)
+    bad = {"n05", "n30"}
+    first = {pair: PairOutcome(False) if set(pair) & bad or rng.random() < 0.05 else PairOutcome(True, 100.0)
+             for pair in sample_pairs(nodes, 8)}
+    first_ok = {pair: outcome.passed for pair, outcome in first.items()}
+    good = [node for node in nodes if all(ok for pair, ok in first_ok.items() if node in pair)]
+    failing = [node for node in nodes if node not in good]
+    second = {}
+    for index, node in enumerate(failing):
+        for partner in (good[index % len(good)], good[(index + 1) % len(good)]):
+            pair = (node, partner) if nodes.index(node) < nodes.index(partner) else (partner, node)
+            if pair not in first:
+                second[pair] = PairOutcome(node not in bad and rng.random() > 0.2, 100.0)
+    second_ok = {pair: outcome.passed for pair, outcome in second.items()}
+    verdicts = PairVerdicts(first)
+    verdicts.second = second
+
+    def scan(passes: dict, node: str, passed: bool) -> list[str]:
+        return [other(pair, node) for pair, ok in passes.items() if node in pair and ok == passed]
+
+    plain = attribute({**first_ok, **second_ok})
+    suspects = {node: why + (f"; failed again with {', '.join(again)} in the second pass" if again else "")
+                for node, why in plain.suspect_nodes.items() for again in [scan(second_ok, node, False)]}
+    cleared = {node: f"failed with {', '.join(scan(first_ok, node, False))}, passed with "
+                     f"{', '.join(scan(second_ok, node, True))} in the second pass"
+               for node in nodes
+               if node not in suspects and scan(first_ok, node, False) and scan(second_ok, node, True)}
+    blame = verdicts.attribution()
+    assert list(blame.suspect_nodes.items()) == list(suspects.items()) and "n05" in suspects
+    assert list(blame.cleared_nodes.items()) == list(cleared.items())
+    assert any(why.count(",") >= 2 for why in blame.cleared_nodes.values())  # several pairs per node, in order
+    assert blame.suspect_links == plain.suspect_links
+
+
+def test_link_action_names_a_nodes_suspect_links_in_the_order_attribution_gave_them():
+    """link_action() reads a node's suspect links from an index the attribution builds once; with
+    30% flaky pairs (several suspect links per node) its steps are those of scanning every link."""
+    rng = random.Random(5)
+    blame = attribute({pair: rng.random() >= 0.3 for pair in sample_pairs(names(64), 8)})
+    several = 0
+    for node in names(64):
+        mine = [pair for pair in blame.suspect_links if node in pair]
+        several += len(mine) >= 2
+        steps = [f"check {node}'s HCA port on rail 2 (ibstat, its error counters): reseat its cable, then "
+                 "replace the transceiver or the NIC"] if node in blame.suspect_nodes else []
+        steps += [f"reseat or replace the cable between {a} and {b} on rail 2 and check the switch ports at both "
+                  "ends" for a, b in mine]
+        assert link_action(blame, node, 2, "ib_write_bw") == ("; ".join(steps) + ", then re-run ib_write_bw"
+                                                               if steps else "")
+    assert several >= 10
