@@ -232,6 +232,7 @@ class Transport(ABC):
         self._lease: Optional[Lease] = None
         self._running: dict[str, bool] = {}  # tag -> needs root to kill
         self._lock = threading.Lock()
+        self._closed = False  # by the session's end: a worker thread left behind must not connect again
 
     def run(self, argv: Sequence[str], *, timeout: float, stdin: Optional[str] = None,
             root: bool = False, env: Optional[Mapping[str, str]] = None,
@@ -244,6 +245,9 @@ class Transport(ABC):
         display = label or short_command(argv)
         if self.loss is not None:
             return self.loss.result(self.node.name, display)
+        if self._closed:
+            return Result(self.node.name, display, None, "", "", 0.0, failure="error",
+                          detail="the run closed its connection to the node; nothing more is started there")
         started = time.monotonic()
         try:
             lease = self._open()
@@ -323,7 +327,8 @@ class Transport(ABC):
         """Run an already wrapped argv; return a Result, never raise for node-side trouble."""
 
     def close(self) -> None:
-        """Release the node's connection; its lease kills whatever of ours still runs there."""
+        """Release the node's connection for good; its lease kills whatever of ours still runs there."""
+        self._closed = True
         lease, self._lease = self._lease, None
         if lease is not None:
             lease.close()

@@ -514,3 +514,14 @@ def test_a_watchdog_that_ends_while_the_connection_stands_is_started_again(ns_cl
     finally:
         transport.close()
     assert wait_for_no_leftovers(marker) == []
+
+
+def test_a_closed_transport_starts_nothing_more_on_its_node(transport):
+    """After the run's end closed it, a worker thread left behind (a fan-out's, after Ctrl-C)
+    must not open a new connection and start commands nobody waits for or cleans up."""
+    assert transport.run(["true"], timeout=30).ok
+    transport.close()
+    again = transport.run(["true"], timeout=30)
+    assert (again.failure, again.detail) == ("error", "the run closed its connection to the node; "
+                                                      "nothing more is started there")
+    assert transport._lease is None  # no connection (and watchdog) was opened for it
