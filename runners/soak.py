@@ -370,6 +370,11 @@ class SoakRun:
                                            else f"the supervisor did not start: {result.explain()}")
                 self.states[name].done = "not started"
         self.plan.save(self.run_dir)
+        # A start the harness gave up on (its timeout) may have started the supervisor all the
+        # same, and a refused node is neither followed nor stopped: end what it left.
+        given_up = {name: self.transport(name) for name, result in started.items()
+                    if not result.ok and result.exit_code != 75}
+        fan_out(given_up, lambda t: self._end_leftovers(t.node.name), name="soak unstart")
         return started
 
     def poll_once(self) -> None:
@@ -409,9 +414,7 @@ class SoakRun:
         elif seen == "gone" and not more:
             state.done = "gone"  # the supervisor died (a crash, a reboot) before its end line
             if self._collector is not None and not self.sealed:  # its samples are in raw/
-                self.transport(state.name).run(kill_argv(self.plan.tag, root=False), timeout=COMMAND_TIMEOUT_S,
-                                               label="soak: end a dead supervisor's tools")
-                self._remove_folders(state.name)
+                self._end_leftovers(state.name)
 
     def progress(self) -> "SoakProgress":
         alive = [s.name for s in self.states.values() if s.state == "alive" and not s.unreachable and not s.done]
@@ -484,7 +487,7 @@ class SoakRun:
                          name="soak kill")
         unclean = [name for name in killed if self.states[name].done != "ended"]  # killed, or dead before
         if unclean and self._collector is not None and not self.sealed:
-            fan_out({name: self.transport(name) for name in unclean}, lambda t: self._remove_folders(t.node.name),
+            fan_out({name: self.transport(name) for name in unclean}, lambda t: self._end_leftovers(t.node.name),
                     name="soak remove")
         for name in killed:
             kept = ("the run was already signed: samples since are not kept" if self.sealed and self._collector
@@ -493,12 +496,14 @@ class SoakRun:
                                else f"killed ({self.states[name].done or 'did not end in time'})")
         return outcome
 
-    def _remove_folders(self, name: str) -> Result:
-        """Remove what a supervisor that cannot clean up any more (dead, or killed) left: its
-        folder in the local scratch path and its fio folder in the shared one (1 GiB by default)."""
-        node = self.plan.nodes[name]
-        return self.transport(name).run(["rm", "-rf", "--", node.dir, *([node.io_dir] if node.io_dir else [])],
-                                        timeout=COMMAND_TIMEOUT_S, label="soak: remove a dead supervisor's folders")
+    def _end_leftovers(self, name: str) -> Result:
+        """End what a supervisor that cannot clean up (dead, killed, or started by a start the
+        harness gave up on) left on the node: its tools, by the soak's tag, then its folder in the
+        local scratch path and its fio folder in the shared one (1 GiB by default)."""
+        transport, node = self.transport(name), self.plan.nodes[name]
+        transport.run(kill_argv(self.plan.tag, root=False), timeout=COMMAND_TIMEOUT_S, label="soak: end its tools")
+        return transport.run(["rm", "-rf", "--", node.dir, *([node.io_dir] if node.io_dir else [])],
+                             timeout=COMMAND_TIMEOUT_S, label="soak: remove its folders")
 
     def _wait_cleaned(self, names: list[str], deadline: float) -> None:
         """Until each supervisor told `collected` has removed its folder (and so ended), or the deadline."""

@@ -884,3 +884,62 @@ def test_a_supervisor_that_died_has_its_tools_ended_and_its_folders_removed(ns_c
     assert soak.parse_soak(run.raw_path("node1").read_text()).times  # its samples came first
     assert list(local.iterdir()) == [] and list(shared.iterdir()) == []
     assert namespace_processes(cluster, "node1") == []
+
+
+def test_a_start_the_harness_gave_up_on_leaves_no_supervisor_running(ns_cluster_factory, tmp_path, monkeypatch):
+    """A start whose answer never came (its timeout, on a slow node) may have started the
+    supervisor all the same; the node is refused, so neither followed nor stopped: what it left
+    is ended at once. The lost answer is made here; the supervisor it stands for is real."""
+    cluster = ns_cluster_factory(1)
+    scratch, run_dir = tmp_path / "scratch", tmp_path / "run"
+    scratch.mkdir()
+    run_dir.mkdir()
+    node = ns_inventory(cluster, tmp_path / "cluster.yaml").nodes[0]
+    plan = soak.new_plan([node], [ScratchPath(str(scratch))], 60, soak.parse_mix("cpu=0,gpu=0,interval_s=1"))
+    real_start = soak.start
+
+    def answer_lost(transport, plan, run_dir, linger_s=soak.LINGER_S):
+        started = real_start(transport, plan, run_dir, linger_s)
+        assert started.ok, started.explain()
+        return replace(started, exit_code=None, timed_out=True)
+
+    monkeypatch.setattr(soak, "start", answer_lost)
+    run = soak.SoakRun(plan, run_dir, {"node1": node})
+    try:
+        run.start_all()
+    finally:
+        run.close()
+    assert plan.refused["node1"].startswith("the supervisor did not start: ")
+    assert gone_within(60, scratch, cluster)  # a safety bound on the wait, not a speed measure
+
+
+HUNG_MAIN_LOOP = """
+import sys, threading
+from runners.payloads import soak_supervisor
+soak_supervisor.HUNG_AFTER_S = 1
+supervisor = soak_supervisor.Supervisor(sys.argv[1])
+samples, read = [], supervisor.sample
+def sample():  # the third never returns, as an NVML read of a GPU fallen off the bus
+    samples.append(1)
+    if len(samples) > 2:
+        threading.Event().wait()
+    return read()
+supervisor.sample = sample
+supervisor.main()
+"""
+
+
+def test_a_supervisor_whose_main_loop_hangs_ends_its_load_by_its_bound(tmp_path):
+    """Its main loop stuck in a sample, a supervisor never reached its end line, and its load
+    and servers ran on until the node rebooted: its bound ends them and the process after the
+    end, with an event line saying so (the harness then finds it gone and removes its folder)."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "soak_id": "hung", "node": "localhost", "end": time.time() + 2, "interval_s": 0.5, "linger_s": 5,
+        "mix": {"cpu": 0, "gpu": 0, "ib": 0, "io": 0}}))
+    done = subprocess.run([sys.executable, "-c", HUNG_MAIN_LOOP, str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # a bound if the bound fails
+    assert done.returncode == soak_supervisor.EXIT_HUNG, done.stderr
+    lines = [json.loads(line) for line in (tmp_path / soak_supervisor.SAMPLES).read_text().splitlines()]
+    assert lines[-1]["kind"] == "event" and lines[-1]["event"] == (
+        "the load did not end within 1 s of end time: ended by the supervisor's bound")
+    assert not [line for line in lines if line["kind"] == "end"]

@@ -36,6 +36,10 @@ LOCK_DIR = "/dev/shm"
 EXIT_BUSY = 75
 SAMPLES = "samples.jsonl"
 KILL_GRACE_S = 5
+# After the end (or a stop), how long the main loop may take to end the load before the bound ends
+# it: a sample that never returns (an NVML read of a GPU fallen off the bus) holds it for good.
+HUNG_AFTER_S = 300
+EXIT_HUNG = 70
 ROUND_GRACE_S = 20  # a round that runs this much past its time hangs (a dead link): it is ended
 # The peer's server is not (yet) there to take the round: iperf3's still closes the last one,
 # ib_write_bw's restarts after each test. Tried again each second, for a minute at most.
@@ -109,12 +113,14 @@ class Supervisor:
         self.end = float(self.config["end"])
         self.stopping = threading.Event()
         self.reason = "end time"
+        self.stopped_at = None  # when stop() came (a stop before the end counts from then)
         self.children = set()
         self.children_lock = threading.Lock()
         self.out = open(os.path.join(directory, SAMPLES), "a")
         self.out_lock = threading.Lock()
         self.nvml = None
         self.gpus = []
+        self.load_ended = threading.Event()  # the main loop has ended the load: the bound stands down
         self.rails = []  # (device, port, rate Gb/s) of each active InfiniBand port: one ib_write_bw rail
 
     def write(self, record):
@@ -126,6 +132,7 @@ class Supervisor:
     def stop(self, reason):
         if not self.stopping.is_set():
             self.reason = reason
+            self.stopped_at = time.time()
             self.stopping.set()
 
     def remaining(self):
@@ -473,6 +480,7 @@ class Supervisor:
         if self.gpus and int(self.mix.get("gpu", 1)) and os.path.exists(os.path.join(self.dir, "gpu_burn.py")):
             threads.append(self.part("gpu", self.tool(self.gpu_argv, self.gpu_figure), round_key="gpu_round_s"))
             threads.append(threading.Thread(target=self.watch_xids))
+        threads.append(threading.Thread(target=self.bound))
         for thread in threads:
             thread.daemon = True
             thread.start()
@@ -492,8 +500,28 @@ class Supervisor:
             thread.join(KILL_GRACE_S + 2)
         self.end_children()  # a round that started as the soak was ending
         self.remove_io()
+        self.load_ended.set()
         self.write({"kind": "end", "t": round(time.time(), 3), "reason": self.reason})
         self.linger()
+
+    def bound(self):
+        """The load ends by the end time (or a stop) plus HUNG_AFTER_S even where the main loop
+        hangs: its tools end, the fio folder goes, and the process exits without an end line
+        (the harness sees it gone, collects its samples and removes its folder). Else the load,
+        the iperf3 and ib_write_bw servers with it, would run until the node reboots."""
+        while not self.load_ended.wait(5):
+            ended_at = min(self.end, self.stopped_at or self.end)
+            if time.time() > ended_at + HUNG_AFTER_S:
+                break
+        else:
+            return
+        self.write({"kind": "event", "t": round(time.time(), 3),
+                    "event": "the load did not end within %d s of %s: ended by the supervisor's bound"
+                    % (HUNG_AFTER_S, self.reason)})
+        self.stopping.set()
+        self.end_children()
+        self.remove_io()
+        os._exit(EXIT_HUNG)
 
     def delayed_client(self):
         """The peer's server starts at about the same time: the first round waits a moment."""
