@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+import hostlist
+
 from inventory.model import Cluster, LaunchSettings, Node
 from runners.fanout import Progress, close_everywhere, fan_out
 from runners.launchers import Launcher, mpi_launcher, uses_srun
@@ -86,12 +88,27 @@ class ClusterRun:
         self._launch = dataclasses.replace(self.cluster.launch, allocation=allocation.job)
 
     def _lease_step(self, launch: LaunchSettings) -> Optional[LeaseStep]:
-        """The slurm transports' watchdog, on the allocation's nodes; none without the allocation."""
-        if self._allocation is None:
+        """The slurm transports' watchdog, on the nodes of the run's allocation, or of the job the
+        harness runs in (SLURM_JOB_ID: the selected nodes SLURM_JOB_NODELIST names, all of them
+        where it is not set); none where each srun asks for a job of its own. Without it, a
+        harness SIGKILLed inside an operator's salloc left its commands to their own timeouts."""
+        job = os.environ.get("SLURM_JOB_ID")
+        if self._allocation is not None:
+            names, job = self._allocation.nodes, None
+        elif job:
+            try:
+                held = set(hostlist.expand_hostlist(os.environ.get("SLURM_JOB_NODELIST") or ""))
+            except hostlist.BadHostlist:
+                held = set()
+            held = held or {node.name for node in self.nodes}
+            names = [node.name for node in self.nodes if node.name in held]
+        else:
             return None
-        nodes = [self.cluster.node(name) for name in self._allocation.nodes]
+        if not names:
+            return None
+        nodes = [self.cluster.node(name) for name in names]
         try:
-            return LeaseStep(self._allocation.nodes, launch, root=any(node.sudo for node in nodes))
+            return LeaseStep(names, launch, root=any(node.sudo for node in nodes), job=job)
         except SlurmError as exc:
             log.warning("no lease step for the slurm transport: %s", exc)
             return None

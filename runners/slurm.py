@@ -21,8 +21,9 @@ SIGTERM the step is cancelled with scancel (found by its unique name), which kil
 every node. Inside an allocation (SLURM_JOB_ID set) every srun is a step of it (--overlap); else
 the session asks for one of its own (Allocation, with the inventory's partition, account,
 reservation and time limit: `launch: {engine: slurm, ...}`) and, failing that, each srun asks
-for its own job. In the session's allocation a LeaseStep is the nodes' watchdog, as an SSH
-connection's lease is: a harness that dies, however it dies, leaves nothing running.
+for its own job. In the session's allocation, or the one the harness runs in, a LeaseStep is the
+nodes' watchdog, as an SSH connection's lease is: a harness that dies, however it dies, leaves
+nothing running.
 """
 from __future__ import annotations
 
@@ -417,9 +418,14 @@ class LeaseStep:
     a node lock's holder, which left its own step's process tree (Slurm's proctrack/linuxproc
     does not follow it; proctrack/cgroup would end it with the step that started it)."""
 
-    def __init__(self, nodes: Sequence[str], settings: LaunchSettings, *, root: bool):
+    def __init__(self, nodes: Sequence[str], settings: LaunchSettings, *, root: bool, job: Optional[str] = None):
         self.tag = new_tag()
         self.nodes = frozenset(nodes)  # the allocation's: no step of it can run elsewhere
+        # Where the run's steps run, and why a node is not there, for its checks' message: the
+        # run's own allocation, or the job the harness runs in (`job`).
+        self.allocation, self.outside = (
+            (f"Slurm job {job}, the allocation the run runs in", "it holds the nodes SLURM_JOB_NODELIST names")
+            if job else ("the run's Slurm allocation", "Slurm could not give it to the run when the run began"))
         self.name = JOB_PREFIX + "lease-" + secrets.token_hex(6)
         self.argv = lease_step_argv(nodes, settings, lease=self.tag, name=self.name, root=root)
         try:
@@ -549,9 +555,8 @@ class SlurmSteps:
                 elif not state.usable:
                     _finish(entry, failure="unreachable", detail=state.explain())
                 elif self.lease is not None and name not in self.lease.nodes:  # one srun: all or none
-                    _finish(entry, failure="unreachable", detail=f"{name} is not in the run's Slurm "
-                            f"allocation: Slurm could not give it to the run when the run began "
-                            f"({state.explain()} now)")
+                    _finish(entry, failure="unreachable", detail=f"{name} is not in {self.lease.allocation}: "
+                            f"{self.lease.outside} ({state.explain()} now)")
                 else:
                     ready[name] = entry
             if ready:

@@ -5,7 +5,8 @@ cross-node run through the slurm launcher (one srun step), a node whose slurmd i
 unreachable with Slurm's reason while the others pass, a node whose task Slurm cannot start
 fails alone (srun aborts the whole step: the others run again), a node set down leaves the run's
 allocation to the others, a node running another job is left out of it alone, and Ctrl-C
-during an srun step leaves no step in squeue and no task on any node. One Slurm cluster serves
+during an srun step leaves no step in squeue and no task on any node (nor a SIGKILL, in the run's
+allocation or an operator's). One Slurm cluster serves
 the module, its tests in this order: the launch failure's test kills node3's slurmd, the
 training run leaves node3 out, and the last test finds it down.
 """
@@ -157,14 +158,14 @@ def test_a_fan_out_past_its_deadline_cancels_the_step(slurm_nodes, tmp_path, mon
     assert nothing_left(slurm, 20) == ([], [])
 
 
-def harness_in_an_srun_step(slurm: SlurmCluster, path: Path, out: Path, key) -> subprocess.Popen:
+def harness_in_an_srun_step(slurm: SlurmCluster, path: Path, out: Path, key, **env: str) -> subprocess.Popen:
     """The harness running the per-node training check through the slurm transport, once one of
-    its srun steps has tasks on the nodes."""
+    its srun steps has tasks on the nodes; `env` beside Slurm's (an allocation it runs in)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", f"--inventory={path}", f"--out={out}",
          f"--sign-key={key}", "-p", "no:cacheprovider", "-m", "training and quick",
          "-k", "test_training and not cluster and not sustained and not scaling"],
-        cwd=ROOT, env=slurm.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=ROOT, env={**slurm.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + STEP_WAIT_S
     while not any("handover-" in step and "node" in step for step in slurm.steps()) or not tasks_on_nodes(slurm.nodes):
         assert proc.poll() is None and time.monotonic() < deadline, "no srun step started"
@@ -289,6 +290,32 @@ def test_hpl_across_two_nodes_under_srun(slurm_nodes, tmp_path, monkeypatch):
     hpcc = hpl.parse_hpl(result.stdout)
     assert hpcc.ok and all(r.passed and r.p * r.q == 2 for r in hpcc.results)
     assert list(shared.iterdir()) == []
+    assert nothing_left(slurm, 20) == ([], [])
+
+
+def test_a_sigkilled_harness_inside_an_operators_allocation_leaves_nothing_on_its_nodes(slurm_nodes, sign_key,
+                                                                                         tmp_path):
+    """Run inside an operator's allocation (SLURM_JOB_ID), the harness has none of its own to give
+    back when it dies: its lease step in that job ends what it tagged on every node (before, its
+    commands ran on to their own timeouts); the operator's job stays."""
+    nodes, slurm = slurm_nodes
+    pytest.importorskip("torch")
+    held = slurm.client("salloc", "--no-shell", "--nodelist=node[1-4]", "--nodes=4", "--exclusive",
+                        "--immediate=30", "--job-name=operator", "--time=10")
+    [job] = re.findall(r"Granted job allocation (\d+)", held.stderr) or [held.stderr]
+    try:
+        path = inventory(slurm_nodes, tmp_path / "cluster.yaml")
+        proc = harness_in_an_srun_step(slurm, path, tmp_path / "out", sign_key, SLURM_JOB_ID=job,
+                                       SLURM_JOB_NODELIST="node[1-4]")
+        proc.kill()
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + KILLED_HARNESS_BOUND_S
+        while tasks_on_nodes(slurm.nodes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert tasks_on_nodes(slurm.nodes) == []
+        assert any(line.startswith(f"{job} operator RUNNING") for line in slurm.jobs()), slurm.jobs()
+    finally:
+        slurm.client("scancel", job)
     assert nothing_left(slurm, 20) == ([], [])
 
 
