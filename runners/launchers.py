@@ -85,9 +85,11 @@ def ssh_options(ssh: SshSettings) -> list[str]:
     """ssh's options for the engine's own connections: the inventory's identity, port and host
     keys, never a prompt, a bounded connect and keepalives, like the harness's own transport.
 
-    Under `host_keys: accept-new` without a known_hosts file, the keys the first node's ssh
-    learns go to /dev/null, not into the node user's ~/.ssh/known_hosts: nothing is written on a
-    node outside its scratch paths (the system-wide known hosts are still checked)."""
+    Nothing is written on a node outside its scratch paths: under `host_keys: accept-new` the
+    keys the first node's ssh learns go to /dev/null, not into the node user's ~/.ssh/known_hosts
+    or the inventory's known_hosts file (read as a global file there, which ssh never writes;
+    without one the system-wide known hosts are still checked), and no key is updated
+    (UpdateHostKeys, on by default in OpenSSH 8.5+ for the user's own file)."""
     options = []
     if ssh.user:
         options += ["-l", _one_word(ssh.user, "ssh user")]
@@ -95,12 +97,13 @@ def ssh_options(ssh: SshSettings) -> list[str]:
         options += ["-p", str(ssh.port)]
     if ssh.identity_file:
         options += ["-i", _one_word(ssh.identity_file, "identity file")]
-    if ssh.known_hosts:
-        options += ["-o", "UserKnownHostsFile=" + _one_word(ssh.known_hosts, "known_hosts file")]
-    elif ssh.host_keys == "accept-new":
-        options += ["-o", "UserKnownHostsFile=/dev/null"]
+    known = _one_word(ssh.known_hosts, "known_hosts file") if ssh.known_hosts else None
+    if ssh.host_keys == "accept-new":
+        options += (["-o", "GlobalKnownHostsFile=" + known] if known else []) + ["-o", "UserKnownHostsFile=/dev/null"]
+    elif known:
+        options += ["-o", "UserKnownHostsFile=" + known]
     policy = "accept-new" if ssh.host_keys == "accept-new" else "yes"
-    options += ["-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={policy}",
+    options += ["-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={policy}", "-o", "UpdateHostKeys=no",
                 "-o", f"ConnectTimeout={max(1, int(round(ssh.connect_timeout)))}", *ENGINE_KEEPALIVE]
     return options
 

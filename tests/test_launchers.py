@@ -45,13 +45,16 @@ def test_plm_rsh_args_carry_the_inventory_ssh_settings_as_one_word():
     argv = MpirunLauncher(ssh=SSH).argv(["a", "b"], 1, ["true"])
     rsh = argv[argv.index("plm_rsh_args") + 1]
     assert rsh == ("-l root -p 2222 -i /keys/id_ed25519 -o UserKnownHostsFile=/keys/known_hosts "
-                   "-o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=5 "
+                   "-o BatchMode=yes -o StrictHostKeyChecking=yes -o UpdateHostKeys=no -o ConnectTimeout=5 "
                    "-o ServerAliveInterval=4 -o ServerAliveCountMax=3")
     learning = ssh_options(SshSettings(host_keys="accept-new"))
     assert "StrictHostKeyChecking=accept-new" in learning and "-i" not in learning
     # what it learns is not written into the node user's ~/.ssh/known_hosts
     assert "UserKnownHostsFile=/dev/null" in learning
     assert "UserKnownHostsFile=/dev/null" not in ssh_options(SshSettings())
+    # nor into the inventory's known_hosts file, read as a global file (ssh never writes those)
+    given = ssh_options(SshSettings(host_keys="accept-new", known_hosts="/keys/known_hosts"))
+    assert " ".join(given).startswith("-o GlobalKnownHostsFile=/keys/known_hosts -o UserKnownHostsFile=/dev/null ")
 
 
 @pytest.mark.parametrize("hosts, ranks, command, message", [
