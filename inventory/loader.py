@@ -463,6 +463,7 @@ _positive_number = _checked(_number, lambda value: value > 0, "a number above 0"
 EXPECT_READERS: dict[str, Callable[[_At], Any]] = {
     "os_ids": _string_list,
     "kernel_min": _version,
+    "clock_synced": _boolean,
     "cpu_model": _regex,
     "shared_fstypes": _string_list,
     "gpu_count": _count,

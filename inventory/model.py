@@ -177,6 +177,7 @@ class Expectations:
 
     os_ids: Optional[tuple[str, ...]] = None  # accepted os-release IDs
     kernel_min: Optional[str] = None  # lowest acceptable kernel release, e.g. "4.18"
+    clock_synced: Optional[bool] = None  # the kernel's clock must be synchronized (NTP, chrony, PTP)
     cpu_model: Optional[str] = None  # pattern the CPU model name must match
     shared_fstypes: Optional[tuple[str, ...]] = None  # filesystem types a shared scratch path may have (lustre, nfs4)
     # GPU SKUs (suites/test_hardware.py); gpu_count present makes a missing NVML a failure.

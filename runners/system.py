@@ -14,6 +14,20 @@ PROGRAMS_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
+class Clock:
+    """The kernel's clock as adjtimex(2) reads it: synchronized (by NTP, chrony or PTP) or not,
+    and its maximum error; `unknown` says why neither could be read."""
+
+    synced: Optional[bool]
+    max_error_us: Optional[int]
+    unknown: str = ""
+
+    @property
+    def max_error_ms(self) -> Optional[float]:
+        return None if self.max_error_us is None else self.max_error_us / 1000
+
+
+@dataclass(frozen=True)
 class SystemFacts:
     hostname: str
     os_id: str
@@ -26,6 +40,7 @@ class SystemFacts:
     logical_cpus: int
     memory_total_kib: int
     python: str
+    clock: Optional[Clock] = None  # None from a payload that did not read it
 
     @property
     def memory_total_gib(self) -> float:
@@ -36,14 +51,26 @@ def probe(transport: Transport) -> Result:
     return transport.run_script(payloads.load("system_facts"), timeout=PROBE_TIMEOUT_S)
 
 
+REQUIRED_FACTS = tuple(name for name in SystemFacts.__dataclass_fields__ if name != "clock")
+
+
 def parse_system_facts(text: str) -> SystemFacts:
     data = json_object(text, "system facts")
-    missing = [name for name in SystemFacts.__dataclass_fields__ if name not in data]
+    missing = [name for name in REQUIRED_FACTS if name not in data]
     if missing:
         raise ParseError(f"system facts lack {', '.join(missing)}")
     if not isinstance(data["logical_cpus"], int) or not isinstance(data["memory_total_kib"], int):
         raise ParseError("system facts: logical_cpus and memory_total_kib must be integers")
-    return SystemFacts(**{name: data[name] for name in SystemFacts.__dataclass_fields__})
+    return SystemFacts(**{name: data[name] for name in REQUIRED_FACTS}, clock=_clock(data.get("clock")))
+
+
+def _clock(data: object) -> Optional[Clock]:
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("synced"), (bool, type(None))) \
+            or not isinstance(data.get("max_error_us"), (int, type(None))):
+        raise ParseError(f"system facts: clock is not {{synced, max_error_us, unknown}}: {data!r}")
+    return Clock(data["synced"], data["max_error_us"], str(data.get("unknown") or ""))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""System: is every node reachable, and are its OS, kernel, CPU and memory what the profile says?"""
+"""System: is every node reachable, are its OS, kernel, CPU and memory what the profile says, and
+is its clock synchronized?"""
 from __future__ import annotations
 
 import re
@@ -63,6 +64,22 @@ def test_memory(on_node, metrics, record):
     facts = facts_of(on_node)
     record.note(f"{facts.memory_total_gib:.1f} GiB")
     metrics.judge(memory_total=(round(facts.memory_total_gib, 2), "GiB"))
+
+
+def test_clock(on_node, profile, node, record):
+    """The kernel's clock is synchronized (chrony, ntpd or PTP set it so; timedatectl's "System
+    clock synchronized" reads the same adjtimex state): a cluster's logs, NCCL's and Slurm's, and
+    a soak's samples are compared across nodes by time, and munge refuses credentials from a node
+    whose clock is five minutes off."""
+    clock = facts_of(on_node).clock
+    if clock is None or clock.synced is None:
+        pytest.skip(f"{node}'s clock state cannot be read: {clock.unknown if clock else 'the probe did not say'}")
+    record.note(f"{'synchronized' if clock.synced else 'not synchronized'}, "
+                f"the kernel's maximum error {clock.max_error_ms:g} ms")
+    if not clock.synced and profile.expect.clock_synced:
+        raise ExpectationFailure(f"{node}'s clock is not synchronized (adjtimex: STA_UNSYNC), and profile "
+                                 f"{profile.name} asks for it: start chronyd (or ntpd, ptp4l) against the site's "
+                                 "time source and wait until `chronyc tracking` says it is")
 
 
 UNIFORM_FACTS = {"OS": "os_pretty", "kernel": "kernel", "CPU model": "cpu_model",

@@ -1,8 +1,40 @@
-"""Node-side: OS, kernel, CPU and memory facts as one JSON object on stdout (stdlib only)."""
+"""Node-side: OS, kernel, CPU, memory and clock facts as one JSON object on stdout (stdlib only)."""
+import ctypes
+import ctypes.util
 import json
 import os
 import platform
 import socket
+
+TIME_ERROR = 5  # adjtimex's answer for a clock that is not synchronized
+STA_UNSYNC = 0x40
+
+
+class Timex(ctypes.Structure):
+    """The kernel's struct timex (linux/timex.h), read with adjtimex(2)'s modes 0: no change."""
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
+                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long), ("status", ctypes.c_int),
+                ("constant", ctypes.c_long), ("precision", ctypes.c_long), ("tolerance", ctypes.c_long),
+                ("time_sec", ctypes.c_long), ("time_usec", ctypes.c_long), ("tick", ctypes.c_long),
+                ("ppsfreq", ctypes.c_long), ("jitter", ctypes.c_long), ("shift", ctypes.c_int),
+                ("stabil", ctypes.c_long), ("jitcnt", ctypes.c_long), ("calcnt", ctypes.c_long),
+                ("errcnt", ctypes.c_long), ("stbcnt", ctypes.c_long), ("tai", ctypes.c_int),
+                ("reserved", ctypes.c_int * 11)]
+
+
+def clock():
+    """Whether the kernel's clock is synchronized, as NTP, chrony or PTP leave it and as
+    timedatectl's "System clock synchronized" reads it, and the kernel's maximum error (us)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        timex = Timex()
+        state = libc.adjtimex(ctypes.byref(timex))
+    except (OSError, AttributeError) as error:
+        return {"synced": None, "max_error_us": None, "unknown": "adjtimex: %s" % error}
+    if state < 0:
+        return {"synced": None, "max_error_us": None, "unknown": "adjtimex: %s" % os.strerror(ctypes.get_errno())}
+    synced = state != TIME_ERROR and not timex.status & STA_UNSYNC
+    return {"synced": synced, "max_error_us": timex.maxerror, "unknown": ""}
 
 
 def os_release():
@@ -65,4 +97,5 @@ print(json.dumps({
     "logical_cpus": os.sysconf("SC_NPROCESSORS_ONLN"),
     "memory_total_kib": memory_total_kib(),
     "python": platform.python_version(),
+    "clock": clock(),
 }))
