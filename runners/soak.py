@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from inventory.model import SOAK_MIX_COUNTS, SOAK_MIX_DEFAULTS, SOAK_MIX_SECONDS, Node, ScratchPath, soak_mix_problem
@@ -540,6 +541,12 @@ class Part:
 # The sample fields the judgements read across the whole soak: their peak, and their trend in
 # time buckets (about TREND_BUCKETS over the soak). A node's log is reduced to these while it is
 # read, so a day of samples from eight GPUs (30 MB of lines) holds about a megabyte, not a hundred.
+# The InfiniBand PortCounters' widths (IBTA: 16, 8 or 4 bits): an error counter stops at its
+# ceiling instead of wrapping, and sysfs reads it so.
+LINK_COUNTER_CEILINGS = {"symbol_error": 0xFFFF, "link_error_recovery": 0xFF, "link_downed": 0xFF,
+                         "port_rcv_errors": 0xFFFF, "port_rcv_remote_physical_errors": 0xFFFF,
+                         "port_xmit_discards": 0xFFFF, "local_link_integrity_errors": 0xF,
+                         "excessive_buffer_overrun_errors": 0xF}
 SAMPLED = ("cpu_temp_c", "gpus.temp_c", "gpus.power_w")  # gpus.*: the highest of the node's GPUs
 TREND_BUCKETS = 240
 GPU_LOST = "GPU is lost"  # what pynvml's NVMLError_GpuIsLost says, as a sample's `errors` keep it
@@ -572,6 +579,7 @@ class SoakLog:
     gpu_rises: dict[str, dict[str, int]] = field(default_factory=dict)
     link_rises: dict[str, dict[str, int]] = field(default_factory=dict)
     remap_failed: list[str] = field(default_factory=list)  # GPUs a sample said a row remap failed on
+    link_saturated: dict[str, list[str]] = field(default_factory=dict)  # port -> counters at their ceiling
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (epoch s, mean) per bucket
 
 
@@ -695,13 +703,17 @@ def _count_rises(log: SoakLog, seen: dict[tuple[str, str], dict[str, int]], unch
     for port, counters in (ports.items() if isinstance(ports, dict) else ()):
         if isinstance(counters, dict):
             _rise(log.link_rises, seen.setdefault(("link", str(port)), {}), str(port),
-                  [(str(name), value) for name, value in counters.items()], baseline)
+                  [(str(name), value) for name, value in counters.items()], baseline,
+                  LINK_COUNTER_CEILINGS, log.link_saturated)
 
 
 def _rise(rises: dict[str, dict[str, int]], last: dict[str, int], owner: str,
-          readings: list[tuple[str, object]], baseline: bool) -> None:
+          readings: list[tuple[str, object]], baseline: bool,
+          ceilings: Mapping[str, int] = MappingProxyType({}),
+          saturated: Optional[dict[str, list[str]]] = None) -> None:
     """Each counter's rise since its last reading into rises[owner]; a reading below the last is
-    a reset, counted again from 0; one that is not a number (unreadable this time) is skipped."""
+    a reset, counted again from 0; one that is not a number (unreadable this time) is skipped.
+    A counter that reads its ceiling (`ceilings`) goes into saturated[owner]: it counts no more."""
     for name, value in readings:
         if type(value) is not int:
             continue
@@ -709,6 +721,8 @@ def _rise(rises: dict[str, dict[str, int]], last: dict[str, int], owner: str,
         if previous == value:
             continue
         last[name] = value
+        if saturated is not None and value == ceilings.get(name) and name not in saturated.get(owner, ()):
+            saturated.setdefault(owner, []).append(name)
         if baseline or previous is None:
             continue
         rise = value - previous if value > previous else value
@@ -893,9 +907,13 @@ def digest_problems(log: SoakLog) -> list[str]:
 
 
 def link_problems(log: SoakLog) -> list[str]:
-    """InfiniBand error counters that rose during the soak, per port."""
+    """InfiniBand error counters that rose during the soak, per port; and those that read their
+    ceiling, whose rises cannot be seen (a port that had that many errors before is no better)."""
     return [f"{port}: {name} +{rise}" for port, rises in sorted(log.link_rises.items())
-            for name, rise in sorted(rises.items())]
+            for name, rise in sorted(rises.items())] + [
+        f"{port}: {name} saturated at {LINK_COUNTER_CEILINGS[name]} (it counts no further: clear the port's "
+        "counters, perfquery -x -R, and soak again)" for port, names in sorted(log.link_saturated.items())
+        for name in sorted(names)]
 
 
 def peak(log: SoakLog, key: str) -> Optional[float]:

@@ -148,6 +148,25 @@ def test_link_counters_are_summed_across_a_reset_and_an_unreadable_last_sample()
     assert soak.link_problems(log) == ["mlx5_0/1: link_downed +1", "mlx5_0/1: symbol_error +25"]
 
 
+def test_a_link_counter_at_its_ceiling_is_named_since_its_rises_cannot_be_seen():
+    """DERIVED from the real CPU soak's lines, with InfiniBand counters added: symbol_error (16
+    bits) at 65535 from the start, link_downed (8 bits) reaching 255. IB error counters stop at
+    their ceiling: no rise shows there, however many errors the port has."""
+    lines = (DATA / "local_cpu_soak_node1.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    records[0]["baseline"] = {**records[0].get("baseline", {}), "ib": {"mlx5_0/1": {"symbol_error": 65535,
+                                                                                    "link_downed": 250}}}
+    for sample in (r for r in records if r.get("kind") == "sample"):
+        sample["ib"] = {"mlx5_0/1": {"symbol_error": 65535, "link_downed": 255}}
+    log = soak.parse_soak("\n".join(json.dumps(r) for r in records))
+    assert soak.link_problems(log) == [
+        "mlx5_0/1: link_downed +5",
+        "mlx5_0/1: link_downed saturated at 255 (it counts no further: clear the port's counters, "
+        "perfquery -x -R, and soak again)",
+        "mlx5_0/1: symbol_error saturated at 65535 (it counts no further: clear the port's counters, "
+        "perfquery -x -R, and soak again)"]
+
+
 def test_a_gpu_nvml_lost_mid_soak_is_named_with_the_time_it_fell_off():
     """From the derived H200 samples: from the middle on, GPU 0's every read fails as the
     supervisor writes it when NVML raises NVMLError_GpuIsLost (its text from nvidia-ml-py itself)."""
