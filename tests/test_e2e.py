@@ -143,7 +143,7 @@ def test_stopped_node_fails_as_unreachable_and_the_others_pass(ns_cluster_factor
 
 
 def test_a_fleet_that_cannot_be_reached_reads_as_one_reason_without_a_failures_section(sign_key, tmp_path):
-    """65 nodes (a fleet) whose SSH port refuses, each at its own address: 910 failed checks.
+    """65 nodes (a fleet) whose SSH port refuses, each at its own address: 975 failed checks.
     Their reasons differ only by name, address and clock time, so the verdict gives one; pytest's
     FAILURES section and short summary FAILED lines, past FAILURES_SECTION_MAX, are left out and
     said so, the verdict ending the output (--tb=short and -rf bring them back, and -rf alone
@@ -154,13 +154,13 @@ def test_a_fleet_that_cannot_be_reached_reads_as_one_reason_without_a_failures_s
                          f"accept-new, known_hosts: {tmp_path / 'known_hosts'}, connect_timeout: 2}}\n")
     done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "  - d[0000-0064] (65 nodes): fabric_manager, peermem, pcie_acs, iommu, cpu_governor and 9 more " \
+    assert "  - d[0000-0064] (65 nodes): fabric_manager, peermem, pcie_acs, iommu, cpu_governor and 10 more " \
            "checks failed (unreachable): d0000 unreachable: " in done.stdout, done.stdout
-    assert (f"handover: 910 checks failed (more than {FAILURES_SECTION_MAX}): pytest's FAILURES section and "
+    assert (f"handover: 975 checks failed (more than {FAILURES_SECTION_MAX}): pytest's FAILURES section and "
             "short summary's FAILED lines are left out (--tb=short and -rf ask for them)") in done.stdout
     lines = done.stdout.splitlines()
     assert "= FAILURES =" not in done.stdout and not any(line.startswith("FAILED ") for line in lines)
-    assert " 910 failed, " in lines[-1] and lines[-2].startswith("signed by ")  # the verdict ends the output
+    assert " 975 failed, " in lines[-1] and lines[-2].startswith("signed by ")  # the verdict ends the output
     assert "handover: d[0000-0064] (65 nodes): d0000 not locked: d0000 unreachable: " in done.stdout
     assert done.stdout.count(" not locked: ") == 1
     asked = run_suites(inventory, tmp_path / "out2", sign_key, "-m", "system", "--tb=short", "-rf")
@@ -169,7 +169,7 @@ def test_a_fleet_that_cannot_be_reached_reads_as_one_reason_without_a_failures_s
     assert any(line.startswith("FAILED ") and "test_memory[d0064]" in line for line in asked.stdout.splitlines())
     listed = run_suites(inventory, tmp_path / "out3", sign_key, "-m", "system", "-rf")
     assert "pytest's FAILURES section is left out (--tb=short asks for it)" in listed.stdout
-    assert sum(line.startswith("FAILED ") for line in listed.stdout.splitlines()) == 910
+    assert sum(line.startswith("FAILED ") for line in listed.stdout.splitlines()) == 975
 
 
 def test_nodes_option_and_k_select_nodes(ns_cluster, sign_key, tmp_path):
