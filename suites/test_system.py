@@ -77,7 +77,7 @@ def test_clock(on_node, profile, node, record):
     record.note(f"{'synchronized' if clock.synced else 'not synchronized'}, "
                 f"the kernel's maximum error {clock.max_error_ms:g} ms")
     if not clock.synced and profile.expect.clock_synced:
-        raise ExpectationFailure(f"{node}'s clock is not synchronized (adjtimex: STA_UNSYNC), and profile "
+        raise ExpectationFailure(f"{node}'s clock is not synchronized (adjtimex says so), and profile "
                                  f"{profile.name} asks for it: start chronyd (or ntpd, ptp4l) against the site's "
                                  "time source and wait until `chronyc tracking` says it is")
 
