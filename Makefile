@@ -42,6 +42,7 @@ bench: setup
 	$(PY) bench/fanout.py
 	$(PY) bench/pairs.py
 	$(PY) bench/collect.py
+	$(PY) bench/scale_paths.py
 	$(PY) bench/system_suite.py
 
 device-proof: setup
