@@ -92,9 +92,9 @@ class ClusterRun:
         harness runs in (SLURM_JOB_ID: the selected nodes SLURM_JOB_NODELIST names, all of them
         where it is not set); none where each srun asks for a job of its own. Without it, a
         harness SIGKILLed inside an operator's salloc left its commands to their own timeouts."""
-        job = os.environ.get("SLURM_JOB_ID")
+        job = None if self._allocation is not None else os.environ.get("SLURM_JOB_ID")
         if self._allocation is not None:
-            names, job = self._allocation.nodes, None
+            names = self._allocation.nodes
         elif job:
             try:
                 held = set(hostlist.expand_hostlist(os.environ.get("SLURM_JOB_NODELIST") or ""))

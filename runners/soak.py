@@ -484,11 +484,10 @@ class SoakRun:
             time.sleep(1)
         self._wait_cleaned([name for name in live if name not in outcome], deadline)
         killed = fan_out({name: self.transport(name) for name in live if name not in outcome},
-                         lambda t: t.run(kill_argv(self.plan.tag, root=False), timeout=COMMAND_TIMEOUT_S),
-                         name="soak kill")
+                         lambda t: self._end_tools(t.node.name), name="soak kill")
         unclean = [name for name in killed if self.states[name].done != "ended"]  # killed, or dead before
         if unclean and self._collector is not None and not self.sealed:
-            fan_out({name: self.transport(name) for name in unclean}, lambda t: self._end_leftovers(t.node.name),
+            fan_out({name: self.transport(name) for name in unclean}, lambda t: self._remove_folders(t.node.name),
                     name="soak remove")
         for name in killed:
             kept = ("the run was already signed: samples since are not kept" if self.sealed and self._collector
@@ -498,13 +497,22 @@ class SoakRun:
         return outcome
 
     def _end_leftovers(self, name: str) -> Result:
-        """End what a supervisor that cannot clean up (dead, killed, or started by a start the
-        harness gave up on) left on the node: its tools, by the soak's tag, then its folder in the
-        local scratch path and its fio folder in the shared one (1 GiB by default)."""
-        transport, node = self.transport(name), self.plan.nodes[name]
-        transport.run(kill_argv(self.plan.tag, root=False), timeout=COMMAND_TIMEOUT_S, label="soak: end its tools")
-        return transport.run(["rm", "-rf", "--", node.dir, *([node.io_dir] if node.io_dir else [])],
-                             timeout=COMMAND_TIMEOUT_S, label="soak: remove its folders")
+        """End what a supervisor that cannot clean up (dead, or started by a start the harness
+        gave up on) left on the node: its tools, then its folders."""
+        self._end_tools(name)
+        return self._remove_folders(name)
+
+    def _end_tools(self, name: str) -> Result:
+        """Kill every process of the soak on the node, by the soak's tag."""
+        return self.transport(name).run(kill_argv(self.plan.tag, root=False), timeout=COMMAND_TIMEOUT_S,
+                                        label="soak: end its tools")
+
+    def _remove_folders(self, name: str) -> Result:
+        """The supervisor's folder in the local scratch path and its fio folder in the shared one
+        (1 GiB by default), for a supervisor that cannot remove them any more."""
+        node = self.plan.nodes[name]
+        return self.transport(name).run(["rm", "-rf", "--", node.dir, *([node.io_dir] if node.io_dir else [])],
+                                        timeout=COMMAND_TIMEOUT_S, label="soak: remove its folders")
 
     def _wait_cleaned(self, names: list[str], deadline: float) -> None:
         """Until each supervisor told `collected` has removed its folder (and so ended), or the deadline."""
@@ -541,12 +549,6 @@ class Part:
 # The sample fields the judgements read across the whole soak: their peak, and their trend in
 # time buckets (about TREND_BUCKETS over the soak). A node's log is reduced to these while it is
 # read, so a day of samples from eight GPUs (30 MB of lines) holds about a megabyte, not a hundred.
-# The InfiniBand PortCounters' widths (IBTA: 16, 8 or 4 bits): an error counter stops at its
-# ceiling instead of wrapping, and sysfs reads it so.
-LINK_COUNTER_CEILINGS = {"symbol_error": 0xFFFF, "link_error_recovery": 0xFF, "link_downed": 0xFF,
-                         "port_rcv_errors": 0xFFFF, "port_rcv_remote_physical_errors": 0xFFFF,
-                         "port_xmit_discards": 0xFFFF, "local_link_integrity_errors": 0xF,
-                         "excessive_buffer_overrun_errors": 0xF}
 SAMPLED = ("cpu_temp_c", "gpus.temp_c", "gpus.power_w")  # gpus.*: the highest of the node's GPUs
 TREND_BUCKETS = 240
 GPU_LOST = "GPU is lost"  # what pynvml's NVMLError_GpuIsLost says, as a sample's `errors` keep it
@@ -677,6 +679,12 @@ def _count_digests(kept: dict[str, dict[str, int]], digests: object) -> None:
 
 
 GPU_COUNTERS = ("ecc_uncorrected", "ecc_corrected")
+# The InfiniBand PortCounters' widths (IBTA: 16, 8 or 4 bits): an error counter stops at its
+# ceiling instead of wrapping, and sysfs reads it so.
+LINK_COUNTER_CEILINGS = {"symbol_error": 0xFFFF, "link_error_recovery": 0xFF, "link_downed": 0xFF,
+                         "port_rcv_errors": 0xFFFF, "port_rcv_remote_physical_errors": 0xFFFF,
+                         "port_xmit_discards": 0xFFFF, "local_link_integrity_errors": 0xF,
+                         "excessive_buffer_overrun_errors": 0xF}
 
 
 def _count_rises(log: SoakLog, seen: dict[tuple[str, str], dict[str, int]], unchanged: dict[str, tuple],
