@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import sys
 import threading
 import time
@@ -271,7 +272,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SessionHooks(session), "handover-session")
     interruption = Interruption()
     config.pluginmanager.register(interruption, Interruption.name)
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, interruption.on_signal)
 
 
@@ -288,8 +289,13 @@ def acceptance_session(config: pytest.Config) -> AcceptanceSession:
 
 
 class Interruption:
-    """Ctrl-C, and SIGTERM (a CI job cancelled, a `timeout` that fired) treated as Ctrl-C, so the
-    work on the nodes is killed and the run is written as interrupted, never silently dropped.
+    """Ctrl-C, SIGTERM (a CI job cancelled, a `timeout` that fired) and SIGHUP (the operator's
+    session to the head node dropped) treated as Ctrl-C, so the work on the nodes is killed and
+    the run is written as interrupted, its report rendered, never silently dropped.
+
+    A hung-up terminal answers every write with EIO, which would end the run's own ending with
+    an error: on SIGHUP, what pointed at the terminal points at /dev/null (the run directory
+    holds everything the terminal would have shown).
 
     Python runs the handler at the main thread's next step; when that step is in a finalizer (a
     `__del__`, a weakref callback, a garbage collection's), Python drops what the handler raised
@@ -304,8 +310,11 @@ class Interruption:
     def __init__(self) -> None:
         self.signum: Optional[int] = None
         self._next_hook = sys.unraisablehook
+        self._terminals = terminal_devices()
 
     def on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        if signum == signal.SIGHUP:
+            detach_from(self._terminals)
         self.signum = signum
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -330,6 +339,37 @@ class Interruption:
     def pytest_runtest_logfinish(self) -> None:
         if self.signum is not None:
             raise KeyboardInterrupt(f"signal {self.signum}")
+
+
+def terminal_devices() -> set[int]:
+    """The devices of the terminals standard input, output and error are, when the run starts."""
+    devices = set()
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                devices.add(os.fstat(fd).st_rdev)
+        except OSError:
+            continue
+    return devices
+
+
+def detach_from(terminals: set[int]) -> None:
+    """Point every descriptor of ours that is one of `terminals` at /dev/null: pytest's capture
+    and terminal writer hold copies of the terminal beside descriptors 0 to 2."""
+    if not terminals:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                status = os.fstat(fd)
+            except OSError:
+                continue
+            if fd != null and stat.S_ISCHR(status.st_mode) and status.st_rdev in terminals:
+                os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 class SessionHooks:

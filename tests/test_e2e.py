@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Optional
 
 import pytest
-from nodes import local_inventory_without_scratch
+from nodes import local_inventory_without_scratch, wait_for_no_leftovers
 
 from handover.plugin import FAILURES_SECTION_MAX
 
@@ -229,6 +232,58 @@ def test_interrupted_run_keeps_its_results_and_can_be_reported_and_resumed(
     if done_before:
         assert f"{len(done_before)} deselected" in resumed.stdout
     assert not (tmp_path / "unused").exists()
+
+
+def test_a_hung_up_terminal_ends_the_run_as_ctrl_c_does_and_renders_its_report(ns_cluster_factory, sign_key,
+                                                                               tmp_path):
+    """The operator's session to the head node drops (SIGHUP from the kernel when the terminal's
+    far end closes): the run ends as interrupted with its report signed, although every write to
+    the terminal now fails, and nothing of it stays on the nodes. Before, SIGHUP's default action
+    killed the harness: no report, no end in the ledger."""
+    nodes = ns_cluster_factory(2)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml", extra={})
+    inventory.write_text(inventory.read_text().replace("connect_timeout: 5", "connect_timeout: 60"))
+    nodes.link_down("node2")  # node2's connect hangs: the run is sure to be in progress
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: pytest on the terminal, as an operator's shell starts it
+        os.chdir(ROOT)
+        os.execv(sys.executable, [sys.executable, "-m", "pytest", f"--inventory={inventory}",
+                                  f"--out={tmp_path / 'out'}", f"--sign-key={sign_key}",
+                                  "-p", "no:cacheprovider", "-m", "system"])
+    shown = b""
+    deadline = time.monotonic() + 120
+    try:
+        while "selection" not in ledger_types(tmp_path / "out"):
+            assert time.monotonic() < deadline, f"the run never selected its checks: {shown[-2000:]!r}"
+            if select.select([terminal], [], [], 0.1)[0]:
+                shown += os.read(terminal, 65536)
+        time.sleep(1)  # node1's checks run, node2's connect hangs
+    finally:
+        os.close(terminal)  # the terminal hangs up: SIGHUP to pytest
+    status = exit_status(pid, within_s=60)
+    assert status == 2, f"pytest ended with {status}, not as interrupted: {shown[-2000:]!r}"
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    results = results_of(run_dir)
+    assert results["run"]["interrupted"] is True
+    assert any("interrupted" in reason for reason in results["verdict"]["reasons"])
+    assert ssh_keygen_verifies(run_dir, "report.html") and ssh_keygen_verifies(run_dir, "results.json")
+    end = json.loads((run_dir / "ledger.jsonl").read_text().splitlines()[-1])
+    assert (end["type"], end["exitstatus"], end["interrupted"]) == ("end", 2, True)
+    assert wait_for_no_leftovers("handover-node-lock", within_s=15, on=nodes) == []
+
+
+def exit_status(pid: int, *, within_s: float) -> Optional[int]:
+    """The exit code of child `pid` (negative: killed by that signal); None, killing it, if it
+    runs on past within_s."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
 
 
 FINALIZED_WHEN_SIGNALLED = """
