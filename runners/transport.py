@@ -38,6 +38,10 @@ LEASE_VARIABLE = "HANDOVER_LEASE"
 KILL_GRACE_S = 5  # TERM first, KILL this much later
 LEASE_END_S = KILL_GRACE_S + 2  # how long closing a connection waits for its watchdog's cleanup
 HARNESS_GRACE_S = KILL_GRACE_S + 10  # how long the harness waits beyond the node-side timeout
+# A kill's own bound on the node: its TERM grace and the removal of temporary directories, with
+# room to spare. Reading /proc/PID/environ waits for that process's memory map, so a process
+# stuck on a hung NFS mount can hold the kill with it; `timeout` ends the kill instead.
+KILL_BOUND_S = KILL_GRACE_S * 3
 HEARTBEAT_S = 3  # the harness sends a heartbeat this often
 NODE_PATIENCE_S = 12  # the lease kills its work after this long without one (a few misses)
 # A command that needs a temporary directory names it OWN_TEMP_PREFIX + its lease (or its tag,
@@ -193,8 +197,9 @@ def wrap(argv: Sequence[str], *, tag: str, timeout: float, root: bool,
     return ["sudo", "-n", *wrapped] if root else wrapped
 
 
-def kill_argv(tag: str, *, root: bool) -> list[str]:
-    return _script_argv(_KILL_SCRIPT, "handover-kill", [f"{TAG_VARIABLE}={tag}"], root=root)
+def kill_argv(tag: str, *, root: bool, bound_s: int = KILL_BOUND_S) -> list[str]:
+    """Kill everything tagged `tag`, ending itself after bound_s (KILLed KILL_GRACE_S later)."""
+    return _script_argv(_KILL_SCRIPT, "handover-kill", [f"{TAG_VARIABLE}={tag}"], root=root, bound_s=bound_s)
 
 
 def lease_argv(lease: str, *, patience_s: float, root: bool) -> list[str]:
@@ -203,13 +208,18 @@ def lease_argv(lease: str, *, patience_s: float, root: bool) -> list[str]:
                         root=root)
 
 
-def _script_argv(script: str, name: str, args: list[str], *, root: bool) -> list[str]:
-    """`sh -c script name args...`; as root, through sudo, which resets TMPDIR: the session's own
-    shell reads it first and passes it on after the args, where a command's leftovers may be."""
+def _script_argv(script: str, name: str, args: list[str], *, root: bool,
+                 bound_s: Optional[int] = None) -> list[str]:
+    """`sh -c script name args...`, under `timeout` where bounded; as root, through sudo, which
+    resets TMPDIR: the session's own shell reads it first and passes it on after the args, where
+    a command's leftovers may be. The bound goes inside sudo, so that it signals every process
+    of the script's as root."""
+    bound = ["timeout", "-k", str(KILL_GRACE_S), str(bound_s)] if bound_s else []
     if not root:
-        return ["sh", "-c", script, name, *args]
+        return [*bound, "sh", "-c", script, name, *args]
     positional = " ".join(f'"${{{index}}}"' for index in range(2, len(args) + 2))
-    return ["sh", "-c", f'exec sudo -n sh -c "$1" {name} {positional} "${{TMPDIR:-/tmp}}"', name, script, *args]
+    sudo = " ".join(["sudo", "-n", *bound])
+    return ["sh", "-c", f'exec {sudo} sh -c "$1" {name} {positional} "${{TMPDIR:-/tmp}}"', name, script, *args]
 
 
 def node_timed_out(exit_code: Optional[int], duration_s: float, timeout: float) -> bool:
@@ -299,7 +309,7 @@ class Transport(ABC):
         if lease is None or not lease.standing:
             return
         try:
-            self._execute(lease, kill_argv(tag, root=root), display="kill", stdin=None, timeout=15)
+            self._execute(lease, kill_argv(tag, root=root), display="kill", stdin=None, timeout=KILL_BOUND_S)
         except Exception:  # best effort: the node-side timeout still bounds the work
             pass
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers, 
 from inventory.model import Node
 from runners import system
 from runners.parsing import ParseError
-from runners.transport import LEASE_VARIABLE, OWN_TEMP_PREFIX, LocalTransport, make_transport
+from runners.transport import LEASE_VARIABLE, OWN_TEMP_PREFIX, LocalTransport, kill_argv, make_transport
 
 
 @pytest.fixture(params=["local", "ssh"])
@@ -113,6 +114,22 @@ def test_kill_running_reaches_processes_that_left_the_process_group(transport):
     transport.kill_running()
     worker.join(20)
     assert finished and not finished[0].ok
+    assert wait_for_no_leftovers(marker) == []
+
+
+def test_a_kill_that_hangs_on_the_node_ends_at_its_bound_and_what_it_started_goes_too(tmp_path):
+    """A kill reads /proc/PID/environ, which waits for that process's memory map: a process stuck on
+    a hung NFS mount holds the kill's grep there, and a kill the harness gave up on stayed on the
+    node for good. The made-up part: `grep` here is a program that hangs."""
+    marker = unique_sleep()
+    hanging = tmp_path / "bin"
+    hanging.mkdir()
+    (hanging / "grep").write_text(f"#!/bin/sh\nexec {marker}\n")
+    (hanging / "grep").chmod(0o755)
+    path = f"{hanging}:{os.environ['PATH']}"
+    done = subprocess.run(kill_argv("0123abcd", root=False, bound_s=1), env={**os.environ, "PATH": path},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 124, done  # GNU timeout's: the bound ended it
     assert wait_for_no_leftovers(marker) == []
 
 
