@@ -190,6 +190,12 @@ SYSFS_ROOT = "/sys/class/infiniband"
 # The kernel's counter file names, and the Expectations field holding each one's limit.
 ERROR_COUNTERS = {"symbol_error": "ib_symbol_errors_max", "link_downed": "ib_link_downed_max",
                   "port_rcv_errors": "ib_port_rcv_errors_max"}
+# The PortCounters' widths (IBTA: 16, 8 or 4 bits): an error counter stops at its ceiling
+# instead of wrapping, and sysfs reads it so.
+LINK_COUNTER_CEILINGS = {"symbol_error": 0xFFFF, "link_error_recovery": 0xFF, "link_downed": 0xFF,
+                         "port_rcv_errors": 0xFFFF, "port_rcv_remote_physical_errors": 0xFFFF,
+                         "port_xmit_discards": 0xFFFF, "local_link_integrity_errors": 0xF,
+                         "excessive_buffer_overrun_errors": 0xF}
 
 
 @dataclass(frozen=True)
@@ -224,7 +230,8 @@ def parse_ib_counters(text: str) -> IbCounters:
 
 
 def counter_problems(found: IbCounters, expect: Expectations) -> list[str]:
-    """Error counters above the profile's limit (0 unless the profile says otherwise)."""
+    """Error counters above the profile's limit (0 unless the profile says otherwise); one at its
+    ceiling is said to be saturated, since its reading is a floor, not a count."""
     problems = []
     for port in found.ports:
         for counter, key in ERROR_COUNTERS.items():
@@ -236,7 +243,10 @@ def counter_problems(found: IbCounters, expect: Expectations) -> list[str]:
             elif value is None:
                 problems.append(f"{where} is not a number")
             elif value > limit:
-                problems.append(f"{where} = {value}, limit {limit}")
+                saturated = value >= LINK_COUNTER_CEILINGS[counter]
+                problems.append(f"{where} = {value}, limit {limit}" + (
+                    ": saturated, it counts no further (that many errors or more since it was cleared)"
+                    if saturated else ""))
     return problems
 
 

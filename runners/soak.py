@@ -29,6 +29,7 @@ from inventory.model import SOAK_MIX_COUNTS, SOAK_MIX_DEFAULTS, SOAK_MIX_SECONDS
 from reports.files import write_atomically
 from runners.burn import FAILING_REASONS, decode_reasons, majority_digest
 from runners.fanout import Progress, close_everywhere, fan_out
+from runners.ibstat import LINK_COUNTER_CEILINGS
 from runners.node_lock import SoakHolder
 from runners.parsing import ParseError
 from runners.payloads import load
@@ -679,12 +680,6 @@ def _count_digests(kept: dict[str, dict[str, int]], digests: object) -> None:
 
 
 GPU_COUNTERS = ("ecc_uncorrected", "ecc_corrected")
-# The InfiniBand PortCounters' widths (IBTA: 16, 8 or 4 bits): an error counter stops at its
-# ceiling instead of wrapping, and sysfs reads it so.
-LINK_COUNTER_CEILINGS = {"symbol_error": 0xFFFF, "link_error_recovery": 0xFF, "link_downed": 0xFF,
-                         "port_rcv_errors": 0xFFFF, "port_rcv_remote_physical_errors": 0xFFFF,
-                         "port_xmit_discards": 0xFFFF, "local_link_integrity_errors": 0xF,
-                         "excessive_buffer_overrun_errors": 0xF}
 
 
 def _count_rises(log: SoakLog, seen: dict[tuple[str, str], dict[str, int]], unchanged: dict[str, tuple],

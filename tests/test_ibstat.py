@@ -164,6 +164,15 @@ def test_missing_or_unreadable_counters_are_problems_not_zeros(tmp_path):
                         "mlx5_0 port 1: port_rcv_errors is missing from sysfs"]
 
 
+def test_a_counter_at_its_ceiling_is_said_to_be_saturated(tmp_path):
+    """IB PortCounters stop at their width (symbol_error 16 bits, link_downed 8) instead of wrapping:
+    such a reading is a floor. The tree is derived from CLEAN with the ceilings written in."""
+    root = sysfs_tree(tmp_path / "infiniband", {("mlx5_0", 1): {**CLEAN, "symbol_error": 65535, "link_downed": 254}})
+    assert ibstat.counter_problems(read_tree(root), Expectations(ib_link_downed_max=300)) == [
+        "mlx5_0 port 1: symbol_error = 65535, limit 0: saturated, it counts no further (that many errors or "
+        "more since it was cleared)"]
+
+
 def test_no_sysfs_class_directory_means_no_device(tmp_path):
     found = read_tree(tmp_path / "absent")
     assert not found.present and found.ports == []
