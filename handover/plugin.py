@@ -112,12 +112,10 @@ def add_soak_options(group) -> None:
 def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
     """--soak-stop ends a soak and pytest with it; a soak to attach to becomes the run resumed."""
     option = config.option
-    if option.inventory and getattr(option, "numprocesses", None):
-        # pytest-xdist's workers would each be an acceptance run of the whole inventory, and
-        # each would find the nodes held by the others: every check would fail as busy.
-        raise pytest.UsageError(f"-n/--numprocesses {option.numprocesses}: an acceptance run already runs "
-                                "every node's checks at once; pytest-xdist's workers would be runs that "
-                                "refuse each other's nodes. Run without -n")
+    if option.inventory:
+        refused = refused_option(option)
+        if refused:
+            raise pytest.UsageError(refused)
     try:
         mix = soak.parse_mix(option.soak_mix)
         if option.soak_duration:
@@ -139,6 +137,44 @@ def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
     if attach is not None:
         print(f"handover: attaching to the soak in {attach}", flush=True)
         option.resume = str(attach)
+    return None
+
+
+# pytest's options that an acceptance run cannot honour: (option's dest, as typed, why, what instead).
+# The cache's and stepwise's options still parse once the run has turned the cache off, and
+# would be dropped in silence; the others would each start runs, or run the checks' steps.
+REFUSED_OPTIONS = (
+    ("numprocesses", "-n/--numprocesses", "an acceptance run already runs every node's checks at once; "
+     "pytest-xdist's workers would be runs that refuse each other's nodes", "run without -n"),
+    ("tx", "--tx", "pytest-xdist's workers would be runs that refuse each other's nodes", "run without it"),
+    ("dist", "--dist", "pytest-xdist's workers would be runs that refuse each other's nodes", "run without it"),
+    ("looponfail", "-f/--looponfail", "each loop would be a run of its own, on nodes the last one holds",
+     "--retest RUN_DIR runs again what a run failed, once it is repaired"),
+    ("lf", "--lf/--last-failed", "an acceptance run keeps no pytest cache; its run directory is its record",
+     "--retest RUN_DIR runs again what RUN_DIR failed or has no result for"),
+    ("failedfirst", "--ff/--failed-first", "an acceptance run keeps no pytest cache; its run directory is its "
+     "record", "--retest RUN_DIR runs again what RUN_DIR failed or has no result for"),
+    ("newfirst", "--nf/--new-first", "an acceptance run keeps no pytest cache", "run without it"),
+    ("stepwise", "--sw/--stepwise", "an acceptance run keeps no pytest cache",
+     "-x stops at the first failure, --resume RUN_DIR goes on from there"),
+    ("stepwise_skip", "--sw-skip/--stepwise-skip", "an acceptance run keeps no pytest cache",
+     "--resume RUN_DIR goes on where a run stopped"),
+    ("cacheshow", "--cache-show", "an acceptance run keeps no pytest cache; its run directory is its record",
+     "handover report RUN_DIR shows a run"),
+    ("setuponly", "--setup-only", "the suites' fixtures are the checks' steps: they would run the tools on "
+     "the nodes", "--collect-only lists the checks without touching a node"),
+    ("setupplan", "--setup-plan", "it would start a run that runs none of its checks",
+     "--collect-only lists the checks without touching a node"),
+)
+
+
+def refused_option(option: argparse.Namespace) -> Optional[str]:
+    """The usage error for the first of REFUSED_OPTIONS given with --inventory, if any."""
+    for dest, typed, why, instead in REFUSED_OPTIONS:
+        value = getattr(option, dest, None)
+        if value and value != "no":  # --dist's default is "no"
+            shown = f"{typed} {value}" if dest == "numprocesses" else typed
+            return f"{shown}: {why}; {instead}"
     return None
 
 
@@ -254,10 +290,15 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, description in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
     inventory = config.getoption("--inventory")
-    if not inventory:
+    if not inventory or config.option.help or config.option.markers:  # pytest's help needs no session
         return
+    foreign = foreign_configuration(config, Path(inventory))
+    if foreign:
+        raise pytest.UsageError(foreign)
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(SUITES_DIR)]
+    else:
+        config.args = [suites_path(arg, config.invocation_params.dir) for arg in config.args]
     progress = ProgressDisplay(config)
     try:
         session = AcceptanceSession.open(
@@ -274,6 +315,33 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(interruption, Interruption.name)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, interruption.on_signal)
+
+
+def foreign_configuration(config: pytest.Config, inventory: Path) -> Optional[str]:
+    """pytest looks for its configuration file from the paths on the command line, the
+    inventory's among them: an ini file of the operator's tree that holds the inventory (their
+    own tests' pytest.ini) would set this run's addopts, python_files or testpaths, though it is
+    not where they run pytest. Said, unless they run it there."""
+    ini = config.inipath
+    if ini is None or ini == SUITES_DIR.parent / "pyproject.toml":
+        return None
+    tree = ini.parent
+    if not inventory.resolve().is_relative_to(tree) or config.invocation_params.dir.resolve().is_relative_to(tree):
+        return None
+    return (f"pytest read its configuration from {ini}, found from the inventory's directory rather than "
+            f"where you run it: its settings would change this acceptance run. Run pytest in {tree} to mean "
+            f"them, or give the inventory as --inventory={inventory} (pytest then looks from here)")
+
+
+def suites_path(arg: str, here: Path) -> str:
+    """A test path as the README writes it (suites/test_network.py::test_iperf3) names the
+    installed suites when it names nothing here."""
+    path, _, rest = arg.partition("::")
+    if path.startswith(f"{SUITES_DIR.name}/") and not (here / path).exists():
+        installed = SUITES_DIR.parent / path
+        if installed.exists():
+            return str(installed) + (f"::{rest}" if rest else "")
+    return arg
 
 
 def acceptance_session(config: pytest.Config) -> AcceptanceSession:
@@ -372,6 +440,13 @@ def detach_from(terminals: set[int]) -> None:
         os.close(null)
 
 
+def listing_only(config: pytest.Config) -> bool:
+    """pytest lists what it collected (--collect-only) or the fixtures (--fixtures,
+    --fixtures-per-test) and runs nothing: no run directory is made, no node is locked."""
+    option = config.option
+    return bool(option.collectonly or option.showfixtures or getattr(option, "show_fixtures_per_test", False))
+
+
 class SessionHooks:
     """The session's part in pytest's run: what to collect, what was planned, the end."""
 
@@ -434,7 +509,7 @@ class SessionHooks:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Narrow the run to the nodes that -k/-m left tests for, and note what is planned (not
         after a collection cut short by Ctrl-C or an error: its items are not the selection)."""
-        if session.config.option.collectonly or not self._selected:
+        if listing_only(session.config) or not self._selected:
             return
         params = [getattr(item, "callspec", None) for item in session.items]
         self.session.plan(

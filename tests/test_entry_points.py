@@ -154,6 +154,63 @@ def test_bad_options_are_one_line_in_either_form(operator_tree, sign_key, form, 
     assert message in done.stderr and "Traceback" not in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("given, said", [
+    (["--lf"], "--lf/--last-failed: an acceptance run keeps no pytest cache; its run directory is its record; "
+               "--retest RUN_DIR runs again"),
+    (["--ff"], "--ff/--failed-first: an acceptance run keeps no pytest cache"),
+    (["--sw"], "--sw/--stepwise: an acceptance run keeps no pytest cache; -x stops at the first failure, "
+               "--resume RUN_DIR goes on from there"),
+    (["--cache-show"], "--cache-show: an acceptance run keeps no pytest cache"),
+    (["--setup-only"], "--setup-only: the suites' fixtures are the checks' steps"),
+    (["--setup-plan"], "--setup-plan: it would start a run that runs none of its checks; --collect-only lists"),
+    (["--dist", "load"], "--dist: pytest-xdist's workers would be runs that refuse each other's nodes"),
+    (["--tx", "popen"], "--tx: pytest-xdist's workers would be runs that refuse each other's nodes"),
+    (["-f"], "-f/--looponfail: each loop would be a run of its own"),
+], ids=lambda value: value[0] if isinstance(value, list) else "")
+def test_pytest_options_a_run_cannot_honour_are_one_line_not_ignored(operator_tree, sign_key, given, said):
+    """The cache's options parsed and were dropped once the run turned the cache off (--lf ran
+    every check again); --setup-plan and --setup-only made a signed run that ran nothing and
+    locked the nodes; xdist without -n, or its loop, started runs that refused each other."""
+    done = pytest_in(operator_tree["elsewhere"], *options(
+        "space", inventory=operator_tree["inventory"], out=operator_tree["out"], sign_key=sign_key), *given)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert said in done.stderr and "Traceback" not in done.stdout + done.stderr
+    assert list(operator_tree["out"].iterdir()) == []
+
+
+@pytest.mark.parametrize("asked", ["--help", "--markers"])
+def test_pytests_help_needs_no_good_inventory(tmp_path, asked):
+    done = pytest_in(tmp_path, "--inventory", str(tmp_path / "nosuch.yaml"), asked, "-p", "no:cacheprovider")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ("--inventory=FILE" if asked == "--help" else "@pytest.mark.soak:") in done.stdout
+
+
+def test_an_ini_file_beside_the_inventory_is_not_taken_for_this_runs(operator_tree, sign_key):
+    """pytest looks for its ini file from the paths on the command line, the inventory's too: the
+    operator's own pytest.ini above it (for their own tests) set this run's python_files and
+    addopts. It is said, unless pytest runs in that tree; --inventory=FILE does not make it a path."""
+    ini = operator_tree["top"] / "etc" / "pytest.ini"
+    ini.write_text("[pytest]\naddopts = -x\npython_files = check_*.py\n")
+    values = {"inventory": operator_tree["inventory"], "out": operator_tree["out"], "sign_key": sign_key}
+    refused = pytest_in(operator_tree["elsewhere"], *options("space", **values), "--collect-only", "-q")
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    assert (f"pytest read its configuration from {ini}, found from the inventory's directory rather than "
+            "where you run it") in refused.stderr
+    assert f"give the inventory as --inventory={operator_tree['inventory']}" in refused.stderr
+    taken = pytest_in(operator_tree["elsewhere"], *options("equals", **values), "--collect-only", "-q", "-m", "system")
+    assert taken.returncode == 0 and "tests collected" in taken.stdout, taken.stdout + taken.stderr
+    theirs = pytest_in(ini.parent, *options("space", **values), "--collect-only", "-q")
+    assert theirs.returncode == 5 and "no tests collected" in theirs.stdout, theirs.stdout + theirs.stderr
+
+
+def test_a_test_path_as_the_readme_writes_it_names_the_suites_from_anywhere(operator_tree, sign_key):
+    done = pytest_in(operator_tree["elsewhere"], *options(
+        "space", inventory=operator_tree["inventory"], out=operator_tree["out"], sign_key=sign_key),
+        "suites/test_system.py::test_os", "--collect-only", "-q")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "test_os[localhost]" in done.stdout and "1 test collected" in done.stdout
+
+
 @pytest.mark.parametrize("below", [False, True], ids=["the-file", "below-it"])
 def test_an_out_that_is_a_file_is_one_line(operator_tree, sign_key, below):
     out = operator_tree["inventory"] / "runs" if below else operator_tree["inventory"]
@@ -164,8 +221,9 @@ def test_an_out_that_is_a_file_is_one_line(operator_tree, sign_key, below):
     assert "Traceback" not in done.stdout + done.stderr and len(done.stderr.splitlines()) <= 2
 
 
-@pytest.mark.parametrize("selection", [["-k", "nosuchcheck"], ["--collect-only"]],
-                         ids=["nothing-selected", "collect-only"])
+@pytest.mark.parametrize("selection", [["-k", "nosuchcheck"], ["--collect-only"], ["--fixtures"],
+                                       ["--fixtures-per-test"]],
+                         ids=["nothing-selected", "collect-only", "fixtures", "fixtures-per-test"])
 def test_nothing_to_run_leaves_no_run_behind(operator_tree, sign_key, selection):
     done = pytest_in(operator_tree["elsewhere"], *options(
         "space", inventory=operator_tree["inventory"], out=operator_tree["out"], sign_key=sign_key), *selection)
