@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional, Sequence
 
 import pytest
 
-from handover.failures import ExpectationFailure, NodeUnreachable, PerformanceFailure, SanityFailure
+from handover.failures import CheckFailure, ExpectationFailure, NodeUnreachable, PerformanceFailure, SanityFailure
 from handover.plugin import ProgressDisplay
 from inventory.model import placement
 from reports.results import outliers
@@ -160,24 +160,26 @@ def test_soak_heartbeat(soak, node, record, metrics: Metrics):
     """The node's supervisor reported throughout: no heartbeat gap, and samples to the end."""
     log = log_of(soak, node)
     record.raw([str(soak.run_dir.joinpath("raw", soaking.RAW_STEP, f"{node}.jsonl").relative_to(soak.run_dir))])
-    dropped = soak.dropped(node)
-    if dropped and log.end is None:
-        raise NodeUnreachable(f"{node} dropped out of the soak: {dropped}")
-    if dropped:  # it answered to the end, and its supervisor said it stopped early
-        raise SanityFailure(f"{node} did not soak to the end: {dropped}")
-    allowed = soaking.gap_allowed(soak.plan.interval_s)
-    gaps = soaking.heartbeat_gaps(log.times, allowed)
     times = log.times
     covered = (max(times) - min(times)) if len(times) > 1 else 0.0
+    figures: dict[str, tuple[Optional[float], str]] = {
+        "soak_samples": (len(times), "samples"),
+        "soak_covered": (round(100 * covered / soak.plan.duration_s, 1) if soak.plan.duration_s else None, "%")}
+    dropped = soak.dropped(node)
+    if dropped and log.end is None:
+        judge_despite(metrics, figures, NodeUnreachable(f"{node} dropped out of the soak: {dropped}"))
+    if dropped:  # it answered to the end, and its supervisor said it stopped early
+        judge_despite(metrics, figures, SanityFailure(f"{node} did not soak to the end: {dropped}"))
+    allowed = soaking.gap_allowed(soak.plan.interval_s)
+    gaps = soaking.heartbeat_gaps(log.times, allowed)
     record.note(f"{len(times)} samples every {soak.plan.interval_s:g} s from {soaking.clock_utc(min(times))} "
                 f"to {soaking.clock_utc(max(times))}; ended: {(log.end or {}).get('reason', 'no end line')}"
                 if times else "no samples")
     if gaps:
         shown = ", ".join(f"{soaking.clock_utc(a)}..{soaking.clock_utc(b)} ({b - a:.0f} s)" for a, b in gaps[:5])
-        raise SanityFailure(f"{node}: {len(gaps)} heartbeat gap(s) over {allowed:.0f} s: {shown} "
-                            "(the node hung, rebooted or its supervisor stalled)")
-    metrics.judge(soak_samples=(len(times), "samples"),
-                  soak_covered=(round(100 * covered / soak.plan.duration_s, 1) if soak.plan.duration_s else None, "%"))
+        judge_despite(metrics, figures, SanityFailure(f"{node}: {len(gaps)} heartbeat gap(s) over {allowed:.0f} s: "
+                                                      f"{shown} (the node hung, rebooted or its supervisor stalled)"))
+    metrics.judge(**figures)
 
 
 @pytest.mark.hardware
@@ -223,6 +225,23 @@ def test_soak_io(soak, node, record, metrics: Metrics):
     judge_parts(soak, node, ("io",), record, metrics, required=("io",))
 
 
+def judge_despite(metrics: Metrics, figures: dict[str, tuple[Optional[float], str]], failure: CheckFailure,
+                  more: Sequence[str] = ()) -> NoReturn:
+    """Fail with `failure`, found beside figures the check measured: the figures are recorded and
+    judged first, so the ledger keeps them (a soak's GPU figure when its stress-ng rounds failed),
+    and their misses and `more` follow the failure's own message. No figure, nothing is judged."""
+    problems = []
+    if figures:
+        try:
+            metrics.judge(**figures)
+        except PerformanceFailure as miss:
+            problems.append(str(miss))
+    problems += more
+    if problems:
+        raise type(failure)("; ".join([str(failure), *problems]), failure.log, failure.action) from None
+    raise failure
+
+
 def judge_parts(soak: SoakOutcome, node: str, parts: tuple[str, ...], record, metrics: Metrics,
                 extra: Optional[dict] = None, notes_after: Optional[list[str]] = None,
                 required: tuple[str, ...] = ()) -> None:
@@ -264,11 +283,11 @@ def judge_parts(soak: SoakOutcome, node: str, parts: tuple[str, ...], record, me
     dropped = soak.dropped(node)
     if dropped and not figures:
         raise NodeUnreachable(f"{node} dropped out of the soak before a load round gave a figure: {dropped}")
-    if failed:
-        raise SanityFailure(f"{node}: " + "; ".join(failed))
+    below = [why for part, why in soak.far_below.get(node, []) if part in parts]
+    if failed:  # what the rounds that ran measured is judged and kept all the same
+        judge_despite(metrics, figures, SanityFailure(f"{node}: " + "; ".join(failed)), below)
     if not figures:
         raise SanityFailure(f"{node}: no load part of the soak gave the two rounds' figures its drift is judged on")
-    below = [why for part, why in soak.far_below.get(node, []) if part in parts]
     try:
         metrics.judge(**figures)
     except PerformanceFailure as miss:
@@ -287,11 +306,13 @@ def test_soak_gpu(soak, node, record, metrics: Metrics):
         pytest.skip(f"no GPU telemetry on {node}: {start.get('nvml') or 'NVML found no GPU'}")
     problems = soaking.gpu_problems(log)
     record.note(f"{start['gpus']} GPU(s), {len(log.times)} samples, {len(log.xids)} Xid event(s)")
+    figures: dict[str, tuple[Optional[float], str]] = {
+        "soak_gpu_temp_max": (soaking.peak(log, "gpus.temp_c"), "°C"),
+        "soak_gpu_power_max": (soaking.peak(log, "gpus.power_w"), "W")}
     if problems:
-        raise SanityFailure(f"{node}: " + "; ".join(problems),
-                            action="drain the node and replace the GPU it names (RMA)")
-    metrics.judge(soak_gpu_temp_max=(soaking.peak(log, "gpus.temp_c"), "°C"),
-                  soak_gpu_power_max=(soaking.peak(log, "gpus.power_w"), "W"))
+        judge_despite(metrics, figures, SanityFailure(f"{node}: " + "; ".join(problems),
+                                                      action="drain the node and replace the GPU it names (RMA)"))
+    metrics.judge(**figures)
 
 
 @pytest.mark.hardware

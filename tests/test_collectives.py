@@ -108,6 +108,27 @@ def test_the_timed_run_is_the_collective_alone_and_the_check_refills(name, one_g
     assert op.check(0) == 0
 
 
+@pytest.mark.parametrize("name", collectives.COLLECTIVES)
+def test_each_collective_allocates_only_the_buffers_it_moves(name):
+    """All four once built the gathered values beside their buffers, all_reduce too: at 8 GiB on
+    one rank, an 8 GiB copy more beside the one it reduces. Now the bytes torch's profiler counts
+    while a collective is built (four ranks' shapes: building needs no process group) are its
+    input and output (all_reduce's one buffer, in place), and at most a column of one expected
+    value per rank."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    elements, world = 1 << 20, 4
+    chunk = elements // world
+    moved = {"all_reduce": elements, "all_gather": chunk + elements, "reduce_scatter": elements + chunk,
+             "all_to_all": 2 * elements}[name] * collectives_payload.FLOAT_BYTES
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+        op = collectives_payload.build(torch, torch.distributed, name, elements, world, torch.device("cpu"))
+    allocated = sum(event.self_cpu_memory_usage for event in profiled.events() if event.self_cpu_memory_usage > 0)
+    assert moved <= allocated <= moved + 4096, (allocated, moved)
+    assert op.inputs.numel() + (0 if op.outputs is op.inputs else op.outputs.numel()) == moved // 4
+
+
 def test_wrong_values_and_a_missing_rank_are_not_ok(four_collectives_two_ranks):
     """Derived from the real run above: one row's wrong count set to 3; then one host removed."""
     data = json.loads(four_collectives_two_ranks.stdout.strip().splitlines()[-1])

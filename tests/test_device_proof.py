@@ -6,7 +6,9 @@ pip's, the recorded H200's figures and prove.py, and no torch. Unpacked in a fre
 run with no network (a network namespace of its own) and no index, it installs, runs the
 hardware suite with this machine as the one node under the h200 profile (no GPU names another),
 and the GPU checks skip with their reasons; the venv sees this interpreter's torch, as it will
-the GPU machine's.
+the GPU machine's. Run again past its --budget, in a soak with stress-ng hidden from PATH (as on
+the recorded H200), it stops pytest, whose run is written as interrupted, stops the soak and sums
+up what the run holds, leaving nothing running.
 """
 from __future__ import annotations
 
@@ -14,14 +16,17 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from nodes import wait_until
 
 from inventory.loader import load_inventory
+from runners import soak
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = "handover-device-proof"
@@ -142,6 +147,110 @@ def test_the_kit_installs_without_network_runs_and_the_gpu_checks_skip_with_thei
         run_dir / "report.html").read_text()
 
 
+def path_without(tool: str, folder: Path) -> str:
+    """This PATH, with each of its folders that holds `tool` replaced by one of links to the rest."""
+    folders = []
+    for index, directory in enumerate(os.environ.get("PATH", "").split(os.pathsep)):
+        if not directory or not os.path.exists(os.path.join(directory, tool)):
+            folders.append(directory)
+            continue
+        links = folder / str(index)
+        links.mkdir(parents=True)
+        for entry in os.scandir(directory):
+            if entry.name != tool:
+                (links / entry.name).symlink_to(entry.path)
+        folders.append(str(links))
+    return os.pathsep.join(folders)
+
+
+def processes_naming(path: Path) -> list[str]:
+    """'PID command line' of every process whose command line names something under `path`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(path) in command:
+            found.append(f"{entry.name} {command}")
+    return found
+
+
+BUDGET = prove.TERM_GRACE_S + prove.AFTER_S + 50  # pytest's share: 50 s, where the set-up takes about 10
+
+
+def test_a_run_past_its_budget_is_stopped_written_as_interrupted_summed_up_and_leaves_nothing_running(
+        kit, tmp_path):
+    """The device tool kills a command at 600 s, and the tar of the run that follows prove.py must
+    still run: a soak of 10 minutes, past prove.py's --budget, is stopped with SIGTERM; the harness
+    writes the run as interrupted, rendered and signed, prove.py ends the soak the run left on the
+    machine and prints the summary. stress-ng is hidden from PATH, as on the recorded H200: the
+    soak's CPU load is off, and prove.py says so."""
+    with tarfile.open(kit) as archive:
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    bundle, out = tmp_path / "unpacked" / BUNDLE, tmp_path / "out"
+    command = [sys.executable, str(bundle / "prove.py"), "--out", str(out), "--no-gpu", "--soak", "10m",
+               "--budget", f"{BUDGET:g}", "--", "-m", "soak", "--busy-nodes", "wait"]
+    env = {**os.environ, "HANDOVER_HOME": str(tmp_path / "home"), "PATH": path_without("stress-ng", tmp_path / "bin")}
+    # timeout: a bound should prove.py's own fail, not a measure of it
+    ran = subprocess.run(without_network(command), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    said = ran.stdout + ran.stderr
+    assert ran.returncode == 2, said[-4000:]  # pytest's, interrupted
+    assert ("prove.py: stress-ng is not on PATH: the soak's CPU load is off (cpu=0 in its mix); its GPU burn and "
+            "telemetry run") in ran.stdout
+    assert len(re.findall(rf"^prove\.py: the --budget of {BUDGET:g} s ran out: pytest stopped after \d+ s \(SIGTERM",
+                          ran.stdout, re.M)) == 1, said[-4000:]
+    assert "prove.py: pytest did not end within" not in ran.stdout  # SIGTERM was enough
+    (run_dir,) = [path for path in (out / "device-proof").iterdir() if not path.is_symlink()]
+    ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert ledger[-1]["type"] == "end" and ledger[-1]["interrupted"] is True, ledger[-1]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["run"]["interrupted"] is True and (run_dir / "report.html.sig").is_file()
+    assert "the run was interrupted before it finished" in results["verdict"]["reasons"]
+    assert soak.SoakPlan.load(run_dir).mix["cpu"] == 0
+    assert "prove.py: the soak goes on on this machine; stopping it" in ran.stdout
+    assert re.search(r"^handover: soak \S+ on localhost: stopped", ran.stdout, re.M), said[-4000:]
+    assert f"device proof: verdict {results['verdict']['status']}  ({run_dir})" in ran.stdout
+    assert "headline figures" in ran.stdout
+    assert processes_naming(tmp_path) == []
+    assert list((out / "scratch").iterdir()) == []
+    # Had pytest been killed before it rendered the run, prove.py renders it from its ledger
+    rendered = [path.name for path in run_dir.iterdir() if path.name.startswith(("results.", "report."))]
+    for name in rendered:
+        (run_dir / name).unlink()
+    prove.render(out / "venv" / "bin" / "python", run_dir, out, env, prove.Budget(prove.BUDGET_S))
+    assert json.loads((run_dir / "results.json").read_text())["run"]["interrupted"] is True
+    assert sorted(path.name for path in run_dir.iterdir() if path.name in rendered) == sorted(rendered)
+
+
+SIGTERM_IGNORED = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]])  # in its session
+time.sleep(600)
+"""
+
+
+def test_a_pytest_that_ignores_sigterm_is_killed_with_what_it_started_in_its_session(tmp_path, monkeypatch, capsys):
+    """A run that does not end within the grace after SIGTERM is killed, and everything it started
+    in its session with it. This stand-in for pytest ignores SIGTERM from its start (the ignored
+    disposition outlives exec), so the grace always runs out; its grace is a second here."""
+    monkeypatch.setattr(prove, "TERM_GRACE_S", 1.0)
+    budget = prove.Budget(prove.BUDGET_S)
+    budget.pytest_by = budget.started  # already past: SIGTERM at once
+    marker = tmp_path / "started-by-the-run"
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        status = prove.run_pytest([sys.executable, "-c", SIGTERM_IGNORED, str(marker)], tmp_path, dict(os.environ),
+                                  budget)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert status == 128 + signal.SIGKILL
+    said = capsys.readouterr().out
+    assert f"prove.py: the --budget of {prove.BUDGET_S:g} s ran out: pytest stopped after" in said
+    assert "prove.py: pytest did not end within 1 s of SIGTERM: killed with everything it started (SIGKILL)" in said
+    assert wait_until(lambda: processes_naming(marker) == [], 10), processes_naming(marker)  # bound, not measure
+
+
 def test_the_inventory_prove_writes_loads_with_one_reason_per_override(tmp_path):
     path = tmp_path / "device-proof.yaml"
     path.write_text(prove.inventory_text(Path("/opt/kit/venv/bin/python"), tmp_path / "scratch", "h200-sxm-8gpu",
@@ -208,6 +317,16 @@ def test_a_soak_beside_a_depth_selects_both_and_sets_its_duration():
     mix = ["--soak-mix", "gpu_round_s=60"]  # a proof's soak of minutes: rounds of a minute
     assert prove.selection("full", "3m") == ["-m", "full or soak", "--soak-duration", "3m", *mix]
     assert prove.selection("all", "2m") == ["--soak-duration", "2m", *mix]
+
+
+def test_without_stress_ng_the_proofs_soak_has_no_cpu_load_and_three_minutes_still_judge_it():
+    """Every CPU round of a soak would fail where stress-ng is not installed (the recorded H200):
+    the mix turns the CPU load off, and a 3-minute soak is long enough for its GPU rounds."""
+    options = prove.selection("quick", "3m", cpu_load=False)
+    assert options == ["-m", "quick or soak", "--soak-duration", "3m", "--soak-mix", "gpu_round_s=60,cpu=0"]
+    mix = soak.parse_mix(options[-1])
+    assert mix["cpu"] == 0 and mix["gpu_round_s"] == 60
+    assert soak.too_short(soak.parse_duration("3m"), mix, gpus=True) is None
 
 
 def test_the_summary_lists_the_soaks_checks_and_trends():

@@ -28,6 +28,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from nodes import ns_inventory, wait_until
 from test_e2e import ROOT, handover, results_of, run_dir_of
 
+from handover.failures import SanityFailure
 from handover.plugin import stop_lines
 from inventory.loader import InventoryError, load_profile
 from inventory.model import ScratchPath
@@ -39,6 +40,9 @@ from runners.parsing import ParseError
 from runners.payloads import soak_supervisor
 from runners.payloads.soak_supervisor import Supervisor
 from runners.transport import make_transport
+from suites.checks import Metrics
+from suites.conftest import Evidence
+from suites.test_soak import LOAD_PARTS, SoakOutcome, far_below, judge_parts
 
 DATA = Path(__file__).parent / "data" / "soak"
 MIX = "cpu_workers=1,cpu_load=5,vm_workers=0,net_rate=2M,io_size=8M,io_rate=1m,round_s=10,interval_s=2,gpu=0"
@@ -518,6 +522,68 @@ def test_a_round_whose_output_no_reader_expected_is_a_failed_round_and_the_round
     rounds = [json.loads(line) for line in (tmp_path / soak_supervisor.SAMPLES).read_text().splitlines()]
     assert [(r["value"], r["error"]) for r in rounds] == [
         (None, "ValueError: could not convert string to float: 'n/a'"), (1.5, None)]
+
+
+def failed_cpu_rounds_without_stress_ng(folder: Path, rounds: int) -> list[dict]:
+    """REAL: the supervisor's own CPU part (stress-ng rounds) run here with stress-ng hidden from
+    its PATH, as on a GPU machine without it (tests/data/h200-1gpu/system.txt): its part lines."""
+    (folder / "config.json").write_text(json.dumps({"mix": {"round_s": 2}, "end": time.time() + 3600}))
+    supervisor = Supervisor(str(folder))
+    stress = supervisor.tool(supervisor.stress_argv, supervisor.stress_figure)
+    ran = []
+
+    def measure(seconds):
+        ran.append(seconds)
+        if len(ran) > rounds:
+            supervisor.stop("end time")
+        return stress(seconds)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", str(folder))  # nothing there: stress-ng is nowhere on it
+        patch.setattr(soak_supervisor, "ERROR_HOLD_S", 0)
+        supervisor.rounds("cpu", measure)
+    supervisor.out.close()
+    return [json.loads(line) for line in (folder / soak_supervisor.SAMPLES).read_text().splitlines()]
+
+
+def test_a_soak_load_whose_cpu_rounds_all_failed_still_records_and_judges_its_gpu_figures(tmp_path, request):
+    """The device proof's soak where stress-ng is missing: every CPU round fails, and soak_load
+    fails for it, with the same message as before; the GPU burn's figures (soak_gpu_retained,
+    which the profile's band judges) are in the check's metrics all the same, judged. The GPU
+    rounds and telemetry are the derived H200 samples (PROVENANCE.md); the failed CPU rounds are
+    real (above), their times moved into that soak's minute, a round every 20 s."""
+    h200 = (DATA / "derived_h200_burn_nvml_as_soak_samples.jsonl").read_text().splitlines()
+    started = json.loads(h200[0])["t"]
+    failed = failed_cpu_rounds_without_stress_ng(tmp_path, 3)
+    assert [r["value"] for r in failed] == [None] * 3 and {r["error"] for r in failed} == {
+        "[Errno 2] No such file or directory: 'stress-ng'"}
+    moved = [json.dumps(dict(r, t0=started + 20 * i, t1=started + 20 * i + 0.01)) for i, r in enumerate(failed)]
+    log = soak.parse_soak("\n".join([*h200[:-1], *moved, h200[-1]]))
+    plan = soak.SoakPlan("proof", "tag", started, log.end["t"], soak.parse_mix("round_s=20,gpu_round_s=30"),
+                         {"localhost": soak.NodePlan(dir=str(tmp_path))})
+    profile = load_profile("h200-sxm-8gpu")
+    outcome = SoakOutcome(plan, {"localhost": log}, {}, tmp_path, far_below({"localhost": log}, plan, profile))
+    record = Evidence(request.node)
+
+    with pytest.raises(SanityFailure) as raised:
+        judge_parts(outcome, "localhost", LOAD_PARTS, record, Metrics("soak_load", profile, record.metrics),
+                    required=("cpu", "gpu"))
+
+    assert str(raised.value) == ("localhost: stress-ng CPU: 3 round(s) failed, last: "
+                                 "[Errno 2] No such file or directory: 'stress-ng'")
+    (rows,) = [value for key, value in request.node.user_properties if key == "handover_metrics"]
+    measured = {row["name"]: row for row in rows}
+    assert set(measured) == {"soak_gpu_tflops", "soak_gpu_retained"}
+    assert measured["soak_gpu_retained"]["value"] == round(100 * 655.2 / 656.6, 1)
+    assert measured["soak_gpu_retained"]["ok"] is True and measured["soak_gpu_retained"]["criterion"]
+    assert measured["soak_gpu_tflops"]["value"] == round((656.6 + 655.2) / 2, 3)
+    # DERIVED: the second burn round at 600 TFLOP/s, 91.4% of the first: its miss follows the failed rounds
+    slower = soak.parse_soak("\n".join([*h200[:-1], *moved, h200[-1]]).replace('"value":655.2', '"value":600.0'))
+    with pytest.raises(SanityFailure) as raised:
+        judge_parts(replace(outcome, logs={"localhost": slower}), "localhost", LOAD_PARTS, record,
+                    Metrics("soak_load", profile, record.metrics), required=("cpu", "gpu"))
+    assert str(raised.value).startswith("localhost: stress-ng CPU: 3 round(s) failed, last: [Errno 2] No such file "
+                                        "or directory: 'stress-ng'; soak_gpu_retained = 91.4 %, expected >= ")
 
 
 def test_a_gpu_node_whose_burn_ran_no_round_says_why():

@@ -139,37 +139,48 @@ def measure(torch, dist, name, size, rank, world, device, sync, args):
 def build(torch, dist, name, elements, world, device):
     """The collective's buffers and its fill/run/check: fill(rank) writes the known inputs,
     run() is the collective alone (what the loop times), check(rank) fills, runs once and counts
-    the wrong elements (all_reduce works in place, so its timed runs leave sums of sums)."""
-    chunk = elements // world
-    gathered = torch.arange(1, world + 1, dtype=torch.float32, device=device).repeat_interleave(chunk)
+    the wrong elements (all_reduce works in place, so its timed runs leave sums of sums).
+
+    Each collective has only the buffers it needs: all_reduce one, in place (at 8 GiB, a buffer
+    of the gathered values beside it would be 8 GiB more, plus whatever building it takes).
+    Where rank j's chunk of the output holds j + 1 (all_gather, all_to_all), the expected values
+    are one column of `world` values that the check compares with the output seen as a row per
+    rank's chunk; a sum (all_reduce, reduce_scatter) is one number."""
+    chunk = elements // world  # the ranks' share; elements is a multiple of world (measure())
 
     def buffer(size):
         return torch.empty(size, dtype=torch.float32, device=device)
+
+    def per_rank():
+        return torch.arange(1, world + 1, dtype=torch.float32, device=device).unsqueeze(1)
 
     class Op:
         pass
 
     op = Op()
+    op.rows = (-1,)  # how check() sees the output against op.expected
     if name == "all_reduce":
         op.inputs = op.outputs = buffer(elements)
         op.run, op.expected = (lambda: dist.all_reduce(op.inputs)), world * (world + 1) / 2
     elif name == "all_gather":
         op.inputs, op.outputs = buffer(chunk), buffer(elements)
-        op.run, op.expected = (lambda: dist.all_gather_into_tensor(op.outputs, op.inputs)), gathered
+        op.run, op.expected = (lambda: dist.all_gather_into_tensor(op.outputs, op.inputs)), per_rank()
+        op.rows = (world, chunk)
     elif name == "reduce_scatter":
         op.inputs, op.outputs = buffer(elements), buffer(chunk)
         op.run = lambda: dist.reduce_scatter_tensor(op.outputs, op.inputs)
         op.expected = world * (world + 1) / 2
     elif name == "all_to_all":
         op.inputs, op.outputs = buffer(elements), buffer(elements)
-        op.run, op.expected = (lambda: dist.all_to_all_single(op.outputs, op.inputs)), gathered
+        op.run, op.expected = (lambda: dist.all_to_all_single(op.outputs, op.inputs)), per_rank()
+        op.rows = (world, chunk)
     else:
         raise ValueError(f"unknown collective {name!r}; known: {', '.join(FACTORS)}")
 
     def check(rank):
         op.fill(rank)
         op.run()
-        return int((op.outputs != op.expected).sum().item())
+        return int((op.outputs.view(*op.rows) != op.expected).sum().item())
 
     op.fill = lambda rank: op.inputs.fill_(rank + 1)
     op.check = check
