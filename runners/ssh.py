@@ -271,7 +271,8 @@ class SshLease(Lease):
     def _watch(self, transport: paramiko.Transport) -> None:
         """Start the node-side watchdog on its own channel, and the heartbeat that feeds it."""
         channel = transport.open_session(timeout=self._timeout)
-        channel.exec_command(shlex.join(lease_argv(self.tag, patience_s=NODE_PATIENCE_S, root=self._root)))
+        _exec_within(channel, shlex.join(lease_argv(self.tag, patience_s=NODE_PATIENCE_S, root=self._root)),
+                     self._timeout)
         self._channel = channel
         threading.Thread(target=self._beat, args=(channel,), daemon=True,
                          name=f"heartbeat-{self.connection.host}").start()
@@ -587,6 +588,23 @@ class SshTransport(Transport):
         loss = self.lose("the connection closed")  # unless the heartbeat said why first
         return Result(self.node.name, display, None, stdout, stderr, duration, failure="unreachable",
                       detail=f"{loss.reason}, {duration:.0f} s into `{display}`")
+
+
+def _exec_within(channel: paramiko.Channel, command: str, timeout: float) -> None:
+    """channel.exec_command, which waits for the node's answer without bound: the watchdog starts
+    before the heartbeat that would find a node's sshd stalled (stopped, or stuck in a fork), so
+    the channel is closed after `timeout`, as a connect that takes too long."""
+    expired = threading.Timer(timeout, channel.close)
+    expired.daemon = True
+    expired.start()
+    try:
+        channel.exec_command(command)
+    except paramiko.SSHException:
+        if expired.finished.is_set():
+            raise TimeoutError(f"the node did not start the watchdog within {timeout:g} s") from None
+        raise
+    finally:
+        expired.cancel()
 
 
 @dataclass(frozen=True)

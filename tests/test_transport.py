@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 from netns import BRIDGE_HOST_OCTET, SSH_PORT
 from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers, wait_until
@@ -531,6 +533,51 @@ def test_a_watchdog_that_ends_while_the_connection_stands_is_started_again(ns_cl
     finally:
         transport.close()
     assert wait_for_no_leftovers(marker) == []
+
+
+def connection_processes(pids: set[int]) -> list[int]:
+    """Of `pids`, the sshd processes serving a connection (not the listener)."""
+    found = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if command.startswith("sshd: ") and "[listener]" not in command and "/usr/sbin/sshd" not in command:
+            found.append(pid)
+    return found
+
+
+def test_a_node_whose_sshd_stalls_before_the_watchdog_starts_is_unreachable_not_waited_for(ns_cluster, tmp_path,
+                                                                                           monkeypatch):
+    """paramiko waits for the answer to an exec request without bound, and the watchdog's comes
+    before the heartbeat that finds a stalled node: a node's sshd stopped (SIGSTOP: a node stuck
+    in a fork, a frozen VM) just after it took the connection held the harness for ever. The
+    real sshd is stopped at that moment; the node is unreachable within the connect timeout."""
+    node = ns_inventory(ns_cluster, tmp_path / "inv.yaml").nodes[0]
+    stopped: list[int] = []
+    execute = paramiko.Channel.exec_command
+
+    def stall_then_execute(channel, command):  # the connection's first: the watchdog's
+        if not stopped:
+            stopped.extend(connection_processes(ns_cluster.processes()))
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+        return execute(channel, command)
+
+    monkeypatch.setattr(paramiko.Channel, "exec_command", stall_then_execute)
+    transport = make_transport(node)
+    ran: list = []
+    worker = threading.Thread(target=lambda: ran.append(transport.run(["true"], timeout=30)), daemon=True)
+    try:
+        worker.start()
+        worker.join(120)  # a bound on the test, not a measure of the harness
+        assert stopped and ran, "the run still waits on the stalled node"
+        assert ran[0].failure == "unreachable" and "no answer within the connect timeout" in ran[0].detail, ran[0]
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        transport.close()
 
 
 def test_a_closed_transport_starts_nothing_more_on_its_node(transport):
