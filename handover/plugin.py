@@ -314,7 +314,8 @@ def pytest_configure(config: pytest.Config) -> None:
     interruption = Interruption()
     config.pluginmanager.register(interruption, Interruption.name)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, interruption.on_signal)
+        if signal.getsignal(signum) != signal.SIG_IGN:  # nohup's SIGHUP, a background job's SIGINT stay ignored
+            signal.signal(signum, interruption.on_signal)
 
 
 def foreign_configuration(config: pytest.Config, inventory: Path) -> Optional[str]:

@@ -272,6 +272,32 @@ def test_a_hung_up_terminal_ends_the_run_as_ctrl_c_does_and_renders_its_report(n
     assert wait_for_no_leftovers("handover-node-lock", within_s=15, on=nodes) == []
 
 
+def test_a_run_under_nohup_goes_on_when_its_terminal_hangs_up(ns_cluster_factory, sign_key, tmp_path):
+    """What the README says to do for a long run: under nohup, SIGHUP is ignored when the run
+    starts and stays so; the run goes on to its end when the terminal hangs up."""
+    nodes = ns_cluster_factory(2)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml", extra={})
+    pid, terminal = pty.fork()
+    if pid == 0:  # nohup: SIGHUP ignored, output to nohup.out here
+        os.chdir(tmp_path)
+        os.execvp("nohup", ["nohup", sys.executable, "-m", "pytest", f"--inventory={inventory}",
+                            f"--out={tmp_path / 'out'}", f"--sign-key={sign_key}", "-p", "no:cacheprovider",
+                            "-m", "system"])
+    deadline = time.monotonic() + 120
+    try:
+        while "selection" not in ledger_types(tmp_path / "out"):
+            assert time.monotonic() < deadline, "the run never selected its checks"
+            time.sleep(0.1)  # nohup left the terminal: nothing is written to it
+    finally:
+        os.close(terminal)  # the terminal hangs up while the checks run
+    status = exit_status(pid, within_s=240)
+    said = (tmp_path / "nohup.out").read_text()
+    assert status == 0, said[-3000:]
+    results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
+    assert results["run"]["interrupted"] is False and results["verdict"]["status"] == "CERTIFIED"
+    assert "verdict: CERTIFIED" in said
+
+
 def exit_status(pid: int, *, within_s: float) -> Optional[int]:
     """The exit code of child `pid` (negative: killed by that signal); None, killing it, if it
     runs on past within_s."""
