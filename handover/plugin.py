@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -112,7 +112,7 @@ def add_soak_options(group) -> None:
 def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
     """--soak-stop ends a soak and pytest with it; a soak to attach to becomes the run resumed."""
     option = config.option
-    if option.inventory:
+    if option.inventory and not option.help:
         refused = refused_option(option)
         if refused:
             raise pytest.UsageError(refused)
@@ -158,6 +158,8 @@ REFUSED_OPTIONS = (
     ("stepwise", "--sw/--stepwise", "an acceptance run keeps no pytest cache",
      "-x stops at the first failure, --resume RUN_DIR goes on from there"),
     ("stepwise_skip", "--sw-skip/--stepwise-skip", "an acceptance run keeps no pytest cache",
+     "--resume RUN_DIR goes on where a run stopped"),
+    ("stepwise_reset", "--sw-reset/--stepwise-reset", "an acceptance run keeps no pytest cache",
      "--resume RUN_DIR goes on where a run stopped"),
     ("cacheshow", "--cache-show", "an acceptance run keeps no pytest cache; its run directory is its record",
      "handover report RUN_DIR shows a run"),
@@ -292,7 +294,7 @@ def pytest_configure(config: pytest.Config) -> None:
     inventory = config.getoption("--inventory")
     if not inventory or config.option.help or config.option.markers:  # pytest's help needs no session
         return
-    foreign = foreign_configuration(config, Path(inventory))
+    foreign = foreign_configuration(config)
     if foreign:
         raise pytest.UsageError(foreign)
     if config.args_source != pytest.Config.ArgsSource.ARGS:
@@ -313,33 +315,34 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SessionHooks(session), "handover-session")
     interruption = Interruption()
     config.pluginmanager.register(interruption, Interruption.name)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(signum) != signal.SIG_IGN:  # nohup's SIGHUP, a background job's SIGINT stay ignored
-            signal.signal(signum, interruption.on_signal)
+    interruption.handle((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 
 
-def foreign_configuration(config: pytest.Config, inventory: Path) -> Optional[str]:
-    """pytest looks for its configuration file from the paths on the command line, the
-    inventory's among them: an ini file of the operator's tree that holds the inventory (their
-    own tests' pytest.ini) would set this run's addopts, python_files or testpaths, though it is
-    not where they run pytest. Said, unless they run it there."""
+def foreign_configuration(config: pytest.Config) -> Optional[str]:
+    """pytest looks for its configuration file from the paths on its command line, and the values
+    of --inventory, --out or --sign-key written with a space are such paths: an ini file of the
+    operator's tree that holds one of them (their own tests' pytest.ini) would set this run's
+    addopts, python_files or testpaths, though pytest does not run there. Said, unless pytest runs
+    in that tree, -c named the file, or it is a handover checkout's own."""
     ini = config.inipath
-    if ini is None or ini == SUITES_DIR.parent / "pyproject.toml":
+    if ini is None or config.option.inifilename or (ini.parent / "handover" / "plugin.py").is_file():
         return None
-    tree = ini.parent
-    if not inventory.resolve().is_relative_to(tree) or config.invocation_params.dir.resolve().is_relative_to(tree):
+    tree, here = ini.parent, config.invocation_params.dir
+    if here.is_relative_to(tree) or here.resolve().is_relative_to(tree.resolve()):
         return None
-    return (f"pytest read its configuration from {ini}, found from the inventory's directory rather than "
-            f"where you run it: its settings would change this acceptance run. Run pytest in {tree} to mean "
-            f"them, or give the inventory as --inventory={inventory} (pytest then looks from here)")
+    return (f"pytest read its configuration from {ini}, found from a path on the command line (the "
+            f"inventory's, --out's) rather than where you run it: its settings would change this acceptance "
+            f"run. Run pytest in {tree} to mean them, or write those options with = (--inventory=FILE, "
+            "--out=DIR), which pytest does not take for paths")
 
 
 def suites_path(arg: str, here: Path) -> str:
     """A test path as the README writes it (suites/test_network.py::test_iperf3) names the
     installed suites when it names nothing here."""
     path, _, rest = arg.partition("::")
-    if path.startswith(f"{SUITES_DIR.name}/") and not (here / path).exists():
-        installed = SUITES_DIR.parent / path
+    named = os.path.normpath(path)
+    if (named == SUITES_DIR.name or named.startswith(f"{SUITES_DIR.name}/")) and not (here / path).exists():
+        installed = SUITES_DIR.parent / named
         if installed.exists():
             return str(installed) + (f"::{rest}" if rest else "")
     return arg
@@ -380,10 +383,23 @@ class Interruption:
         self.signum: Optional[int] = None
         self._next_hook = sys.unraisablehook
         self._terminals = terminal_devices()
+        self._previous: dict[int, Any] = {}  # the handlers the run took over, given back at its end
+
+    def handle(self, signals: tuple[signal.Signals, ...]) -> None:
+        """Take these signals for the run; one ignored when it starts (nohup's SIGHUP, a
+        background job's SIGINT) stays ignored. pytest_unconfigure gives them back."""
+        for signum in signals:
+            previous = signal.getsignal(signum)
+            if previous != signal.SIG_IGN:
+                self._previous[signum] = previous
+                signal.signal(signum, self.on_signal)
 
     def on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if signum == signal.SIGHUP:
-            detach_from(self._terminals)
+            try:
+                detach_from(self._terminals)
+            except OSError:  # no descriptor left to open /dev/null with: the run ends all the same
+                pass
         self.signum = signum
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -396,6 +412,8 @@ class Interruption:
     def pytest_unconfigure(self) -> None:
         if sys.unraisablehook == self._on_unraisable:
             sys.unraisablehook = self._next_hook
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
     def _on_unraisable(self, unraisable: "sys.UnraisableHookArgs") -> None:
         if self.signum is None or not isinstance(unraisable.exc_value, KeyboardInterrupt):

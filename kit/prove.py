@@ -221,7 +221,8 @@ def run_pytest(command: list[str], cwd: Path, env: dict, budget: Budget) -> int:
     """pytest's exit status (128 + the signal that ended it). Still running at the budget's
     `pytest_by`, it gets SIGTERM, which the harness treats as Ctrl-C: it kills the work on the
     node and writes the run as interrupted, its report rendered and signed; TERM_GRACE_S later,
-    SIGKILL, to its whole session. It runs in a session of its own, so prove.py relays the
+    SIGKILL, to its process group (the harness's leases end what it started on the node, as
+    they do when a harness is killed). It runs in a session of its own, so prove.py relays the
     signals it gets itself (a Ctrl-C at the terminal) to it."""
     child = subprocess.Popen(command, cwd=cwd, env=env, start_new_session=True)
 
@@ -229,7 +230,8 @@ def run_pytest(command: list[str], cwd: Path, env: dict, budget: Budget) -> int:
         child.send_signal(signum)
 
     relayed = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {signum: signal.signal(signum, relay) for signum in relayed}
+    previous = {signum: signal.signal(signum, relay) for signum in relayed
+                if signal.getsignal(signum) != signal.SIG_IGN}  # nohup's SIGHUP stays ignored
     try:
         try:
             status = child.wait(timeout=budget.left(budget.pytest_by))

@@ -594,17 +594,27 @@ def _exec_within(channel: paramiko.Channel, command: str, timeout: float) -> Non
     """channel.exec_command, which waits for the node's answer without bound: the watchdog starts
     before the heartbeat that would find a node's sshd stalled (stopped, or stuck in a fork), so
     the channel is closed after `timeout`, as a connect that takes too long."""
-    expired = threading.Timer(timeout, channel.close)
+    fired = threading.Event()  # set before the close wakes exec_command: it tells why it ended
+
+    def expire() -> None:
+        fired.set()
+        try:
+            channel.close()
+        except Exception:  # the connection went first: nothing left to close
+            pass
+
+    expired = threading.Timer(timeout, expire)
     expired.daemon = True
     expired.start()
     try:
         channel.exec_command(command)
     except paramiko.SSHException:
-        if expired.finished.is_set():
-            raise TimeoutError(f"the node did not start the watchdog within {timeout:g} s") from None
-        raise
+        if not fired.is_set():
+            raise
     finally:
         expired.cancel()
+    if fired.is_set():  # also where the answer came as the channel was closed: it is closed now
+        raise TimeoutError(f"the node did not start the watchdog within {timeout:g} s")
 
 
 @dataclass(frozen=True)

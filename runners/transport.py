@@ -38,10 +38,13 @@ LEASE_VARIABLE = "HANDOVER_LEASE"
 KILL_GRACE_S = 5  # TERM first, KILL this much later
 LEASE_END_S = KILL_GRACE_S + 2  # how long closing a connection waits for its watchdog's cleanup
 HARNESS_GRACE_S = KILL_GRACE_S + 10  # how long the harness waits beyond the node-side timeout
-# A kill's own bound on the node: its TERM grace and the removal of temporary directories, with
-# room to spare. Reading /proc/PID/environ waits for that process's memory map, so a process
-# stuck on a hung NFS mount can hold the kill with it; `timeout` ends the kill instead.
-KILL_BOUND_S = KILL_GRACE_S * 3
+# Reading /proc/PID/environ waits for that process's memory map, so a process stuck on a hung
+# NFS mount can hold a kill with it: each read has PROC_READ_S, and the whole kill KILL_BOUND_S
+# on the node (its TERM grace and its scans of /proc on a busy node take seconds, not a minute).
+# The harness waits KILL_WAIT_S for it (and HARNESS_GRACE_S), then goes on.
+PROC_READ_S = 5
+KILL_BOUND_S = 60
+KILL_WAIT_S = 15
 HEARTBEAT_S = 3  # the harness sends a heartbeat this often
 NODE_PATIENCE_S = 12  # the lease kills its work after this long without one (a few misses)
 # A command that needs a temporary directory names it OWN_TEMP_PREFIX + its lease (or its tag,
@@ -60,8 +63,10 @@ log = logging.getLogger("handover.transport")
 # of its own) and, for a watchdog, its session's TMPDIR ($session_tmpdir): a command that died by
 # itself (KILLed by its own timeout) leaves no process to learn it from.
 _KILL_TAGGED = r"""
-tagged() { grep -lsxz "$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
-tmpdirs() { for pid in $1; do tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n 's/^TMPDIR=//p'; done; }
+tagged() { timeout %d grep -lsxz "$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
+tmpdirs() {
+  for pid in $1; do timeout %d tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n 's/^TMPDIR=//p'; done
+}
 kill_tagged() {
   pids=$(tagged "$1")
   dirs=$(tmpdirs "$pids")
@@ -77,7 +82,7 @@ kill_tagged() {
   done
   return 0
 }
-""" % (KILL_GRACE_S * 5, OWN_TEMP_PREFIX)
+""" % (PROC_READ_S, PROC_READ_S, KILL_GRACE_S * 5, OWN_TEMP_PREFIX)
 # $1: the tag's variable; $2: the TMPDIR of the session that started it, which sudo resets (_script_argv)
 _KILL_SCRIPT = _KILL_TAGGED + 'session_tmpdir="${2:-}"\nkill_tagged "$1"\n'
 # $1: seconds without a heartbeat before the work is killed (0: wait for the end of input only);
@@ -309,7 +314,7 @@ class Transport(ABC):
         if lease is None or not lease.standing:
             return
         try:
-            self._execute(lease, kill_argv(tag, root=root), display="kill", stdin=None, timeout=KILL_BOUND_S)
+            self._execute(lease, kill_argv(tag, root=root), display="kill", stdin=None, timeout=KILL_WAIT_S)
         except Exception:  # best effort: the node-side timeout still bounds the work
             pass
 

@@ -186,21 +186,29 @@ def test_pytests_help_needs_no_good_inventory(tmp_path, asked):
 
 
 def test_an_ini_file_beside_the_inventory_is_not_taken_for_this_runs(operator_tree, sign_key):
-    """pytest looks for its ini file from the paths on the command line, the inventory's too: the
-    operator's own pytest.ini above it (for their own tests) set this run's python_files and
-    addopts. It is said, unless pytest runs in that tree; --inventory=FILE does not make it a path."""
+    """pytest looks for its ini file from the paths on the command line, the inventory's and
+    --out's too: the operator's own pytest.ini above one (for their own tests) set this run's
+    python_files and addopts. It is said, unless pytest runs in that tree or -c names it;
+    --inventory=FILE does not make it a path."""
     ini = operator_tree["top"] / "etc" / "pytest.ini"
     ini.write_text("[pytest]\naddopts = -x\npython_files = check_*.py\n")
     values = {"inventory": operator_tree["inventory"], "out": operator_tree["out"], "sign_key": sign_key}
     refused = pytest_in(operator_tree["elsewhere"], *options("space", **values), "--collect-only", "-q")
     assert refused.returncode == 4, refused.stdout + refused.stderr
-    assert (f"pytest read its configuration from {ini}, found from the inventory's directory rather than "
-            "where you run it") in refused.stderr
-    assert f"give the inventory as --inventory={operator_tree['inventory']}" in refused.stderr
+    assert (f"pytest read its configuration from {ini}, found from a path on the command line (the "
+            "inventory's, --out's) rather than where you run it") in refused.stderr
+    assert "write those options with = (--inventory=FILE, --out=DIR)" in refused.stderr
     taken = pytest_in(operator_tree["elsewhere"], *options("equals", **values), "--collect-only", "-q", "-m", "system")
     assert taken.returncode == 0 and "tests collected" in taken.stdout, taken.stdout + taken.stderr
     theirs = pytest_in(ini.parent, *options("space", **values), "--collect-only", "-q")
     assert theirs.returncode == 5 and "no tests collected" in theirs.stdout, theirs.stdout + theirs.stderr
+    named = pytest_in(operator_tree["elsewhere"], *options("space", **values), "-c", str(ini), "--collect-only", "-q")
+    assert named.returncode == 5 and "no tests collected" in named.stdout, named.stdout + named.stderr
+    out_there = {**values, "inventory": operator_tree["top"] / "prod.yaml", "out": ini.parent / "runs"}
+    out_there["inventory"].write_text(operator_tree["inventory"].read_text())
+    out_there["out"].mkdir()
+    by_out = pytest_in(operator_tree["elsewhere"], *options("space", **out_there), "--collect-only", "-q")
+    assert by_out.returncode == 4 and f"pytest read its configuration from {ini}" in by_out.stderr, by_out.stderr
 
 
 def test_a_test_path_as_the_readme_writes_it_names_the_suites_from_anywhere(operator_tree, sign_key):

@@ -186,9 +186,9 @@ def test_the_lease_step_kills_once_when_told_end_and_for_a_while_when_its_input_
 
 def test_lease_kill_finds_the_leases_processes():
     argv = lease_kill_argv("abc123", root=False)
-    assert argv[:6] == ["timeout", "-k", "5", "15", "sh", "-c"] and argv[-1] == "HANDOVER_LEASE=abc123"
+    assert argv[:6] == ["timeout", "-k", "5", "60", "sh", "-c"] and argv[-1] == "HANDOVER_LEASE=abc123"
     as_root = lease_kill_argv("abc123", root=True)
-    assert as_root[2].startswith("exec sudo -n timeout -k 5 15 sh -c") and as_root[-1] == "HANDOVER_LEASE=abc123"
+    assert as_root[2].startswith("exec sudo -n timeout -k 5 60 sh -c") and as_root[-1] == "HANDOVER_LEASE=abc123"
 
 
 def write_inventory(tmp_path: Path, launch: str, transport: str = "slurm") -> Path:

@@ -119,19 +119,24 @@ def test_kill_running_reaches_processes_that_left_the_process_group(transport):
     assert wait_for_no_leftovers(marker) == []
 
 
-def test_a_kill_that_hangs_on_the_node_ends_at_its_bound_and_what_it_started_goes_too(tmp_path):
+def test_a_kill_whose_proc_reads_hang_still_cleans_up_and_ends_within_its_bound(tmp_path):
     """A kill reads /proc/PID/environ, which waits for that process's memory map: a process stuck on
-    a hung NFS mount holds the kill's grep there, and a kill the harness gave up on stayed on the
-    node for good. The made-up part: `grep` here is a program that hangs."""
+    a hung NFS mount held the kill's grep there, and a kill the harness gave up on stayed on the
+    node for good. Each read has its own bound, so the kill goes on to remove what the tag left;
+    the whole kill has one too. The made-up part: `grep` here is a program that hangs."""
     marker = unique_sleep()
     hanging = tmp_path / "bin"
     hanging.mkdir()
     (hanging / "grep").write_text(f"#!/bin/sh\nexec {marker}\n")
     (hanging / "grep").chmod(0o755)
-    path = f"{hanging}:{os.environ['PATH']}"
-    done = subprocess.run(kill_argv("0123abcd", root=False, bound_s=1), env={**os.environ, "PATH": path},
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 124, done  # GNU timeout's: the bound ended it
+    env = {**os.environ, "PATH": f"{hanging}:{os.environ['PATH']}"}
+    left = Path(tempfile.gettempdir()) / f"{OWN_TEMP_PREFIX}0123abcd-left"
+    left.mkdir()
+    done = subprocess.run(kill_argv("0123abcd", root=False), env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and not left.exists(), done
+    bounded = subprocess.run(kill_argv("0123abcd", root=False, bound_s=1), env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert bounded.returncode == 124, bounded  # GNU timeout's: the kill's own bound ended it
     assert wait_for_no_leftovers(marker) == []
 
 
