@@ -143,30 +143,29 @@ def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
 # pytest's options that an acceptance run cannot honour: (option's dest, as typed, why, what instead).
 # The cache's and stepwise's options still parse once the run has turned the cache off, and
 # would be dropped in silence; the others would each start runs, or run the checks' steps.
+NO_CACHE = "an acceptance run keeps no pytest cache"
+NO_CACHE_RECORD = f"{NO_CACHE}; its run directory is its record"
+WORKERS = "pytest-xdist's workers would be runs that refuse each other's nodes"
+RETEST = "--retest RUN_DIR runs again what RUN_DIR failed or has no result for"
+RESUME = "--resume RUN_DIR goes on where a run stopped"
+COLLECT = "--collect-only lists the checks without touching a node"
 REFUSED_OPTIONS = (
-    ("numprocesses", "-n/--numprocesses", "an acceptance run already runs every node's checks at once; "
-     "pytest-xdist's workers would be runs that refuse each other's nodes", "run without -n"),
-    ("tx", "--tx", "pytest-xdist's workers would be runs that refuse each other's nodes", "run without it"),
-    ("dist", "--dist", "pytest-xdist's workers would be runs that refuse each other's nodes", "run without it"),
+    ("numprocesses", "-n/--numprocesses", f"an acceptance run already runs every node's checks at once; {WORKERS}",
+     "run without -n"),
+    ("tx", "--tx", WORKERS, "run without it"),
+    ("dist", "--dist", WORKERS, "run without it"),
     ("looponfail", "-f/--looponfail", "each loop would be a run of its own, on nodes the last one holds",
      "--retest RUN_DIR runs again what a run failed, once it is repaired"),
-    ("lf", "--lf/--last-failed", "an acceptance run keeps no pytest cache; its run directory is its record",
-     "--retest RUN_DIR runs again what RUN_DIR failed or has no result for"),
-    ("failedfirst", "--ff/--failed-first", "an acceptance run keeps no pytest cache; its run directory is its "
-     "record", "--retest RUN_DIR runs again what RUN_DIR failed or has no result for"),
-    ("newfirst", "--nf/--new-first", "an acceptance run keeps no pytest cache", "run without it"),
-    ("stepwise", "--sw/--stepwise", "an acceptance run keeps no pytest cache",
-     "-x stops at the first failure, --resume RUN_DIR goes on from there"),
-    ("stepwise_skip", "--sw-skip/--stepwise-skip", "an acceptance run keeps no pytest cache",
-     "--resume RUN_DIR goes on where a run stopped"),
-    ("stepwise_reset", "--sw-reset/--stepwise-reset", "an acceptance run keeps no pytest cache",
-     "--resume RUN_DIR goes on where a run stopped"),
-    ("cacheshow", "--cache-show", "an acceptance run keeps no pytest cache; its run directory is its record",
-     "handover report RUN_DIR shows a run"),
+    ("lf", "--lf/--last-failed", NO_CACHE_RECORD, RETEST),
+    ("failedfirst", "--ff/--failed-first", NO_CACHE_RECORD, RETEST),
+    ("newfirst", "--nf/--new-first", NO_CACHE, "run without it"),
+    ("stepwise", "--sw/--stepwise", NO_CACHE, "-x stops at the first failure, --resume RUN_DIR goes on from there"),
+    ("stepwise_skip", "--sw-skip/--stepwise-skip", NO_CACHE, RESUME),
+    ("stepwise_reset", "--sw-reset/--stepwise-reset", NO_CACHE, RESUME),
+    ("cacheshow", "--cache-show", NO_CACHE_RECORD, "handover report RUN_DIR shows a run"),
     ("setuponly", "--setup-only", "the suites' fixtures are the checks' steps: they would run the tools on "
-     "the nodes", "--collect-only lists the checks without touching a node"),
-    ("setupplan", "--setup-plan", "it would start a run that runs none of its checks",
-     "--collect-only lists the checks without touching a node"),
+     "the nodes", COLLECT),
+    ("setupplan", "--setup-plan", "it would start a run that runs none of its checks", COLLECT),
 )
 
 

@@ -195,11 +195,15 @@ def short_command(argv: Sequence[str]) -> str:
 def wrap(argv: Sequence[str], *, tag: str, timeout: float, root: bool,
          env: Optional[Mapping[str, str]] = None, lease: Optional[str] = None) -> list[str]:
     """The argv the node actually runs: tagged, bounded by a node-side timeout, maybe via sudo."""
-    seconds = max(1, int(round(timeout)))
     tags = [f"{TAG_VARIABLE}={tag}"] + ([f"{LEASE_VARIABLE}={lease}"] if lease else [])
     assignments = tags + [f"{k}={v}" for k, v in (env or {}).items()]
-    wrapped = ["env", *assignments, "timeout", "-k", str(KILL_GRACE_S), str(seconds), *argv]
+    wrapped = ["env", *assignments, *bounded(timeout), *argv]
     return ["sudo", "-n", *wrapped] if root else wrapped
+
+
+def bounded(seconds: float) -> list[str]:
+    """GNU timeout's words for a node-side bound: TERM after `seconds`, KILL KILL_GRACE_S later."""
+    return ["timeout", "-k", str(KILL_GRACE_S), str(max(1, int(round(seconds))))]
 
 
 def kill_argv(tag: str, *, root: bool, bound_s: int = KILL_BOUND_S) -> list[str]:
@@ -219,7 +223,7 @@ def _script_argv(script: str, name: str, args: list[str], *, root: bool,
     resets TMPDIR: the session's own shell reads it first and passes it on after the args, where
     a command's leftovers may be. The bound goes inside sudo, so that it signals every process
     of the script's as root."""
-    bound = ["timeout", "-k", str(KILL_GRACE_S), str(bound_s)] if bound_s else []
+    bound = bounded(bound_s) if bound_s else []
     if not root:
         return [*bound, "sh", "-c", script, name, *args]
     positional = " ".join(f'"${{{index}}}"' for index in range(2, len(args) + 2))
