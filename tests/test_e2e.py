@@ -62,9 +62,12 @@ def ssh_keygen_verifies(run_dir: Path, name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def healthy_run(ns_cluster, sign_key, tmp_path_factory):
+    """The quick acceptance run on four healthy nodes, less its torch checks: those are most of its
+    time on two cores, and run on namespace nodes in tests/test_collectives.py (healthy) and
+    tests/test_training_suite.py (every training check, one node behind a slow link)."""
     tmp = tmp_path_factory.mktemp("healthy")
     inventory = ns_cluster.write_inventory(tmp / "cluster.yaml")
-    done = run_suites(inventory, tmp / "out", sign_key, "-m", "quick")
+    done = run_suites(inventory, tmp / "out", sign_key, "-m", "quick and not training")
     return done, run_dir_of(tmp / "out", "nscluster")
 
 
