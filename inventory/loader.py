@@ -783,6 +783,15 @@ def _jump(at: _At) -> str:
     return value
 
 
+def canonical_address(address: str) -> str:
+    """An IPv6 address in its one written form (fd00:77::2: lower case, zeros compressed), as ssh
+    writes it into known_hosts and the host key check looks it up; any other address as given."""
+    try:
+        return ipaddress.IPv6Address(address).compressed
+    except ValueError:
+        return address
+
+
 def _bracketed_ipv6(host: str) -> bool:
     """[2001:db8::1] as ssh -J writes an IPv6 address; [:::::] is not one."""
     try:
@@ -1307,13 +1316,13 @@ def load_inventory(path: Union[str, os.PathLike]) -> Cluster:
         nodes.append(
             Node(
                 name=entry.name,
-                address=entry.address or entry.name,
+                address=canonical_address(entry.address or entry.name),
                 transport=transport,
                 ssh=ssh,
                 python=settings["python"].value if "python" in settings else "python3",
                 sudo=settings["sudo"].value if "sudo" in settings else False,
                 groups=tuple(sorted(g.name for g in groups_of[entry.name])),
-                data_address=entry.data_address,
+                data_address=canonical_address(entry.data_address) if entry.data_address else None,
                 rack=settings["rack"].value if "rack" in settings else None,
                 leaf=settings["leaf"].value if "leaf" in settings else None,
                 source=entry.source,

@@ -20,7 +20,8 @@ A name holds a secret when one of its words (split at _ - .) ends in token, secr
 password, passwd, passphrase, apikey, credential(s), privatekey or authorization; or, in a name
 of several words, is key, pass, pw or pwd (API_KEY, MYSQL_PWD; not PWD, nor a bare key=value),
 or is auth as the last (NPM_CONFIG__AUTH, not SSH_AUTH_SOCK). So TOKENIZERS_PARALLELISM,
-tokens_per_s and iperf3's "cookie" stay.
+tokens_per_s and iperf3's "cookie" stay, and so do a host key and a public key (host-key, the
+kind of a check that failed at SSH's host key check, and public_key: what they hold is public).
 
 Pure text in, text out: lines, quotes and JSON validity are kept, a redacted value becomes
 [REDACTED], and redacting twice changes nothing more.
@@ -35,6 +36,7 @@ REDACTED = "[REDACTED]"
 _SECRET_ENDINGS = ("token", "secret", "secrets", "password", "passwd", "passphrase", "apikey",
                    "credential", "credentials", "privatekey", "authorization")
 _SECRET_WORDS = frozenset({"key", "pass", "pw", "pwd"})  # only as one word of several
+_PUBLIC_KEY_KINDS = frozenset({"host", "public", "pub"})  # a key after one of these is public: host-key
 _WORD_SPLIT = re.compile(r"[_.-]+")
 
 # Every shape below lies within one line, and every secret name holds one of these stems: only
@@ -77,6 +79,8 @@ def secret_name(name: str) -> bool:
     for position, word in enumerate(words):
         if word.endswith(_SECRET_ENDINGS):
             return True
+        if word == "key" and position and words[position - 1] in _PUBLIC_KEY_KINDS:
+            continue
         if len(words) > 1 and (word in _SECRET_WORDS or (word == "auth" and position == len(words) - 1)):
             return True
     return False

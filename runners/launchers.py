@@ -130,6 +130,10 @@ class MpirunLauncher(Launcher):
 
     def argv(self, hosts, ranks_per_node, command):
         self._check(hosts, ranks_per_node, command)
+        ipv6 = [host for host in hosts if ":" in host]
+        if ipv6:  # Open MPI reads a:b:2 as host a, and refuses [a:b]:2 as an illegal node name
+            raise LaunchError(f"mpirun's --host cannot name the IPv6 address {ipv6[0]}: give the nodes host "
+                              "names as their address (names the first node resolves), or launch with Slurm")
         argv = [self.program, "-np", str(len(hosts) * ranks_per_node),
                 "--host", ",".join(f"{host}:{ranks_per_node}" for host in hosts),
                 "--map-by", f"ppr:{ranks_per_node}:node"]

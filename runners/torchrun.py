@@ -87,14 +87,25 @@ class TorchrunLauncher(Launcher):
     name = "torchrun"
     starts_on = "every"
 
-    def argv(self, hosts: Sequence[str], ranks_per_node: int, command: Sequence[str]) -> list[str]:
+    def argv(self, hosts: Sequence[str], ranks_per_node: int, command: Sequence[str], *,
+             on: Optional[str] = None) -> list[str]:
+        """`on`: the host (one of hosts) this argv runs on. It then hosts the rendezvous store
+        exactly when it is the first (is_host) and gives its own address for rank 0's
+        (--local-addr, torch 2.0 and later): torch would otherwise guess both from the machine's
+        hostname, which Debian and cloud-init resolve to 127.0.1.1."""
         self._check(hosts, ranks_per_node, command)
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.rdzv_id):
             raise LaunchError(f"rendezvous id {self.rdzv_id!r}: letters, digits, '_', '.', '-' only")
+        if on is not None and on not in hosts:
+            raise LaunchError(f"{on} is not one of the hosts: {', '.join(hosts)}")
+        conf, local = f"join_timeout={self.join_timeout_s}", []
+        if on is not None:
+            conf += ",is_host=" + ("true" if on == hosts[0] else "false")
+            local = ["--local-addr", on]
         return [self.python, "-c", OWN_LOG_DIR_SCRIPT,
                 "--nnodes", str(len(hosts)), "--nproc-per-node", str(ranks_per_node),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{_endpoint_host(hosts[0])}:{self.port}",
-                "--rdzv-id", self.rdzv_id, "--rdzv-conf", f"join_timeout={self.join_timeout_s}",
+                "--rdzv-id", self.rdzv_id, "--rdzv-conf", conf, *local,
                 "--max-restarts", "0", "--no-python", *command]
 
 
@@ -121,18 +132,18 @@ class Launch:
         return self.first_failure is None and not self.leftovers
 
 
-def launch_every(transports: Mapping[str, Transport], argv: Sequence[str], *, timeout: float,
+def launch_every(transports: Mapping[str, Transport], argv: Mapping[str, Sequence[str]], *, timeout: float,
                  marker: str, env: Optional[Mapping[str, Mapping[str, str]]] = None) -> Launch:
-    """Run the same argv on every node at once; one failure kills the launches everywhere.
+    """Run each node's argv on every node at once; one failure kills the launches everywhere.
 
     After the first failure the other launches get PEER_FAILURE_GRACE_S to end by themselves:
     the node whose rank died is often not the first to report, and its torchrun's summary is
     what names the rank. Whatever still runs after that is killed.
 
-    `marker` must appear in argv (the rendezvous id does): it finds the run's processes on each
-    node afterwards. `env` gives per-node environment variables.
+    `marker` must appear in each argv (the rendezvous id does): it finds the run's processes on
+    each node afterwards. `env` gives per-node environment variables.
     """
-    if marker not in " ".join(argv):
+    if any(marker not in " ".join(argv[node]) for node in transports):
         raise LaunchError(f"marker {marker!r} is not in the argv, so leftovers could not be found")
     results: dict[str, Result] = {}
     failed = threading.Event()
@@ -140,7 +151,7 @@ def launch_every(transports: Mapping[str, Transport], argv: Sequence[str], *, ti
     order: list[str] = []
 
     def work(node: str, transport: Transport) -> None:
-        result = transport.run(argv, timeout=timeout, env=dict((env or {}).get(node, {})))
+        result = transport.run(argv[node], timeout=timeout, env=dict((env or {}).get(node, {})))
         with lock:
             results[node] = result
             order.append(node)
@@ -296,7 +307,8 @@ def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str]
                                 join_timeout_s=join_timeout_s)
     env = socket_env(detect_interfaces(transports, addresses) if not socket_ifname
                      else {node: None for node in nodes}, socket_ifname)
-    argv = launcher.argv([addresses[node] for node in nodes], ranks_per_node, command_of(marker))
+    hosts, command = [addresses[node] for node in nodes], command_of(marker)
+    argv = {node: launcher.argv(hosts, ranks_per_node, command, on=addresses[node]) for node in nodes}
     if uses_srun(first.launch):
         assert first.launch is not None
         return srun_across(transports, argv, settings=first.launch, marker=marker, timeout=timeout,
@@ -304,7 +316,7 @@ def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str]
     return launch_every(transports, argv, timeout=timeout, marker=marker, env=env)
 
 
-def srun_across(transports: Mapping[str, Transport], torchrun_argv: Sequence[str], *,
+def srun_across(transports: Mapping[str, Transport], torchrun_argv: Mapping[str, Sequence[str]], *,
                 settings: LaunchSettings, marker: str, timeout: float,
                 env: Optional[Mapping[str, str]] = None) -> Launch:
     """torchrun on every node as one srun step (one task per node, torchrun starts the ranks),
@@ -315,20 +327,20 @@ def srun_across(transports: Mapping[str, Transport], torchrun_argv: Sequence[str
     killed where it hung, its log directory) is removed."""
     nodes = list(transports)
     tag = new_tag()  # no lease watches the step's tasks: the tag finds what they leave behind
-    command = wrap(torchrun_argv, tag=tag, timeout=timeout, root=False, env=env)
+    commands = {node: wrap(torchrun_argv[node], tag=tag, timeout=timeout, root=False, env=env) for node in nodes}
     python = transports[nodes[0]].node.python
     launcher = SrunLauncher(settings=settings, job_name=marker, time_min=minutes_for(timeout),
                             options=("--input=all",))
     argv = launcher.argv(nodes, 1, [python, "-c", DISPATCH])
-    batch = json.dumps({"inputs": [], "nodes": {node: {"argv": command, "stdin": None} for node in nodes}})
+    batch = json.dumps({"inputs": [], "nodes": {node: {"argv": commands[node], "stdin": None} for node in nodes}})
     step = run_here(argv, name=marker, timeout=timeout, node=nodes[0], stdin=batch)
     frames: dict[str, Frames] = {}
     for line in step.stdout.splitlines():
         read_frame(line, frames)
     failed = parse_launch_failures(step.stderr)
-    shown = shlex.join(argv[:argv.index("-c") + 1] + ["<dispatcher>", *command])
     results = {}
     for node in nodes:
+        shown = shlex.join(argv[:argv.index("-c") + 1] + ["<dispatcher>", *commands[node]])
         found = frames.get(node, Frames())
         if found.end is not None:
             code, duration = found.end

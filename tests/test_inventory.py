@@ -119,6 +119,21 @@ def test_full_ssh_block(tmp_path, key):
     assert (node.python, node.sudo) == ("/usr/bin/python3.11", True)
 
 
+def test_an_ipv6_address_is_kept_in_the_form_known_hosts_holds(tmp_path):
+    """ssh writes an IPv6 address compressed and in lower case into known_hosts, and the host key
+    check looks the node up by its address: FD00:77:0:0::2 would not be found there."""
+    path = write(tmp_path, """
+        cluster: demo
+        profile: cpu-only
+        nodes:
+          - {name: gpu001, address: "FD00:77:0:0::2", data_address: "fd00:0078:0000::0002"}
+          - {name: gpu002, address: 10.0.0.2}
+        """)
+    cluster = load_inventory(path)
+    assert (cluster.node("gpu001").address, cluster.node("gpu001").data_address) == ("fd00:77::2", "fd00:78::2")
+    assert (cluster.node("gpu002").address, cluster.node("gpu002").data_address) == ("10.0.0.2", None)
+
+
 def test_precedence_cluster_then_group_then_node(tmp_path, key):
     path = write(tmp_path, f"""
         cluster: demo

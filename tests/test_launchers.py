@@ -68,6 +68,13 @@ def test_mpirun_refuses_launches_it_cannot_render(hosts, ranks, command, message
         MpirunLauncher().argv(hosts, ranks, command)
 
 
+def test_an_ipv6_address_mpirun_cannot_take_is_refused_with_what_to_do():
+    """Open MPI 4.1.4 here: `--host fd00:77::1:2` has ssh resolve `fd00`, `--host [fd00:77::1]:2`
+    is "illegal character in the following node name"."""
+    with pytest.raises(LaunchError, match=r"cannot name the IPv6 address fd00:77::2: give the nodes host names"):
+        MpirunLauncher().argv(["10.0.0.1", "fd00:77::2"], 1, ["x"])
+
+
 def test_a_path_mpirun_would_split_is_refused():
     with pytest.raises(LaunchError, match="whitespace"):
         MpirunLauncher(ssh=SshSettings(identity_file="/my keys/id")).argv(["a"], 1, ["x"])

@@ -146,6 +146,9 @@ def test_command_lines_the_harness_builds_are_redacted_word_by_word():
     ("NCCL_IB_HCA=mlx5_0,mlx5_1", "NCCL_IB_HCA=mlx5_0,mlx5_1"),
     ("ssh://root@node1:22", "ssh://root@node1:22"),
     ("HF_TOKEN=", "HF_TOKEN="),
+    # the harness's own reason for a node whose host key is not known (kind host-key)
+    ("host-key: Server '10.77.237.1' not found in known_hosts",
+     "host-key: Server '10.77.237.1' not found in known_hosts"),
 ], ids=lambda value: value[:24])
 def test_made_up_lines_of_each_shape(line, expected):
     assert redact(line) == expected
@@ -165,7 +168,8 @@ def test_names_that_hold_secrets(name):
 
 @pytest.mark.parametrize("name", ["PWD", "OLDPWD", "SSH_AUTH_SOCK", "TOKENIZERS_PARALLELISM", "MAX_TOKENS",
                                   "tokens_per_s", "train_tokens_per_s", "cookie", "key", "KEYBOARD", "BYPASS",
-                                  "NCCL_DEBUG", "NCCL_IB_HCA", "HPL_N", "CUDA_VISIBLE_DEVICES", "PASSES"])
+                                  "NCCL_DEBUG", "NCCL_IB_HCA", "HPL_N", "CUDA_VISIBLE_DEVICES", "PASSES",
+                                  "host-key", "HOST_KEY", "public_key", "ssh_pub_key"])
 def test_names_that_do_not(name):
     assert not secret_name(name)
     assert redact(f"{name}=kept") == f"{name}=kept"

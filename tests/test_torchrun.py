@@ -34,6 +34,18 @@ def test_argv_has_the_c10d_rendezvous_on_the_first_host():
     assert launcher.starts_on == "every" and launcher.name == "torchrun"
 
 
+def test_each_nodes_argv_says_whether_it_hosts_the_store_and_its_own_address():
+    launcher = TorchrunLauncher(rdzv_id="handover-run-abc123", port=29500)
+    hosts = ["10.0.0.1", "10.0.0.2"]
+    first, second = (launcher.argv(hosts, 8, ["x"], on=host) for host in hosts)
+    assert first[first.index("--rdzv-conf") + 1:first.index("--max-restarts")] == [
+        "join_timeout=60,is_host=true", "--local-addr", "10.0.0.1"]
+    assert second[second.index("--rdzv-conf") + 1:second.index("--max-restarts")] == [
+        "join_timeout=60,is_host=false", "--local-addr", "10.0.0.2"]
+    with pytest.raises(LaunchError, match="10.0.0.3 is not one of the hosts: 10.0.0.1, 10.0.0.2"):
+        launcher.argv(hosts, 8, ["x"], on="10.0.0.3")
+
+
 def test_argv_brackets_ipv6_and_every_run_gets_its_own_id():
     argv = TorchrunLauncher(port=1).argv(["fe80::1"], 1, ["x"])
     assert argv[argv.index("--rdzv-endpoint") + 1] == "[fe80::1]:1"
@@ -125,6 +137,27 @@ def test_gloo_all_reduce_across_two_nodes_over_ssh(ns_cluster, tmp_path):
     assert largest.busbw == pytest.approx(largest.algbw)  # 2(n-1)/n = 1 for two ranks
     assert not processes(launch.marker)
     assert log_dirs(launch.marker) == []
+
+
+def test_nodes_whose_hostname_resolves_to_loopback_still_meet_at_the_first(ns_cluster_factory, tmp_path):
+    """Debian's installer and cloud-init write `127.0.1.1 <hostname>` into /etc/hosts: torch then
+    cannot tell from the hostname that the rendezvous address is the first node's own (no node
+    would host the store), nor give the others an address for rank 0 but its hostname. Each node
+    is told both (is_host, --local-addr), and the all-reduce runs."""
+    nodes = ns_cluster_factory(2)
+    with open(nodes.workdir / "hosts", "w") as hosts:  # in place: each node's /etc/hosts is bound to it
+        hosts.write("127.0.0.1\tlocalhost\n127.0.1.1\tnode1 node2\n")
+    cluster = ns_inventory(nodes, tmp_path / "cluster.yaml")
+    transports = transports_of(cluster)
+    try:
+        launch = collectives.run_across(transports, {n.name: n.address for n in cluster.nodes}, 1,
+                                        timeout=90, join_timeout_s=30)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    assert launch.ok, {node: r.explain() + r.stderr[-1500:] for node, r in launch.results.items()}
+    report, _ = collectives.report_of(launch)
+    assert report is not None and report.ok and report.ranks == 2 and sorted(report.hosts) == ["node1", "node2"]
 
 
 def test_two_ranks_on_one_node_over_ssh(ns_cluster, tmp_path):
