@@ -131,9 +131,16 @@ class Result:
         if self.timed_out:
             return f"{self.node}: `{self.command}` timed out after {self.duration_s:.0f} s"
         if self.exit_code != 0:
-            last = (self.stderr.strip().splitlines() or [""])[-1]
-            return f"{self.node}: `{self.command}` exited {self.exit_code}: {last}"
+            return f"{self.node}: `{self.command}` exited {self.exit_code}: {last_word(self.stderr)}"
         return f"{self.node}: ok"
+
+
+def last_word(stderr: str) -> str:
+    """The last line of a command's stderr that says something: the scratch payloads' note that
+    they removed their files (`handover-hpl: removed /scratch/...`) comes after the tool's error."""
+    lines = stderr.strip().splitlines()
+    said = [line for line in lines if not (line.startswith("handover-") and ": removed " in line)]
+    return (said or lines or [""])[-1]
 
 
 @dataclass(frozen=True)

@@ -203,6 +203,12 @@ def test_long_inline_input_stays_out_of_messages(tmp_path):
         assert missing.exit_code == 127
         assert missing.command == "handover-no-xhpl (HPL.dat inline, via hpl_scratch)"
         assert len(missing.explain()) < 200 and "PFACTs" not in missing.explain()
+        # The tool's error, not the payload's note that it removed its directory after it
+        failing = hpl.run_on_scratch(transport, str(tmp_path), scratch, "xhpl", hpl_input,
+                                     ["sh", "-c", "echo 'ssh: Could not resolve hostname fd00' >&2; exit 255"],
+                                     timeout=30)
+        assert failing.stderr.splitlines()[-1].startswith("handover-hpl: removed ")
+        assert failing.explain().endswith("` exited 255: ssh: Could not resolve hostname fd00"), failing.explain()
         assert json.dumps(dat) in missing.full_command
         assert payloads.load("hpl_scratch").name == "hpl_scratch"
     finally:
