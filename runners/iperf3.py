@@ -17,6 +17,9 @@ PAIR_SECONDS = 2  # how long each pair test sends
 CONNECT_TIMEOUT_S = 3
 REFUSED_RETRY_S = 5  # how long a client retries "connection refused" while the server starts
 REFUSED = "Connection refused"
+# iperf3's own node failing before any traffic: each stream's buffer is a file it makes in TMPDIR
+# (IECREATESTREAM), so a missing or full TMPDIR fails the pair whatever the link.
+OWN_NODE_ERROR = "unable to create a new stream"
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,9 @@ def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
         return None, f"{where}: {exc} (exit {result.exit_code})"
     if result.timed_out:  # killed by the limit: its own "error" (interrupt) is a consequence
         return report, f"{where}: iperf3 timed out after {result.duration_s:.0f} s"
+    if (report.error or "").startswith(OWN_NODE_ERROR):
+        return report, (f"{where}: iperf3 error on {run.client} itself: {report.error} (it makes each "
+                        f"stream's buffer file in {run.client}'s TMPDIR)")
     if report.error:
         return report, f"{where}: iperf3 error: {report.error}"
     if result.exit_code != 0:
@@ -140,11 +146,14 @@ class Iperf3Tool(PairTool):
 
         return measure
 
-    def outcome(self, run: RailRun) -> PairOutcome:
-        """Sane, and within the profile's band when it has one; the figure in Gb/s."""
+    def outcome(self, run: RailRun) -> Optional[PairOutcome]:
+        """Sane, and within the profile's band when it has one; the figure in Gb/s. None when the
+        client failed on its own node (OWN_NODE_ERROR): that says nothing about the link."""
         if isinstance(run, str):  # it could not start
             return PairOutcome(False)
         report, why = judge(run)
+        if report is not None and (report.error or "").startswith(OWN_NODE_ERROR):
+            return None
         if why or report is None:
             return PairOutcome(False)
         return PairOutcome(self._reference is None or self._reference.admits(report.gbps), report.gbps)

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from nodes import ns_inventory, wait_for_no_leftovers
 
+from inventory.loader import load_profile
 from inventory.model import Node
 from runners import iperf3, pairs
 from runners.parsing import ParseError
-from runners.transport import LocalTransport, make_transport
+from runners.transport import LocalTransport, Result, make_transport
 
 DATA = Path(__file__).parent / "data" / "iperf3"
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +56,24 @@ def test_connection_refused_exits_0_but_is_an_error():
 def test_server_address_in_use():
     report = parsed("local_iperf312_error_server_address_in_use.json")
     assert not report.ok and "Address already in use" in report.error and report.role == "unknown"
+
+
+def test_a_client_that_cannot_make_its_stream_fails_its_own_node_not_the_link():
+    """Real: a namespace node whose TMPDIR did not exist (iperf3 makes each stream's buffer file
+    there). The pair fails saying so, and says nothing of the link: no suspect cable."""
+    text = (DATA / "nsnode_iperf312_error_tmpdir_missing.json").read_text()
+    client = Result("node2", "iperf3 --client 10.77.48.1 ...", 1, text, "", 0.1)
+    run = pairs.PairRun("node1", "node2", 5301, client, None)
+    report, why = iperf3.judge(run)
+    assert report is not None and report.error == "unable to create a new stream: No such file or directory"
+    assert why == ("node2 -> node1:5301: iperf3 error on node2 itself: unable to create a new stream: No such "
+                   "file or directory (it makes each stream's buffer file in node2's TMPDIR)")
+    tool = iperf3.Iperf3Tool(load_profile("cpu-only"))
+    assert tool.outcome(run) is None
+    refused = parsed("local_iperf312_error_connection_refused.json")
+    assert refused.error and tool.outcome(pairs.PairRun("node1", "node2", 5301, Result(
+        "node2", "iperf3", 0, (DATA / "local_iperf312_error_connection_refused.json").read_text(), "", 0.1),
+        None)) == pairs.PairOutcome(False)
 
 
 @pytest.mark.parametrize("text", ["", "iperf3: error - unable to connect", "{not json", "[1, 2]",
