@@ -171,8 +171,13 @@ def _all_healthy(hcas: list[Hca]) -> bool:
 PARSERS = {"ibstat": parse_ibstat, "ibv_devinfo": parse_ibv_devinfo}
 
 
+# infiniband-diags installs ibstat in /usr/sbin, which a non-root user's PATH leaves out (Debian's
+# default, and sshd's): looked for there too, so that it is not taken for missing.
+WITH_SBIN = 'PATH="$PATH:/usr/sbin:/sbin" exec "$0" "$@"'
+
+
 def probe(transport: Transport) -> Result:
-    return transport.run(["ibstat"], timeout=PROBE_TIMEOUT_S)
+    return transport.run(["sh", "-c", WITH_SBIN, "ibstat"], timeout=PROBE_TIMEOUT_S, label="ibstat")
 
 
 def tool_missing(result: Result) -> bool:

@@ -102,6 +102,16 @@ def test_ibstat_without_a_device_prints_nothing_and_is_recognised_for_real():
     assert result.ok and ibstat.no_device(result) and not ibstat.tool_missing(result)
 
 
+@pytest.mark.skipif(shutil.which("ibstat") != "/usr/sbin/ibstat", reason="ibstat is not in /usr/sbin here")
+def test_ibstat_in_sbin_is_found_with_a_non_root_users_path(monkeypatch):
+    """sshd gives a non-root user PATH=/usr/local/bin:/usr/bin:/bin:/usr/games: ibstat, in
+    /usr/sbin, is still found, not reported as not installed."""
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/games")
+    result = ibstat.probe(LocalTransport(Node("localhost", "localhost", "local")))
+    assert result.ok and ibstat.no_device(result) and not ibstat.tool_missing(result), result.explain()
+    assert result.command == "ibstat"
+
+
 def test_a_missing_ibstat_is_told_apart_from_no_device():
     transport = LocalTransport(Node("localhost", "localhost", "local"))
     result = transport.run(["handover-no-such-tool-ibstat"], timeout=10)
