@@ -44,6 +44,11 @@ _connecting = threading.BoundedSemaphore(CONNECTS_AT_ONCE)
 CHANNEL_CHUNK = 64 * 1024  # bytes per read from or write to a command's channel
 SEND_POLL_S = 0.05  # how often stdin is retried while the node's window is full
 IDLE_POLL_S = 5.0  # how often an idle connection's paramiko thread wakes (AeadFirstTransport)
+# sshd runs a command through the user's login shell, and bash reads ~/.bashrc for it: a line
+# that prints ("Welcome to ...") comes before the command's own output, where it would break
+# every parser. Each command's stdout begins with this line; what comes before it is dropped.
+OUTPUT_BEGINS = "handover-output-begins"
+OUTPUT_PROLOGUE = f"printf '%s\\n' {OUTPUT_BEGINS}; exec "
 WATCHDOG_RESTARTS = 3  # a watchdog that keeps ending (sudo refusing it) is not started for ever
 
 log = logging.getLogger("handover.ssh")
@@ -563,7 +568,7 @@ class SshTransport(Transport):
         assert isinstance(lease, SshLease)
         started = time.monotonic()
         try:
-            ran = _run_on_channel(lease, shlex.join(command), (stdin or "").encode(),
+            ran = _run_on_channel(lease, OUTPUT_PROLOGUE + shlex.join(command), (stdin or "").encode(),
                                   open_timeout=self.node.ssh.connect_timeout,
                                   deadline=started + timeout + HARNESS_GRACE_S)
         except Exception as exc:
@@ -574,7 +579,7 @@ class SshTransport(Transport):
             return Result(self.node.name, display, None, "", "", duration, failure="error",
                           detail=f"{type(exc).__name__}: {exc}")
         duration = time.monotonic() - started
-        stdout, stderr = ran.stdout.decode(errors="replace"), ran.stderr.decode(errors="replace")
+        stdout, stderr = own_output(ran.stdout.decode(errors="replace")), ran.stderr.decode(errors="replace")
         if ran.timed_out:
             return Result(self.node.name, display, None, stdout, stderr, duration, timed_out=True)
         if ran.exit_code == -1 and lease.closed_within(1.0):  # no exit status: the channel died with the link
@@ -623,6 +628,13 @@ class _Ran:
     stdout: bytes
     stderr: bytes
     timed_out: bool
+
+
+def own_output(stdout: str) -> str:
+    """The command's own stdout: what follows the OUTPUT_BEGINS line (all of it where the line
+    never came: the session ended before the command started)."""
+    _, found, own = stdout.partition(OUTPUT_BEGINS + "\n")
+    return own if found else stdout
 
 
 def _run_on_channel(lease: "SshLease", command: str, stdin: bytes, *, open_timeout: float,

@@ -148,6 +148,21 @@ def test_stopped_node_fails_as_unreachable_and_the_others_pass(ns_cluster_factor
     assert ssh_keygen_verifies(run_dir, "report.html")
 
 
+def test_a_login_banner_on_stdout_is_not_taken_for_the_tools_output(ns_cluster_factory, sign_key, tmp_path):
+    """bash reads ~/.bashrc for an ssh command, and HPC sites' often greet from it: the banner
+    comes before every command's output (every payload's JSON failed to parse, 56 checks)."""
+    nodes = ns_cluster_factory(2)
+    with open(nodes.workdir / "empty", "w") as bashrc:  # in place: each node's root .bashrc is bound to it
+        bashrc.write('echo "Welcome to cluster X"\necho "Welcome to cluster X (stderr)" >&2\n')
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system")
+    assert done.returncode == 0, done.stdout[-3000:]
+    results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
+    assert results["verdict"]["status"] == "CERTIFIED"
+    memory = next(c for c in results["checks"] if (c["check"], c["node"]) == ("memory", "node2"))
+    assert memory["outcome"] == "passed" and memory["metrics"][0]["value"] > 0
+
+
 def test_a_fleet_that_cannot_be_reached_reads_as_one_reason_without_a_failures_section(sign_key, tmp_path):
     """65 nodes (a fleet) whose SSH port refuses, each at its own address: 975 failed checks.
     Their reasons differ only by name, address and clock time, so the verdict gives one; pytest's
