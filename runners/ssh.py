@@ -3,6 +3,7 @@ run on paramiko channels directly. Strict host keys by default, connect retries,
 timeouts, a heartbeat that finds a dead link within seconds, remote kill."""
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import select
@@ -12,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import paramiko
 from fabric import Config, Connection
@@ -48,7 +49,6 @@ IDLE_POLL_S = 5.0  # how often an idle connection's paramiko thread wakes (AeadF
 # that prints ("Welcome to ...") comes before the command's own output, where it would break
 # every parser. Each command's stdout begins with this line; what comes before it is dropped.
 OUTPUT_BEGINS = "handover-output-begins"
-OUTPUT_PROLOGUE = f"printf '%s\\n' {OUTPUT_BEGINS}; exec "
 WATCHDOG_RESTARTS = 3  # a watchdog that keeps ending (sudo refusing it) is not started for ever
 
 log = logging.getLogger("handover.ssh")
@@ -276,7 +276,7 @@ class SshLease(Lease):
     def _watch(self, transport: paramiko.Transport) -> None:
         """Start the node-side watchdog on its own channel, and the heartbeat that feeds it."""
         channel = transport.open_session(timeout=self._timeout)
-        _exec_within(channel, shlex.join(lease_argv(self.tag, patience_s=NODE_PATIENCE_S, root=self._root)),
+        _exec_within(channel, login_shell_line(lease_argv(self.tag, patience_s=NODE_PATIENCE_S, root=self._root)),
                      self._timeout)
         self._channel = channel
         threading.Thread(target=self._beat, args=(channel,), daemon=True,
@@ -568,7 +568,7 @@ class SshTransport(Transport):
         assert isinstance(lease, SshLease)
         started = time.monotonic()
         try:
-            ran = _run_on_channel(lease, OUTPUT_PROLOGUE + shlex.join(command), (stdin or "").encode(),
+            ran = _run_on_channel(lease, login_shell_line(command), (stdin or "").encode(),
                                   open_timeout=self.node.ssh.connect_timeout,
                                   deadline=started + timeout + HARNESS_GRACE_S)
         except Exception as exc:
@@ -628,6 +628,15 @@ class _Ran:
     stdout: bytes
     stderr: bytes
     timed_out: bool
+
+
+def login_shell_line(command: Sequence[str]) -> str:
+    """The line sshd hands the user's login shell: the OUTPUT_BEGINS line, then /bin/sh running
+    the command from a base64 word, so that only one fixed line of it meets the login shell. A
+    csh-family shell (tcsh) cannot parse a quoted newline, as the node-side scripts hold, and
+    expands `!` even inside single quotes; no shell does anything to a base64 word."""
+    encoded = base64.b64encode(f"exec {shlex.join(command)}".encode()).decode()
+    return f"""printf '%s\\n' {OUTPUT_BEGINS}; exec /bin/sh -c 'eval "$(printf %s {encoded} | base64 -d)"'"""
 
 
 def own_output(stdout: str) -> str:

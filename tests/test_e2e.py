@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,6 +163,24 @@ def test_a_login_banner_on_stdout_is_not_taken_for_the_tools_output(ns_cluster_f
     assert results["verdict"]["status"] == "CERTIFIED"
     memory = next(c for c in results["checks"] if (c["check"], c["node"]) == ("memory", "node2"))
     assert memory["outcome"] == "passed" and memory["metrics"][0]["value"] > 0
+
+
+@pytest.mark.skipif(shutil.which("tcsh") is None, reason="tcsh is not installed (make test's set-up installs it)")
+def test_a_csh_login_shell_runs_the_node_side_scripts(ns_cluster_factory, sign_key, tmp_path):
+    """sshd hands each command line to the user's login shell: tcsh could not parse the node-side
+    scripts (a quoted newline), so node locks and the watchdog were silently off and the run was
+    CERTIFIED all the same. root's shell is tcsh on both nodes (their own /etc/passwd)."""
+    nodes = ns_cluster_factory(2)
+    passwd = tmp_path / "passwd"
+    passwd.write_text(re.sub(r"^(root:.*:)[^:\n]*$", rf"\g<1>{shutil.which('tcsh')}",
+                             Path("/etc/passwd").read_text(), count=1, flags=re.M))
+    for node in nodes.nodes:  # into each sshd's own mount namespace, as its /etc/hosts
+        subprocess.run(["nsenter", "-t", str(node.sshd_pid), "-m", "mount", "--bind", str(passwd), "/etc/passwd"],
+                       check=True)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system")
+    assert done.returncode == 0 and "not locked" not in done.stdout, done.stdout[-3000:]
+    assert results_of(run_dir_of(tmp_path / "out", "nscluster"))["verdict"]["status"] == "CERTIFIED"
 
 
 def test_a_fleet_that_cannot_be_reached_reads_as_one_reason_without_a_failures_section(sign_key, tmp_path):
