@@ -94,6 +94,11 @@ def run_pair(server: Transport, client: Transport, server_address: str, port: in
         retry_while=lambda result: REFUSED in result.stdout, retry_s=REFUSED_RETRY_S)
 
 
+def failed_on_its_own_node(report: Iperf3Report) -> bool:
+    """The client failed before any traffic for a reason of its own node (OWN_NODE_ERROR)."""
+    return (report.error or "").startswith(OWN_NODE_ERROR)
+
+
 def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
     """(report, '') when the client measured; (report or None, why) when it did not.
 
@@ -112,7 +117,7 @@ def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
         return None, f"{where}: {exc} (exit {result.exit_code})"
     if result.timed_out:  # killed by the limit: its own "error" (interrupt) is a consequence
         return report, f"{where}: iperf3 timed out after {result.duration_s:.0f} s"
-    if (report.error or "").startswith(OWN_NODE_ERROR):
+    if failed_on_its_own_node(report):
         return report, (f"{where}: iperf3 error on {run.client} itself: {report.error} (it makes each "
                         f"stream's buffer file in {run.client}'s TMPDIR)")
     if report.error:
@@ -152,7 +157,7 @@ class Iperf3Tool(PairTool):
         if isinstance(run, str):  # it could not start
             return PairOutcome(False)
         report, why = judge(run)
-        if report is not None and (report.error or "").startswith(OWN_NODE_ERROR):
+        if report is not None and failed_on_its_own_node(report):
             return None
         if why or report is None:
             return PairOutcome(False)
