@@ -47,6 +47,7 @@ from runners.parsing import ParseError
 from runners.transport import (
     HARNESS_GRACE_S,
     LEASE_VARIABLE,
+    SYSTEM_DIRS,
     Lease,
     Result,
     Transport,
@@ -90,6 +91,9 @@ def frame(kind, data):
 # The node's command runs as it would over SSH: without the step's SLURM_* variables, which
 # would make an srun it starts (HPL's, nccl-tests') a step of this one-node step.
 env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+# and with the system directories appended to PATH, as transport.with_system_dirs does.
+path = [entry for entry in env.get("PATH", "").split(":") if entry]
+env["PATH"] = ":".join(path + [entry for entry in SYSTEM_DIRS if entry not in path])
 if job is not None:
     started = time.monotonic()
     given = job["stdin"]
@@ -106,7 +110,7 @@ if job is not None:
     sys.stdout.write("@hov %s end %d %.3f\n" % (me, code, time.monotonic() - started))
     sys.stdout.flush()
     sys.exit(code)
-""".replace("CHUNK", str(FRAME_CHUNK))
+""".replace("CHUNK", str(FRAME_CHUNK)).replace("SYSTEM_DIRS", repr(SYSTEM_DIRS))
 
 
 class SlurmError(Exception):

@@ -24,6 +24,7 @@ from runners.transport import (
     HEARTBEAT_S,
     LEASE_END_S,
     NODE_PATIENCE_S,
+    SYSTEM_DIRS,
     Lease,
     Result,
     Transport,
@@ -634,8 +635,11 @@ def login_shell_line(command: Sequence[str]) -> str:
     """The line sshd hands the user's login shell: the OUTPUT_BEGINS line, then /bin/sh running
     the command from a base64 word, so that only one fixed line of it meets the login shell. A
     csh-family shell (tcsh) cannot parse a quoted newline, as the node-side scripts hold, and
-    expands `!` even inside single quotes; no shell does anything to a base64 word."""
-    encoded = base64.b64encode(f"exec {shlex.join(command)}".encode()).decode()
+    expands `!` even inside single quotes; no shell does anything to a base64 word. The
+    command's PATH has the SYSTEM_DIRS appended."""
+    system_dirs = ":".join(SYSTEM_DIRS)
+    script = f'PATH="${{PATH:+$PATH:}}{system_dirs}"; export PATH; exec {shlex.join(command)}'
+    encoded = base64.b64encode(script.encode()).decode()
     return f"""printf '%s\\n' {OUTPUT_BEGINS}; exec /bin/sh -c 'eval "$(printf %s {encoded} | base64 -d)"'"""
 
 

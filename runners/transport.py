@@ -51,6 +51,10 @@ NODE_PATIENCE_S = 12  # the lease kills its work after this long without one (a 
 # where it has no lease) + "-", under TMPDIR: whatever kills the command removes it as well.
 OWN_TEMP_PREFIX = "handover-"
 LONG_WORD = 120  # longer argv words (inline input, scripts) show as their size in messages
+# Where distributions install system tools (ibstat, dmidecode; ip and lspci on RHEL), which a
+# non-root user's PATH leaves out (sshd's default, Debian's and RHEL's): every command runs with
+# them appended, so that such a tool is found rather than taken for missing.
+SYSTEM_DIRS = ("/usr/sbin", "/sbin")
 
 log = logging.getLogger("handover.transport")
 
@@ -206,6 +210,12 @@ def wrap(argv: Sequence[str], *, tag: str, timeout: float, root: bool,
     assignments = tags + [f"{k}={v}" for k, v in (env or {}).items()]
     wrapped = ["env", *assignments, *bounded(timeout), *argv]
     return ["sudo", "-n", *wrapped] if root else wrapped
+
+
+def with_system_dirs(path: str) -> str:
+    """PATH with the SYSTEM_DIRS it lacks appended: the user's own directories still come first."""
+    present = [entry for entry in path.split(":") if entry]
+    return ":".join(present + [entry for entry in SYSTEM_DIRS if entry not in present])
 
 
 def bounded(seconds: float) -> list[str]:
@@ -396,6 +406,7 @@ class LocalTransport(Transport):
             proc = subprocess.Popen(
                 command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                env={**os.environ, "PATH": with_system_dirs(os.environ.get("PATH", os.defpath))},
                 text=True, errors="replace")
         except OSError as exc:
             return Result(self.node.name, display, None, "", "", time.monotonic() - started,

@@ -158,6 +158,21 @@ def test_a_fan_out_past_its_deadline_cancels_the_step(slurm_nodes, tmp_path, mon
     assert nothing_left(slurm, 20) == ([], [])
 
 
+def test_a_step_runs_with_the_system_directories_on_its_path(slurm_nodes, tmp_path, monkeypatch):
+    """srun passes the harness's environment on: a non-root operator's PATH lacks /usr/sbin,
+    where ibstat and dmidecode live; the node's command has it appended, as over SSH."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/games")
+    cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
+    steps = SlurmSteps(cluster.launch)
+    transports: dict[str, Transport] = {n.name: SlurmTransport(n, steps) for n in cluster.nodes[:2]}
+    results = fan_out(transports, lambda t: t.run(["sh", "-c", 'printf %s "$PATH"'], timeout=60))
+    assert {name: r.stdout for name, r in results.items()} == {
+        name: "/usr/local/bin:/usr/bin:/bin:/usr/games:/usr/sbin:/sbin" for name in transports}, \
+        {name: r.explain() for name, r in results.items()}
+
+
 def harness_in_an_srun_step(slurm: SlurmCluster, path: Path, out: Path, key, **env: str) -> subprocess.Popen:
     """The harness running the per-node training check through the slurm transport, once one of
     its srun steps has tasks on the nodes; `env` beside Slurm's (an allocation it runs in)."""

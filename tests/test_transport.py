@@ -85,6 +85,31 @@ def test_the_programs_probe_looks_on_the_nodes_path(transport):
         system.parse_programs('{"programs": {}}')
 
 
+NON_ROOT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/games"  # sshd's and Debian's PATH for a non-root user
+
+
+@pytest.mark.parametrize("backend", ["local", "ssh"])
+def test_a_tool_in_sbin_is_found_with_a_non_root_users_path(backend, request, monkeypatch, tmp_path):
+    """ibstat and dmidecode (ip and lspci on RHEL) live in /usr/sbin, which a non-root user's
+    PATH leaves out: such a tool was taken for not installed. Here the node's PATH is that PATH
+    (its .bashrc sets it; locally, the harness's own); the user's directories still come first."""
+    if backend == "local":
+        monkeypatch.setenv("PATH", NON_ROOT_PATH)
+        node = Node("localhost", "localhost", "local", python=sys.executable)
+    else:
+        nodes = request.getfixturevalue("ns_cluster_factory")(1)
+        (nodes.workdir / "empty").write_text(f"PATH={NON_ROOT_PATH}\n")  # each node's root .bashrc
+        node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
+    transport = make_transport(node)
+    try:
+        path = transport.run(["sh", "-c", 'printf %s "$PATH"'], timeout=10)
+        assert path.stdout == NON_ROOT_PATH + ":/usr/sbin:/sbin", path.explain()
+        found = system.probe_programs(transport, ["sshd"])  # the nodes' sshd: /usr/sbin/sshd
+        assert system.parse_programs(found.stdout).paths["sshd"] == "/usr/sbin/sshd", found.explain()
+    finally:
+        transport.close()
+
+
 def test_environment_values_are_quoted(transport):
     result = transport.run(["sh", "-c", 'printf "%s" "$GREETING"'], timeout=10,
                            env={"GREETING": "it's $(id) ; x"})
