@@ -212,9 +212,6 @@ class AcceptanceSession:
         self.locks = NodeLocks(owner, {n.name: self.cluster_run.transport(n.name) for n in self.nodes})
         taken = self.locks.take(BUSY_WAIT_S if self.busy_nodes == "wait" else 0, soak_id=self._soak_attached())
         not_held = {node: lock.describe() for node, lock in taken.items() if lock.state != "held"}
-        self.append({"type": "locks", "busy_nodes": self.busy_nodes,
-                     "held": [node for node, lock in taken.items() if lock.state == "held"],
-                     "not_held": not_held})
         busy = [node for node, lock in taken.items() if lock.state == "busy"]
         if self.busy_nodes == "ignore":
             self.lock_notes = {node: f"{not_held[node]}; checked anyway (--busy-nodes ignore)" for node in busy}
@@ -223,6 +220,9 @@ class AcceptanceSession:
                                   f"({_after_busy(taken[node])})" for node in busy}
             self.cluster_run.nodes = [n for n in self.cluster_run.nodes if n.name not in self.refused]
         self.lock_notes.update((node, why) for node, why in not_held.items() if node not in busy)
+        self.append({"type": "locks", "busy_nodes": self.busy_nodes,
+                     "held": [node for node, lock in taken.items() if lock.state == "held"],
+                     "not_held": not_held, "refused": list(self.refused)})
 
     def _soak_attached(self) -> str:
         """The soak of the run directory this session resumes ('' for none): its load does not

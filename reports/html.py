@@ -32,7 +32,7 @@ from inventory.model import place_by
 from reports.bundle import CHECKSUMS_FILE, MANIFEST_FILES
 from reports.curves import CurveChart, build_curves, nice_ticks
 from reports.files import write_atomically
-from reports.hostlists import hostlist_of
+from reports.hostlists import counted, hostlist_of
 from reports.results import RESULTS_FILE
 from reports.retest import addendum_view
 from reports.soak_view import SoakTable, soak_table
@@ -464,6 +464,7 @@ class View:
     outliers: list[OutlierRow] = field(default_factory=list)
     addendum: Optional[dict] = None  # a re-test: the report it completes, original -> re-test per check
     expect_overrides: list[dict] = field(default_factory=list)  # the inventory's changes to profile.expect
+    unlocked: list[dict] = field(default_factory=list)  # [{nodes, reason}]: tested without their node lock
     node_reasons: int = NODE_REASONS
     fleet_nodes: int = FLEET_NODES
     fleet_worst: int = FLEET_WORST
@@ -540,6 +541,7 @@ def build_view(results: dict) -> View:
         outliers=_outlier_rows(standing_out, metrics),
         addendum=addendum_view(results, text, fleet=fleet),
         expect_overrides=_expect_overrides(run.get("expect_overrides") or []),
+        unlocked=_unlocked(run.get("unlocked") or [], fleet=fleet),
         search_example=("" if not layout.nodes else f"e.g. {layout.nodes[0]}" if len(layout.nodes) == 1
                         else f"e.g. {layout.nodes[-1]} or {hostlist_of(layout.nodes[:2])}"),
         node_data=_node_data(checks, layout, node_entries, node_warnings),
@@ -970,6 +972,15 @@ def _expect_overrides(overrides: list) -> list[dict]:
     return [{"key": text(o.get("key")), "profile_value": _fact(o.get("profile_value"), "not declared"),
              "value": _fact(o.get("value"), "not checked"), "reason": text(o.get("reason"))}
             for o in overrides if isinstance(o, dict)]
+
+
+def _unlocked(unlocked: list, fleet: bool) -> list[dict]:
+    """The nodes tested without their node lock, a row each; in a fleet, nodes whose reasons are
+    alike but for their own words share a row, named by hostlist."""
+    said = [(text(u.get("node")), text(u.get("reason"))) for u in unlocked if isinstance(u, dict)]
+    if not fleet:
+        return [{"nodes": node, "reason": reason} for node, reason in said]
+    return [{"nodes": counted(nodes), "reason": reason} for nodes, reason in alike(said)]
 
 
 def _fact(value, absent: str) -> str:

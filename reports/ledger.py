@@ -219,6 +219,7 @@ class RunRecord:
     checks: list[dict] = field(default_factory=list)
     tools: list[dict] = field(default_factory=list)
     selection: Optional[dict] = None  # nodes and test ids left after -k/-m/--nodes
+    locks: list[dict] = field(default_factory=list)  # each session's locks entry, in order
     end: Optional[dict] = None
     torn: Optional[TornLine] = None  # a last line cut short, ignored
 
@@ -272,6 +273,8 @@ def read_ledger(run_dir: Path) -> RunRecord:
             record.tools.append(entry)
         elif kind == "selection":
             record.selection = entry
+        elif kind == "locks":
+            record.locks.append(entry)
         elif kind == "end":
             record.end = entry
     record.checks = list(latest.values())

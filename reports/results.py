@@ -9,7 +9,8 @@ Keys (a public interface; add, never rename; reports/schemas/results.schema.json
     pair_low_fraction? (the profile's: a pair this far from the median of its peers is low),
     report_id, cluster_id, sign_off{engineer, customer},
     waivers[{check, nodes[], reason, owner, expires, waived}],
-    expect_overrides[{key, value, profile_value, reason}] (the inventory's changes to profile.expect)},
+    expect_overrides[{key, value, profile_value, reason}] (the inventory's changes to profile.expect),
+    unlocked[{node, reason}] (nodes tested without their node lock)},
     signer{fingerprint, public_key}?, verdict{status, reasons, cluster_checks?, waived, warnings[]?},
     nodes[{name, status, reasons}],
     checks[{test_id, check, area, depth[], node, outcome, kind, message, log_excerpt, duration_s,
@@ -85,6 +86,7 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
             "waivers": waivers_applied(header.get("waivers") or [], record.checks),
             "expect_overrides": [{key: override.get(key) for key in EXPECT_OVERRIDE_KEYS}
                                  for override in header.get("expect_overrides") or []],
+            "unlocked": unlocked_nodes(record),
         },
         "verdict": {"status": verdict.status, "reasons": verdict.reasons, "waived": verdict.waived},
         "nodes": [{**node, "source": (header.get("node_sources") or {}).get(node["name"]),
@@ -106,6 +108,21 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
     if signer:
         results["signer"] = signer
     return results, verdict
+
+
+def unlocked_nodes(record: RunRecord) -> list[dict]:
+    """The nodes a session of the run tested without holding their node lock (runners.node_lock),
+    each with why: another run or a soak could have loaded them meanwhile (--busy-nodes ignore
+    says so). Nodes refused as busy were not tested; locks entries that do not list the refused
+    (written before they did) cannot tell those apart and are left out."""
+    unlocked: dict[str, str] = {}
+    for entry in record.locks:
+        if "refused" not in entry:
+            continue
+        refused = set(entry["refused"])
+        unlocked.update((node, why) for node, why in (entry.get("not_held") or {}).items() if node not in refused)
+    selected = set(record.nodes)
+    return [{"node": node, "reason": why} for node, why in unlocked.items() if node in selected]
 
 
 def waivers_applied(waivers: list[dict], checks: list[dict]) -> list[dict]:

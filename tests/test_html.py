@@ -290,7 +290,8 @@ def test_untrusted_strings_are_escaped_everywhere():
                        argv=[evil], inventory={"path": evil, "sha256": evil},
                        harness={"version": evil, "commit": evil},
                        started=evil, finished=evil,
-                       tools=[{"node": evil, "tool": evil, "version": evil}])
+                       tools=[{"node": evil, "tool": evil, "version": evil}],
+                       unlocked=[{"node": evil, "reason": evil}])
     document["signer"] = {"fingerprint": evil, "public_key": f"ssh-ed25519 AAAA {evil}"}
     output = render_html(document)
     assert output.lower().count("<script") == 2  # the node search's data block and its code: ours
@@ -359,6 +360,21 @@ def test_interrupted_run_says_so():
     root = parse(render_html(document))
     assert "interrupted" in root.by_id("interrupted").text()
     assert "not finished (interrupted)" in root.by_id("top").text()
+
+
+def test_nodes_tested_without_their_lock_are_listed_alike_ones_together_in_a_fleet():
+    """A rack's nodes whose lock failed alike (but for name and address) share a row by hostlist
+    in a fleet; a node another run held keeps its own; below a fleet each node has its row."""
+    rack = [{"node": f"d{i:04d}", "reason": f"d{i:04d} not locked: exited 1: flock: 10.0.3.{i}: busy"}
+            for i in range(70)]
+    busy = {"node": "d0070", "reason": "d0070 is in use by run 20260101T000000Z-0badcafe"}
+    names = [u["node"] for u in rack] + ["d0070"]
+    fleet = parse(render_html(results(names, [check(n, "memory") for n in names], unlocked=[*rack, busy])))
+    rows = [[td.text() for td in tr.find_all("td")] for tr in fleet.by_id("unlocked").find_all("tr")[1:]]
+    assert rows == [["d[0000-0069] (70 nodes)", rack[0]["reason"]], ["d0070", busy["reason"]]]
+    few = parse(render_html(results(["n1", "n2"], [check("n1", "memory")], unlocked=rack[:2])))
+    assert [tr.find("td").text() for tr in few.by_id("unlocked").find_all("tr")[1:]] == ["d0000", "d0001"]
+    assert 'id="unlocked"' not in render_html(results(["n1"], [check("n1", "memory")], unlocked=[]))
 
 
 def test_finished_run_has_no_interrupted_notice():

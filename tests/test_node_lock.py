@@ -2,6 +2,7 @@
 it; --busy-nodes wait and ignore; and a lock ends with its run, also when the harness is SIGKILLed."""
 from __future__ import annotations
 
+import html
 import json
 import signal
 import socket
@@ -93,8 +94,10 @@ def test_a_second_run_is_refused_by_node_and_sigkill_of_the_first_frees_its_lock
         holder = f"run {header['run_id']} (started {header['started']}, from host {socket.gethostname()})"
         for node in ("node1", "node2"):
             assert f"{node} is in use by {holder}" in second.stdout, second.stdout
-        checks = results_of(tmp_path / "second")["checks"]
+        second_results = results_of(tmp_path / "second")
+        checks = second_results["checks"]
         assert checks and {c["kind"] for c in checks} == {"busy"}
+        assert second_results["run"]["unlocked"] == []  # refused, so not tested without a lock
 
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -125,8 +128,14 @@ def test_ignore_goes_on_and_the_ledger_says_who_else_was_there(two_nodes, sign_k
             in done.stdout)
     entry = next(e for e in ledger_of(tmp_path / "out") if e["type"] == "locks")
     assert entry["held"] == ["node2"] and list(entry["not_held"]) == ["node1"]
-    assert HOLDER.run_id in entry["not_held"]["node1"]
-    assert results_of(tmp_path / "out")["verdict"]["status"] == "CERTIFIED"
+    assert HOLDER.run_id in entry["not_held"]["node1"] and entry["refused"] == []
+    results = results_of(tmp_path / "out")
+    assert results["verdict"]["status"] == "CERTIFIED"
+    # The customer's report says so: node1's figures may include the other run's load.
+    assert results["run"]["unlocked"] == [{"node": "node1", "reason": f"node1 is in use by {HOLDER.describe()}"}]
+    report = (tmp_path / "out" / "nscluster" / "latest" / "report.html").read_text()
+    assert "Nodes tested without their node lock" in report
+    assert html.escape(f"node1 is in use by {HOLDER.describe()}") in report
 
 
 def test_wait_takes_the_node_once_the_other_run_has_ended(two_nodes, sign_key, tmp_path):
@@ -143,6 +152,9 @@ def test_wait_takes_the_node_once_the_other_run_has_ended(two_nodes, sign_key, t
     assert time.monotonic() - started >= 3
     entry = next(e for e in ledger_of(tmp_path / "out") if e["type"] == "locks")
     assert entry["held"] == ["node1", "node2"] and entry["not_held"] == {}
+    assert results_of(tmp_path / "out")["run"]["unlocked"] == []
+    assert "Nodes tested without their node lock" not in (
+        tmp_path / "out" / "nscluster" / "latest" / "report.html").read_text()
 
 
 def test_the_lock_file_names_its_owner_and_a_foreign_file_names_nobody():

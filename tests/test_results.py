@@ -2,9 +2,12 @@
 the state of the cluster-wide checks."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from reports.results import DEFAULT_OUTLIER_RULE, outliers
+from reports.ledger import RunRecord
+from reports.results import DEFAULT_OUTLIER_RULE, outliers, unlocked_nodes
 from reports.verdict import cluster_status
 
 
@@ -67,3 +70,18 @@ def test_unmeasured_and_non_numeric_figures_are_left_out():
 ])
 def test_cluster_checks_status(outcomes, status):
     assert cluster_status([{"outcome": outcome} for outcome in outcomes]) == status
+
+
+def test_unlocked_nodes_are_those_tested_without_their_lock_in_any_session():
+    """A resumed run has a locks entry per session: a node tested unlocked in one stays listed
+    (with its latest reason); a node refused as busy was not tested; an entry written before
+    `refused` was recorded cannot tell refused from tested, and is left out."""
+    record = RunRecord(Path("run"), header={"nodes": ["n1", "n2", "n3", "n4"]}, locks=[
+        {"type": "locks", "held": ["n2"], "not_held": {"n1": "n1 is in use by run A", "n4": "n4: no flock"},
+         "refused": ["n4"]},
+        {"type": "locks", "held": ["n1", "n4"], "not_held": {"n2": "n2 not locked: flock timed out"},
+         "refused": []},
+        {"type": "locks", "held": [], "not_held": {"n3": "n3 is in use by run B"}},  # before `refused`
+    ])
+    assert unlocked_nodes(record) == [{"node": "n1", "reason": "n1 is in use by run A"},
+                                      {"node": "n2", "reason": "n2 not locked: flock timed out"}]
