@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 EXIT_USAGE = 2
+EXIT_SIGNER_UNCHECKED = 3  # verify: every file as signed, by a key no trust list of the caller's names
 EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # as a shell reports a command that `| head` cut short
 
 
@@ -37,10 +38,12 @@ def main(argv: list[str] | None = None) -> int:
 
     verify = verbs.add_parser("verify", help="check the signatures and every file's SHA-256 in manifest.json "
                                              "(for a re-test, also its tie to the original run beside it); "
-                                             "non-zero on any problem")
+                                             "0: as signed by a key you trust, 1: a problem, 3: as signed, "
+                                             "but by a key no --allowed-signers was given to check")
     verify.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     verify.add_argument("--allowed-signers", type=Path, metavar="FILE",
-                        help="OpenSSH allowed_signers file of keys you trust")
+                        help="OpenSSH allowed_signers file of keys you trust, obtained apart from the run "
+                             "(the run directory's own proves nothing)")
     verify.set_defaults(handler=cmd_verify)
 
     inventory = verbs.add_parser("inventory", help="validate an inventory and list its nodes, where each "
@@ -144,21 +147,40 @@ def _report(args) -> int:
 def cmd_verify(args) -> int:
     """One line per signature and per file that changed, went missing or was added (and for a
     re-test, one on its tie to the original run); who signed."""
+    from reports.bundle import printable
+    from reports.files import read_regular
     from reports.render import verify_run
 
-    if not args.run_dir.is_dir():
+    try:
+        os.listdir(args.run_dir)
+    except FileNotFoundError:
         return fail(f"{args.run_dir}: no such run directory")
-    if args.allowed_signers and not args.allowed_signers.is_file():
-        return fail(f"{args.allowed_signers}: no such allowed_signers file")
+    except NotADirectoryError:
+        return fail(f"{args.run_dir}: not a directory; give the run directory")
+    except OSError as error:
+        return fail(f"{args.run_dir}: cannot read: {error.strerror or error}")
+    if args.allowed_signers:
+        try:
+            read_regular(args.allowed_signers)
+        except FileNotFoundError:
+            return fail(f"{args.allowed_signers}: no such allowed_signers file")
+        except OSError as error:
+            return fail(f"{args.allowed_signers}: cannot read: {error.strerror or error}")
     check = verify_run(args.run_dir, args.allowed_signers)
     for finding in check.findings:
         print(finding)
     if check.signer:
-        print(check.signer)
+        print(printable(check.signer))
     if not check.ok:
         print(f"handover: {args.run_dir}: {len(check.problems)} problem(s); do not trust this run's files",
               file=sys.stderr)
-    return 0 if check.ok else 1
+        return 1
+    if not check.trusted:
+        print(f"handover: {args.run_dir}: every file is as signed, but the signer is not checked against "
+              "keys you trust: pass --allowed-signers with the operator's key, obtained apart from the run",
+              file=sys.stderr)
+        return EXIT_SIGNER_UNCHECKED
+    return 0
 
 
 def cmd_inventory(args) -> int:

@@ -585,8 +585,9 @@ class SessionHooks:
         for line in terminal_summary(verdict):
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"report: {rendered.report}")
-        terminalreporter.write_line(f"signed by {self.session.key.fingerprint}; check with: "
-                                    f"handover verify {self.session.run_dir}")
+        terminalreporter.write_line(f"signed by {self.session.key.fingerprint}; check with: handover verify "
+                                    f"{self.session.run_dir} --allowed-signers FILE (FILE naming this key, "
+                                    "kept apart from the run)")
 
     def _summarise_stop(self, terminalreporter) -> None:
         """The failed write in one line, and how to finish once there is room."""

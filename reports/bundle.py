@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from reports import signing
-from reports.files import WriteError, write_atomically
+from reports.files import WriteError, open_regular, read_regular, write_atomically
 
 if TYPE_CHECKING:  # imported by `handover verify`, which reads the manifest, not by every rendering
     from jsonschema import Draft202012Validator
@@ -55,7 +55,19 @@ class Finding:
 
     def __str__(self) -> str:
         label = "BAD" if not self.ok else "OK " if self.checked else "--"
-        return f"{label} {self.file}: {self.reason}"
+        return printable(f"{label} {self.file}: {self.reason}")
+
+
+def printable(line: str) -> str:
+    """One line of verify's answer as a terminal should show it: control characters (a file
+    named with a newline would forge an OK line, an escape sequence erase one), backslashes,
+    bytes that are not UTF-8 and other unprintable characters (U+202E) are escaped, Python's
+    way (\\n, \\x1b, \\\\, \\udcff)."""
+    if line.isprintable() and "\\" not in line:  # a surrogate (a byte not UTF-8) is not printable
+        return line
+    return "".join(character if character.isprintable() and character != "\\"
+                   else character.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for character in line)
 
 
 @dataclass
@@ -64,6 +76,8 @@ class BundleCheck:
 
     findings: list[Finding] = field(default_factory=list)
     signer: str = ""  # "signed by ...", one line; empty when no signature was good
+    fingerprint: Optional[str] = None  # the key that signed the bundle (the most of its signatures)
+    trusted: bool = False  # its signer was checked against a trust list from outside the run
 
     @property
     def ok(self) -> bool:
@@ -143,25 +157,42 @@ def verify(run_dir: Path, signed: Sequence[str], allowed_signers: Optional[Path]
     the manifest against the run directory; never raises for what it finds."""
     run_dir = Path(run_dir)
     check = BundleCheck()
+    if allowed_signers is not None and _inside(Path(allowed_signers), run_dir):
+        check.findings.append(Finding(True, str(allowed_signers), OWN_LIST, checked=False))
+        allowed_signers = None
     signatures = {name: signing.verify_file(run_dir / name, allowed_signers=allowed_signers)
                   for name in signed}
     check.findings += [Finding(v.ok, name, v.reason) for name, v in signatures.items()]
-    check.findings += _one_key(signatures)
+    check.fingerprint, different = _one_key(signatures)
+    check.findings += different
     manifest, problem = read_manifest(run_dir / MANIFEST_FILE)
     if manifest is None:
         check.findings.append(Finding(False, MANIFEST_FILE, problem))
     else:
         check.findings += _checksums_agree(run_dir, manifest)
         check.findings += compare(run_dir, manifest, unlisted(signed))
-    check.signer, naming = _signer(run_dir, signatures, allowed_signers)
+    check.signer, naming = _signer(run_dir, signatures, allowed_signers, check.fingerprint)
     check.findings += naming
+    check.trusted = allowed_signers is not None and check.ok
     return check
+
+
+OWN_LIST = ("is inside the run directory: a list that came with the files names whatever key signed "
+            "them, so the signer is not checked against keys you trust")
+
+
+def _inside(path: Path, run_dir: Path) -> bool:
+    """Whether path is the run directory's own (its allowed_signers, say), links resolved."""
+    try:
+        return path.resolve().is_relative_to(run_dir.resolve())
+    except (OSError, RuntimeError):  # a link loop: not a list anyone can use
+        return False
 
 
 def read_manifest(path: Path) -> tuple[Optional[dict], str]:
     """(manifest, "") when path holds a valid handover.manifest/1 document, else (None, why)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_regular(path).decode("utf-8")
     except FileNotFoundError:
         return None, "not found, so no file of the run can be checked against its digest"
     except (OSError, UnicodeDecodeError) as error:
@@ -221,7 +252,7 @@ def sha256_of(path: Path) -> tuple[str, int]:
     """(hex SHA-256, size in bytes) of a file, read in chunks."""
     digest = hashlib.sha256()
     size = 0
-    with open(path, "rb") as stream:
+    with open_regular(path) as stream:
         for chunk in iter(lambda: stream.read(_READ_CHUNK), b""):
             digest.update(chunk)
             size += len(chunk)
@@ -230,7 +261,7 @@ def sha256_of(path: Path) -> tuple[str, int]:
 
 def _checksums_agree(run_dir: Path, manifest: dict) -> list[Finding]:
     try:
-        text = (run_dir / CHECKSUMS_FILE).read_bytes()
+        text = read_regular(run_dir / CHECKSUMS_FILE)
     except FileNotFoundError:
         return [Finding(False, CHECKSUMS_FILE, "not found")]
     except OSError as error:
@@ -240,22 +271,26 @@ def _checksums_agree(run_dir: Path, manifest: dict) -> list[Finding]:
     return []
 
 
-def _one_key(signatures: dict[str, signing.Verification]) -> list[Finding]:
-    """A finding per signature made by another key than the first readable one."""
+def _one_key(signatures: dict[str, signing.Verification]) -> tuple[Optional[str], list[Finding]]:
+    """The key that made the most signatures (the first of those tied), and a finding per
+    signature another key made: one forged signature is blamed, not the genuine others."""
     made = [(name, v.fingerprint) for name, v in signatures.items() if v.fingerprint]
     if not made:
-        return []
-    first_name, first_key = made[0]
-    return [Finding(False, name + signing.SIGNATURE_SUFFIX,
-                    f"made by key {key}, not by {first_key}, which signed {first_name}")
-            for name, key in made[1:] if key != first_key]
+        return None, []
+    keys = [key for _, key in made]
+    main = max(dict.fromkeys(keys), key=keys.count)
+    count = keys.count(main)
+    return main, [Finding(False, name + signing.SIGNATURE_SUFFIX,
+                          f"made by key {key}, not by {main}, which made {count} of the {len(made)} signatures")
+                  for name, key in made if key != main]
 
 
 def _signer(run_dir: Path, signatures: dict[str, signing.Verification],
-            allowed_signers: Optional[Path]) -> tuple[str, list[Finding]]:
-    """Who signed, in one line, and a finding when the bundle's own allowed_signers does not
-    name the key (without a trust list of the customer's, that file is all that names it)."""
-    good = [(name, v) for name, v in signatures.items() if v.ok and v.fingerprint]
+            allowed_signers: Optional[Path], key: Optional[str]) -> tuple[str, list[Finding]]:
+    """Who signed (key: the bundle's signing key, _one_key's), in one line, and a finding when
+    the bundle's own allowed_signers does not name the key (without a trust list of the
+    customer's, that file is all that names it)."""
+    good = [(name, v) for name, v in signatures.items() if v.ok and v.fingerprint == key]
     if not good:
         return "", []
     name, first = good[0]

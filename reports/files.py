@@ -12,11 +12,13 @@ thread, so that a run on a thousand nodes does not wait for a disk flush per fil
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Optional, Union
+from typing import BinaryIO, Optional, Union
 
 SYNC_WITHIN_S = 1.0  # a DeferredSync flushes what it was given at most this long after
 
@@ -26,6 +28,27 @@ class WriteError(OSError):
 
     def __str__(self) -> str:
         return f"cannot write {self.filename}: [Errno {self.errno}] {self.strerror}"
+
+
+def open_regular(path: Union[str, Path]) -> BinaryIO:
+    """Open a regular file to read, refusing anything else without blocking: a FIFO or a device
+    put where a bundle's file belongs would hang a plain open() (OSError EINVAL, "not a regular
+    file")."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def read_regular(path: Union[str, Path]) -> bytes:
+    """A regular file's bytes (open_regular)."""
+    with open_regular(path) as stream:
+        return stream.read()
 
 
 def write_error(path: Union[str, Path], error: OSError) -> WriteError:

@@ -17,6 +17,7 @@ from typing import Iterator, Optional
 
 from reports import bundle, retest, signing
 from reports.bundle import ALLOWED_SIGNERS_FILE
+from reports.files import read_regular
 from reports.html import BUNDLE_SIGNED, REPORT_FILE, SIGNED_FILES, write_html
 from reports.junit import write_junit
 from reports.ledger import RunRecord, read_ledger
@@ -79,11 +80,12 @@ def verify_run(run_dir: Path, allowed_signers: Optional[Path] = None) -> bundle.
     re-test, also its tie to the original run when that lies beside it."""
     check = bundle.verify(Path(run_dir), BUNDLE_SIGNED, allowed_signers)
     try:
-        results = json.loads((Path(run_dir) / RESULTS_FILE).read_text(encoding="utf-8"))
+        results = json.loads(read_regular(Path(run_dir) / RESULTS_FILE).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return check  # already a finding of its own: a signature or a digest that fails
-    if isinstance(results, dict):
-        check.findings += retest.tie_findings(Path(run_dir), results, BUNDLE_SIGNED, allowed_signers)
+    if isinstance(results, dict):  # the original is checked against the list this run was, if any
+        check.findings += retest.tie_findings(Path(run_dir), results, BUNDLE_SIGNED,
+                                              allowed_signers if check.trusted else None, check.fingerprint)
     return check
 
 

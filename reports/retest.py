@@ -212,11 +212,13 @@ def build_addendum(record: RunRecord, signer: Optional[dict] = None) -> tuple[di
 
 
 def tie_findings(run_dir: Path, results: dict, signed: Iterable[str],
-                 allowed_signers: Optional[Path] = None) -> list[Finding]:
+                 allowed_signers: Optional[Path] = None, key: Optional[str] = None) -> list[Finding]:
     """For a re-test whose original run directory lies beside it: the original's bundle verifies,
     and its results.json is the one the re-test names (its SHA-256). Without it there, a line
-    saying the tie was not checked (never that it holds)."""
-    tie = (results.get("run") or {}).get(RETEST_OF)
+    saying the tie was not checked (never that it holds). key: the re-test's signing key, which
+    must have signed the original too where no trust list of the customer's checks both."""
+    run = results.get("run")
+    tie = run.get(RETEST_OF) if isinstance(run, dict) else None
     if not isinstance(tie, dict):
         return []
     where = f"{RETEST_OF} {tie.get('report_id')}"
@@ -224,7 +226,10 @@ def tie_findings(run_dir: Path, results: dict, signed: Iterable[str],
     if not (original / RESULTS_FILE).is_file():
         return [Finding(True, where, f"the original run directory {original.name} is not beside this one: "
                         "the tie is not checked (put it there and verify again)", checked=False)]
-    digest, _ = sha256_of(original / RESULTS_FILE)
+    try:
+        digest, _ = sha256_of(original / RESULTS_FILE)
+    except OSError as error:
+        return [Finding(False, where, f"cannot read {original.name}/{RESULTS_FILE}: {error.strerror or error}")]
     if digest != tie.get("results_sha256"):
         return [Finding(False, where, f"{original.name}/{RESULTS_FILE} has SHA-256 {digest}, "
                         f"not the {tie.get('results_sha256')} this re-test was run against")]
@@ -232,6 +237,9 @@ def tie_findings(run_dir: Path, results: dict, signed: Iterable[str],
     if not check.ok:
         return [Finding(False, where, f"the original {original.name} has {len(check.problems)} problem(s): "
                         f"{check.problems[0]}")]
+    if not check.trusted and check.fingerprint != key:
+        return [Finding(False, where, f"the original {original.name} was signed by key {check.fingerprint}, "
+                        f"not by {key}, which signed this re-test")]
     return [Finding(True, where, f"the original {original.name} verifies and its {RESULTS_FILE} is the "
                     f"one this re-test was run against (SHA-256 {digest[:16]}...)")]
 

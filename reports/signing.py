@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.utils import CryptographyDeprecationWarning
 
-from reports.files import write_atomically
+from reports.files import open_regular, read_regular, write_atomically
 
 NAMESPACE = "handover"
 SIGNATURE_SUFFIX = ".sig"
@@ -402,7 +402,7 @@ def ensure_default_key(path: Optional[Path] = None) -> tuple[SigningKey, bool]:
 
 def _digest_file(path: Path, algorithm: str) -> bytes:
     digest = _HASHES[algorithm]()
-    with path.open("rb") as stream:
+    with open_regular(path) as stream:
         for chunk in iter(lambda: stream.read(_READ_CHUNK), b""):
             digest.update(chunk)
     return digest.digest()
@@ -604,7 +604,10 @@ def _parse_ssh_time(value: str) -> float:
         raise _Malformed(f"invalid time {value!r}") from None
     if utc:
         moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return moment.timestamp()
+    try:
+        return moment.timestamp()
+    except (ValueError, OverflowError, OSError):  # year 1 in local time falls before year 1
+        raise _Malformed(f"invalid time {value!r}") from None
 
 
 def _read_public_key(text: str) -> Optional[bytes]:
@@ -673,7 +676,7 @@ def _allowed_identity(
     lines never match a plain key, and namespaces=/valid-after=/valid-before= restrict a line.
     """
     try:
-        text = allowed_signers.read_text(encoding="utf-8", errors="replace")
+        text = read_regular(allowed_signers).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return None, f"allowed signers file {allowed_signers} not found"
     except OSError as exc:
@@ -724,7 +727,7 @@ def verify_file(
         )
 
     try:
-        armored = sig_path.read_bytes()
+        armored = read_regular(sig_path)
     except FileNotFoundError:
         return failed(f"no signature: {sig_path} not found")
     except OSError as exc:
@@ -791,7 +794,7 @@ def named_signer(sig_path: StrPath, allowed_signers: StrPath) -> tuple[Optional[
     customer's (their own --allowed-signers)."""
     sig_path = Path(sig_path)
     try:
-        signature = _parse_signature(sig_path.read_bytes())
+        signature = _parse_signature(read_regular(sig_path))
     except OSError as exc:
         return None, f"cannot read {sig_path}: {exc.strerror or exc}"
     except _Malformed as exc:

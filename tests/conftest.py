@@ -69,6 +69,14 @@ def sign_key(tmp_path_factory):
     return key
 
 
+@pytest.fixture(scope="session")
+def trusted_signers(sign_key, tmp_path_factory):
+    """A customer's allowed_signers naming the operator's key, kept apart from any run directory."""
+    path = tmp_path_factory.mktemp("customer") / "allowed_signers"
+    path.write_text(f'ops@example.com namespaces="handover" {Path(f"{sign_key}.pub").read_text()}')
+    return path
+
+
 
 # `make test` runs two tests at a time (pytest-xdist). The modules of a group run one after another
 # on one worker, never beside each other:

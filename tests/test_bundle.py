@@ -9,9 +9,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -115,21 +117,55 @@ def test_schema_refuses_paths_that_leave_the_run_directory():
 # --- handover verify ------------------------------------------------------------------------------
 
 
-def test_verify_passes_and_says_who_signed(rendered):
-    trusted = handover("verify", rendered, "--allowed-signers", rendered / "allowed_signers")
+def test_verify_passes_and_says_who_signed(rendered, trusted_signers):
+    trusted = handover("verify", rendered, "--allowed-signers", trusted_signers)
     assert trusted.returncode == 0, trusted.stdout + trusted.stderr
     lines = trusted.stdout.splitlines()
     for name in BUNDLE_SIGNED:
         assert f"OK  {name}: good signature by {IDENTITY}" in lines
     assert any(line.startswith("OK  manifest.json: run ") and "none missing, none added" in line for line in lines)
     fingerprint = signing.verify_file(rendered / "report.html").fingerprint
-    assert lines[-1] == f"signed by {IDENTITY} ({fingerprint}), a key {rendered / 'allowed_signers'} trusts"
+    assert lines[-1] == f"signed by {IDENTITY} ({fingerprint}), a key {trusted_signers} trusts"
 
     untrusted = handover("verify", rendered)
-    assert untrusted.returncode == 0, untrusted.stdout + untrusted.stderr
+    assert untrusted.returncode == 3, untrusted.stdout + untrusted.stderr
     assert untrusted.stdout.splitlines()[-1].startswith(
         f"signed by {IDENTITY} ({fingerprint}), as the run's own allowed_signers names the key; "
         "not checked against keys you trust")
+    assert untrusted.stderr == (f"handover: {rendered}: every file is as signed, but the signer is not checked "
+                                "against keys you trust: pass --allowed-signers with the operator's key, "
+                                "obtained apart from the run\n")
+
+
+def test_the_run_directorys_own_allowed_signers_vouches_for_nothing(rendered):
+    """Whoever changed the files re-signs them and writes their own key into the run's
+    allowed_signers: given as the trust list, it would vouch for them. It is taken for none."""
+    own = handover("verify", rendered, "--allowed-signers", rendered / "allowed_signers")
+    assert own.returncode == 3, own.stdout + own.stderr
+    assert f"-- {rendered / 'allowed_signers'}: is inside the run directory: a list that came with the files " \
+           "names whatever key signed them, so the signer is not checked against keys you trust" in own.stdout
+    assert "as the run's own allowed_signers names the key; not checked" in own.stdout.splitlines()[-1]
+
+
+def test_a_bundle_forged_with_another_key_fails_only_against_the_customers_list(copy, tmp_path, trusted_signers):
+    """results.json changed, every signature remade and the bundle re-sealed by another key with
+    the operator's name, which the run's own allowed_signers now gives it: the files agree with
+    their signatures, so only the customer's list of keys tells the forgery apart."""
+    forger, _ = signing.ensure_default_key(tmp_path / "forger" / "signing_key")
+    results = json.loads((copy / "results.json").read_text())
+    results["verdict"]["reasons"] = ["FORGED: 99 checks passed"]
+    (copy / "results.json").write_text(json.dumps(results))
+    for name in ("results.json", "report.html"):
+        signing.sign_file(copy / name, forger)
+    signing.write_allowed_signers(copy / "allowed_signers", forger, IDENTITY)
+    bundle.seal(copy, results["run"]["run_id"], forger, BUNDLE_SIGNED)
+
+    unchecked = handover("verify", copy)
+    assert unchecked.returncode == 3, unchecked.stdout + unchecked.stderr
+    assert f"({forger.fingerprint}), as the run's own allowed_signers names the key" in unchecked.stdout
+    checked = handover("verify", copy, "--allowed-signers", trusted_signers)
+    assert checked.returncode == 1, checked.stdout
+    assert checked.stdout.count(f"key {forger.fingerprint} is not listed in {trusted_signers}") == 4
 
 
 def test_one_changed_byte_of_any_raw_log_fails_verify_naming_that_file(copy):
@@ -224,14 +260,14 @@ def test_a_missing_manifest_fails_verify(copy):
     assert "BAD manifest.json: not found, so no file of the run can be checked against its digest" in found
 
 
-def test_a_signature_by_another_key_is_named(copy, tmp_path):
+def test_a_signature_by_another_key_is_named(copy, tmp_path, trusted_signers):
     other, _ = signing.ensure_default_key(tmp_path / "other" / "signing_key")
     first = signing.verify_file(copy / "results.json").fingerprint
     signing.sign_file(copy / bundle.MANIFEST_FILE, other)
 
     assert problems(copy) == [f"BAD manifest.json.sig: made by key {other.fingerprint}, not by {first}, "
-                              "which signed results.json"]
-    trusted = problems(copy, copy / "allowed_signers")
+                              "which made 3 of the 4 signatures"]
+    trusted = problems(copy, trusted_signers)
     assert any(line.startswith(f"BAD manifest.json: key {other.fingerprint} is not listed in ")
                for line in trusted), trusted
 
@@ -244,6 +280,54 @@ def test_an_allowed_signers_that_does_not_name_the_key_is_named(copy, tmp_path, 
     bundle.seal(copy, json.loads((copy / "manifest.json").read_text())["run_id"], operator, BUNDLE_SIGNED)
     assert problems(copy) == [
         f"BAD allowed_signers: key {operator.fingerprint} is not listed in {copy / 'allowed_signers'}"]
+
+
+def test_a_file_name_cannot_forge_or_erase_a_line_of_the_answer(copy):
+    """An added file named with a newline and an OK line, one with a terminal's erase-line
+    sequence, one whose name is not UTF-8: each is one escaped BAD line."""
+    forged = "x\nOK  manifest.json: run 1: 40 files, none missing, none added"
+    for name in (forged, "y\x1b[1A\x1b[2K", os.fsdecode(b"bad\xff.txt")):
+        (copy / name).write_text("added\n")
+    done = subprocess.run([sys.executable, "-m", "handover.cli", "verify", str(copy)], cwd=ROOT,
+                          capture_output=True, env={**os.environ, "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8"})
+    assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr
+    lines = done.stdout.decode().splitlines()
+    assert "BAD x\\nOK  manifest.json: run 1: 40 files, none missing, none added: not in manifest.json: " \
+           "added after signing" in lines
+    assert "BAD y\\x1b[1A\\x1b[2K: not in manifest.json: added after signing" in lines
+    assert "BAD bad\\udcff.txt: not in manifest.json: added after signing" in lines
+    assert not any(line.startswith("OK  manifest.json: run") for line in lines)
+
+
+def test_a_fifo_where_a_signature_belongs_is_named_without_hanging(copy):
+    """A plain open() of a FIFO waits for a writer for ever."""
+    (copy / "report.html.sig").unlink()
+    os.mkfifo(copy / "report.html.sig")
+    done = handover("verify", copy)
+    assert done.returncode == 1, done.stdout
+    assert f"BAD report.html: cannot read {copy / 'report.html.sig'}: not a regular file" in done.stdout
+
+
+def test_verify_says_in_one_line_what_it_cannot_read(copy, tmp_path):
+    not_a_directory = handover("verify", copy / "results.json")
+    assert not_a_directory.returncode == 2
+    assert not_a_directory.stderr == f"handover: {copy / 'results.json'}: not a directory; give the run directory\n"
+    os.mkfifo(tmp_path / "signers")
+    fifo = handover("verify", copy, "--allowed-signers", tmp_path / "signers")
+    assert (fifo.returncode, fifo.stderr) == (2, f"handover: {tmp_path / 'signers'}: cannot read: not a regular file\n")
+
+
+def test_a_malformed_trust_list_line_or_results_document_is_a_finding_not_a_traceback(copy, tmp_path, sign_key):
+    signers = tmp_path / "signers"
+    signers.write_text(f'ops@example.com namespaces="handover",valid-before="00010101" '
+                       f'{Path(f"{sign_key}.pub").read_text()}')
+    done = handover("verify", copy, "--allowed-signers", signers)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "is not listed in" in done.stdout
+    (copy / "results.json").write_text('{"run": [1]}')
+    shaped = handover("verify", copy)
+    assert shaped.returncode == 1 and "Traceback" not in shaped.stderr, shaped.stderr
+    assert "BAD results.json: signature mismatch" in shaped.stdout
 
 
 # --- Without handover: ssh-keygen and sha256sum -----------------------------------------------------

@@ -94,13 +94,13 @@ def test_junit_ids_are_node_names(healthy_run):
     assert "test_uniformity" in cases and "certification" in cases
 
 
-def test_report_and_results_are_signed_and_verify_with_stock_ssh_keygen(healthy_run):
+def test_report_and_results_are_signed_and_verify_with_stock_ssh_keygen(healthy_run, trusted_signers):
     _, run_dir = healthy_run
     html = (run_dir / "report.html").read_text()
     assert "CERTIFIED" in html and "node4" in html
     assert ssh_keygen_verifies(run_dir, "report.html")
     assert ssh_keygen_verifies(run_dir, "results.json")
-    verified = handover("verify", run_dir, "--allowed-signers", run_dir / "allowed_signers")
+    verified = handover("verify", run_dir, "--allowed-signers", trusted_signers)
     assert verified.returncode == 0, verified.stdout
     assert verified.stdout.count("good signature by ops@example.com") == 4
 

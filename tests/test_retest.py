@@ -21,9 +21,10 @@ import pytest
 from test_e2e import handover, results_of, run_dir_of, run_suites, ssh_keygen_verifies
 
 from handover.session import AcceptanceSession, SessionError
+from reports import bundle, signing
 from reports.html import render_html
 from reports.ledger import RunRecord
-from reports.render import verify_run
+from reports.render import BUNDLE_SIGNED, verify_run
 from reports.retest import NOT_RUN, RETEST_OF, Original, addendum_view, build_addendum
 from reports.schema import validate_ledger_entry, validate_results
 from reports.verdict import CERTIFIED, INCOMPLETE, NOT_CERTIFIED
@@ -124,9 +125,9 @@ def test_both_runs_stay_signed_and_the_history_stays_visible(local_retest):
     assert check.ok and not any("retest_of" in str(finding) for finding in check.findings)
 
 
-def test_verify_checks_the_tie_when_the_original_is_beside_it(local_retest, tmp_path):
+def test_verify_checks_the_tie_when_the_original_is_beside_it(local_retest, tmp_path, trusted_signers):
     _, _, original, retest, _ = local_retest
-    verified = handover("verify", retest, "--allowed-signers", retest / "allowed_signers")
+    verified = handover("verify", retest, "--allowed-signers", trusted_signers)
     assert verified.returncode == 0, verified.stdout
     assert f"OK  retest_of ACME-HERE-{original.name}: the original {original.name} verifies" in verified.stdout
 
@@ -153,6 +154,25 @@ def test_verify_checks_the_tie_when_the_original_is_beside_it(local_retest, tmp_
     results.write_bytes(results.read_bytes().replace(b"NOT CERTIFIED", b"CERTIFIED"))
     [problem] = verify_run(both / retest.name).problems
     assert str(problem).startswith(f"BAD retest_of ACME-HERE-{original.name}: {original.name}/results.json has SHA-256")
+
+    # The original's ledger changed and its bundle re-signed and re-sealed by another key; its
+    # results.json, which the re-test names by digest, left as it was.
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    for run_dir in (original, retest):
+        shutil.copytree(run_dir, forged / run_dir.name)
+    forger, _ = signing.ensure_default_key(tmp_path / "forger" / "signing_key")
+    copy = forged / original.name
+    (copy / "ledger.jsonl").write_bytes((copy / "ledger.jsonl").read_bytes() + b"\n")
+    for name in ("results.json", "report.html"):
+        signing.sign_file(copy / name, forger)
+    signing.write_allowed_signers(copy / "allowed_signers", forger, "ops@example.com")
+    bundle.seal(copy, original.name, forger, BUNDLE_SIGNED)
+    [problem] = verify_run(forged / retest.name).problems
+    operator = signing.verify_file(retest / "results.json").fingerprint
+    assert str(problem) == (f"BAD retest_of ACME-HERE-{original.name}: the original {original.name} was signed by "
+                            f"key {forger.fingerprint}, not by {operator}, which signed this re-test")
+    assert not verify_run(forged / retest.name, trusted_signers).ok  # the customer's list refuses it too
 
 
 def test_a_retest_with_nothing_outstanding_is_refused(local_retest, sign_key, tmp_path):

@@ -855,7 +855,8 @@ def test_soak_stop_says_what_happened_in_a_line_per_outcome_not_per_node():
     assert stopped_on("\n".join(stop_lines("s1", outcome)))["gpu1024"] == "stopped; its samples are in raw/"
 
 
-def test_a_second_soak_is_refused_where_one_runs_and_stopping_it_mid_run_is_judged_as_far_as_it_got(soaked):
+def test_a_second_soak_is_refused_where_one_runs_and_stopping_it_mid_run_is_judged_as_far_as_it_got(
+        soaked, trusted_signers):
     stopped = soaked["stopped_mid_run"]
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert stopped_on(stopped.stdout)["node1"] == "stopped; the harness following it has its samples", stopped.stdout
@@ -868,11 +869,11 @@ def test_a_second_soak_is_refused_where_one_runs_and_stopping_it_mid_run_is_judg
         log = soak.parse_soak((soaked["second_run"] / "raw" / "soak" / f"{name}.jsonl").read_text())
         assert log.end["reason"] == "stopped by the harness"
     assert soak.SoakPlan.load(soaked["second_run"]).stopped
-    verified = handover("verify", soaked["second_run"])
+    verified = handover("verify", soaked["second_run"], "--allowed-signers", trusted_signers)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
+def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked, trusted_signers):
     stopped = soaked["stopped"]
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     # node4's supervisor, cut off from the harness, had ended its load at the end time by itself
@@ -881,8 +882,8 @@ def test_soak_stop_leaves_nothing_running_and_nothing_in_scratch(soaked):
     for name in soaked["cluster"].node_names():
         assert namespace_processes(soaked["cluster"], name) == [], name
     assert list(soaked["scratch"].iterdir()) == [] and list(soaked["shared"].iterdir()) == [], stopped.stdout
-    verified = handover("verify", soaked["run_dir"])  # the signed run is left as it was signed
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+    verified = handover("verify", soaked["run_dir"], "--allowed-signers", trusted_signers)
+    assert verified.returncode == 0, verified.stdout + verified.stderr  # the signed run is left as it was
 
 
 # -- a soak's hold on its node, and its bound, on one namespace node -------------------------------
