@@ -206,6 +206,11 @@ class Matrix:
     columns: list[Column]
     rows: list[MatrixRow]
 
+    @property
+    def print_zoom(self) -> float:
+        """The scale that fits the matrix on a printed page (a column a check: 56 are 1,610 px)."""
+        return print_zoom(MATRIX_FIXED_PX + MATRIX_COLUMN_PX * len(self.columns))
+
 
 @dataclass
 class Bar:
@@ -400,6 +405,14 @@ class Heatmap:
     matrix: bool = True  # node x node; False for a fleet: only the nodes with bad pairs
     unmeasured: list[str] = field(default_factory=list)  # nodes whose own check measured no pair
 
+    @property
+    def print_zoom(self) -> float:
+        """The scale that fits the node x node matrix on a printed page (a fleet's list fits)."""
+        if not self.matrix:
+            return 1.0
+        cell = HEAT_CELL_PX[self.compact]
+        return print_zoom(HEAT_FIXED_PX + (cell + 1) * len(self.nodes))
+
 
 @dataclass
 class OutlierRow:
@@ -547,6 +560,21 @@ def build_view(results: dict) -> View:
         node_data=_node_data(checks, layout, node_entries, node_warnings),
         **_places(node_entries),
     )
+
+
+# Printing: an A4 or Letter page's width inside the report's 12 mm margins, in CSS pixels; a
+# table wider than that is scaled to it (the matrix and heatmap's column widths are fixed in
+# the template's CSS), or the browser would cut its right side off and shrink every page.
+PRINT_WIDTH_PX = 700
+MATRIX_FIXED_PX = 170 + 96 + 4  # the node and status columns, borders
+MATRIX_COLUMN_PX = 24
+HEAT_FIXED_PX = 166 + 48  # the row's node name, its count of bad pairs
+HEAT_CELL_PX = {False: 40, True: 11}  # by Heatmap.compact
+
+
+def print_zoom(width_px: int) -> float:
+    """The CSS zoom that fits width_px on a printed page: 1 when it fits, else down to two places."""
+    return 1.0 if width_px <= PRINT_WIDTH_PX else math.floor(PRINT_WIDTH_PX / width_px * 100) / 100
 
 
 NOT_PLACED = "not placed"

@@ -377,6 +377,27 @@ def test_nodes_tested_without_their_lock_are_listed_alike_ones_together_in_a_fle
     assert 'id="unlocked"' not in render_html(results(["n1"], [check("n1", "memory")], unlocked=[]))
 
 
+def test_wide_tables_are_scaled_to_the_printed_page_which_is_numbered():
+    """A matrix of 56 checks is 1,614 px wide and a 64-node heatmap about 1,000 px: printed, the
+    browser cut their right side off (a failed square and the status column with it) and shrank
+    every page to fit them. Each is scaled to the page's 700 px instead; the pages are numbered,
+    and the signer's fingerprint is on the first."""
+    names = [f"check{k:02d}" for k in range(56)]
+    root = parse(render_html(cluster_of(2, names)))
+    wrap = root.find("div", "matrix-wrap")
+    assert wrap.attrs["style"] == "--print-zoom: 0.43"  # 700 / (270 + 24 * 56)
+    assert parse(render_html(cluster_of(2, names[:10]))).find("div", "matrix-wrap").attrs["style"] == \
+        "--print-zoom: 1.0"
+    output = render_html(cluster_of(2, names))
+    assert ".matrix-wrap, .heat-wrap { zoom: var(--print-zoom, 1); }" in output
+    assert 'content: "page " counter(page) " of " counter(pages)' in output
+    assert "SHA256:abcdefghijklmnop" in root.by_id("top").text()
+    nodes = [f"n{i}" for i in range(1, 65)]
+    ring = link_checks(nodes, {(f"n{i}", f"n{i % 64 + 1}"): (9.0, "ok") for i in range(1, 65)}, median=9.0)
+    heat = parse(render_html(results(nodes, ring))).find("div", "heat-wrap")
+    assert heat.attrs["style"] == "--print-zoom: 0.71"  # 700 / (214 + 12 * 64): compact cells
+
+
 def test_finished_run_has_no_interrupted_notice():
     output = render_html(results(["node1"], [check("node1", "memory")]))
     assert 'id="interrupted"' not in output
