@@ -169,6 +169,8 @@ def cmd_verify(args) -> int:
     check = verify_run(args.run_dir, args.allowed_signers)
     for finding in check.findings:
         print(finding)
+    if check.subject:
+        print(printable(check.subject))
     if check.signer:
         print(printable(check.signer))
     if not check.ok:

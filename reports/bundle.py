@@ -76,6 +76,7 @@ class BundleCheck:
 
     findings: list[Finding] = field(default_factory=list)
     signer: str = ""  # "signed by ...", one line; empty when no signature was good
+    subject: str = ""  # what the signed results.json says the run was, one line; empty if not as signed
     fingerprint: Optional[str] = None  # the key that signed the bundle (the most of its signatures)
     trusted: bool = False  # its signer was checked against a trust list from outside the run
 

@@ -622,6 +622,9 @@ def _read_public_key(text: str) -> Optional[bytes]:
         return None
 
 
+LINES_NAMED = 5  # of an allowed_signers file's lines skipped, the first this many are named
+
+
 def _parse_allowed_signer(line: str) -> _AllowedSigner:
     """One non-comment line: principals [options] keytype base64 [comment]."""
     if line.startswith('"'):
@@ -685,6 +688,7 @@ def _allowed_identity(
     now = time.time()
     refusals: list[str] = []
     skipped: list[str] = []
+    bare_keys: list[str] = []  # lines that are a public key alone, as a .pub file holds one
     for number, raw_line in enumerate(text.splitlines(), start=1):
         line = raw_line.strip()
         if not line or line.startswith("#"):
@@ -692,7 +696,7 @@ def _allowed_identity(
         try:
             entry = _parse_allowed_signer(line)
         except _Malformed:
-            skipped.append(str(number))
+            (bare_keys if _read_public_key(line) is not None else skipped).append(str(number))
             continue
         if entry.cert_authority or entry.public_blob != public_blob:
             continue
@@ -709,8 +713,14 @@ def _allowed_identity(
     if refusals:
         return None, f"key {fingerprint} is not allowed by {allowed_signers}: {'; '.join(refusals)}"
     reason = f"key {fingerprint} is not listed in {allowed_signers}"
+    if bare_keys:
+        named = ", ".join(bare_keys[:LINES_NAMED])
+        lines = f"line {named} holds" if len(bare_keys) == 1 else f"lines {named} hold"
+        reason += (f" ({lines} a public key alone, as a .pub file does; an allowed_signers line names the "
+                   'signer first: ops@example.com namespaces="handover" ssh-ed25519 AAAA...)')
     if skipped:
-        reason += f" (unparseable lines skipped: {', '.join(skipped)})"
+        more = f" and {len(skipped) - LINES_NAMED} more" if len(skipped) > LINES_NAMED else ""
+        reason += f" (unparseable lines skipped: {', '.join(skipped[:LINES_NAMED])}{more})"
     return None, reason
 
 

@@ -126,6 +126,9 @@ def test_verify_passes_and_says_who_signed(rendered, trusted_signers):
     assert any(line.startswith("OK  manifest.json: run ") and "none missing, none added" in line for line in lines)
     fingerprint = signing.verify_file(rendered / "report.html").fingerprint
     assert lines[-1] == f"signed by {IDENTITY} ({fingerprint}), a key {trusted_signers} trusts"
+    run = json.loads((rendered / "results.json").read_text())  # what was verified: the run it is
+    assert lines[-2] == (f"the run: report {run['run']['report_id']} of cluster local, 1 node(s), finished "
+                         f"{run['run']['finished']}, verdict {run['verdict']['status']}")
 
     untrusted = handover("verify", rendered)
     assert untrusted.returncode == 3, untrusted.stdout + untrusted.stderr

@@ -189,6 +189,24 @@ def test_key_missing_from_allowed_signers_is_refused(tmp_path, report, our_key, 
     assert f"key {our_key.fingerprint} is not listed in {allowed}" == verification.reason
 
 
+def test_a_public_key_file_given_as_allowed_signers_is_named_as_such(tmp_path, report, our_key):
+    """A customer handed the operator's .pub passes it as the trust list: ssh-keygen skips the
+    line; the reason says what an allowed_signers line looks like. A binary file's skipped lines
+    are counted past the first few."""
+    sign_file(report, our_key)
+    pub = tmp_path / "operator.pub"
+    pub.write_text(our_key.public_line + "\n")
+    assert keygen_verify(report, tmp_path / "report.html.sig", pub).returncode != 0
+    assert verify_file(report, allowed_signers=pub).reason == (
+        f"key {our_key.fingerprint} is not listed in {pub} (line 1 holds a public key alone, as a .pub file "
+        'does; an allowed_signers line names the signer first: ops@example.com namespaces="handover" '
+        "ssh-ed25519 AAAA...)")
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"junk line\n" * 30)
+    assert verify_file(report, allowed_signers=binary).reason.endswith(
+        "(unparseable lines skipped: 1, 2, 3, 4, 5 and 25 more)")
+
+
 def test_allowed_signers_with_comments_options_and_several_keys(tmp_path, report, our_key,
                                                                alice_key_path):
     alice_line = load_signing_key(alice_key_path).public_line
