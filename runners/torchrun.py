@@ -47,7 +47,18 @@ PEER_FAILURE_GRACE_S = 5  # after one node's launch fails, how long the others m
 _ROUTE_DEV = re.compile(r"\bdev\s+(\S+)")
 # One node: sockets between its ranks over loopback (NCCL itself uses NVLink/PCIe for the data).
 LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
-FREE_PORT_SCRIPT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+# A port free on IPv6 and IPv4 at once (a dual-stack socket), where the node has IPv6: the c10d
+# store listens on both, and a port free on one alone could be taken on the other.
+FREE_PORT_SCRIPT = """import socket
+try:
+    s = socket.socket(socket.AF_INET6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", 0))
+except OSError:
+    s = socket.socket()
+    s.bind(("", 0))
+print(s.getsockname()[1])
+"""
 # torchrun makes its log directory under the node's TMPDIR and never removes it (a torchelastic_*
 # per launch left on a customer's node): it gets one that is removed when torchrun ends, named
 # after the command's lease (runners.transport.OWN_TEMP_PREFIX) for when torchrun is killed where

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -14,11 +16,12 @@ from pathlib import Path
 import pytest
 from nodes import ns_inventory
 
+from inventory.model import Node
 from runners import collectives, torchrun
 from runners.launchers import LaunchError
 from runners.ssh import SshTransport
 from runners.torchrun import TorchrunLauncher
-from runners.transport import OWN_TEMP_PREFIX, TAG_VARIABLE, new_tag
+from runners.transport import OWN_TEMP_PREFIX, TAG_VARIABLE, LocalTransport, new_tag
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
 
@@ -233,3 +236,25 @@ def test_what_a_launch_leaves_is_reported_and_what_it_tagged_goes_with_its_direc
     assert list(leftovers) == ["node1"] and marker in leftovers["node1"]
     assert ended == [-signal.SIGKILL, -signal.SIGKILL]
     assert gone
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="this Python has no IPv6")
+def test_the_rendezvous_port_is_free_on_ipv6_and_ipv4_alike():
+    """The c10d store listens on both families: the node's free port is asked of a dual-stack
+    socket (an IPv4-only ask could name a port an IPv6 listener holds)."""
+    holder = socket.socket(socket.AF_INET6)
+    holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    holder.bind(("::1", 0))
+    holder.listen()
+    held = holder.getsockname()[1]
+    transport = LocalTransport(Node("localhost", "localhost", "local", python=sys.executable))
+    try:
+        ports = {torchrun.free_port(transport) for _ in range(20)}
+    finally:
+        transport.close()
+        holder.close()
+    assert torchrun.DEFAULT_PORT not in ports and held not in ports
+    for port in ports:
+        for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            with socket.socket(family) as probe:
+                probe.bind((address, port))
