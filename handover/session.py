@@ -222,7 +222,8 @@ class AcceptanceSession:
         self.lock_notes.update((node, why) for node, why in not_held.items() if node not in busy)
         self.append({"type": "locks", "busy_nodes": self.busy_nodes,
                      "held": [node for node, lock in taken.items() if lock.state == "held"],
-                     "not_held": not_held, "refused": list(self.refused)})
+                     "not_held": not_held, "refused": list(self.refused),
+                     "not_reached": [node for node, lock in taken.items() if lock.not_reached]})
 
     def _soak_attached(self) -> str:
         """The soak of the run directory this session resumes ('' for none): its load does not

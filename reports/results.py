@@ -113,14 +113,14 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
 def unlocked_nodes(record: RunRecord) -> list[dict]:
     """The nodes a session of the run tested without holding their node lock (runners.node_lock),
     each with why: another run or a soak could have loaded them meanwhile (--busy-nodes ignore
-    says so). Nodes refused as busy were not tested; locks entries that do not list the refused
-    (written before they did) cannot tell those apart and are left out."""
+    says so). Nodes refused as busy, or not reached at all, were not tested; locks entries that do
+    not list them (written before they did) cannot tell those apart and are left out."""
     unlocked: dict[str, str] = {}
     for entry in record.locks:
-        if "refused" not in entry:
+        if "refused" not in entry or "not_reached" not in entry:
             continue
-        refused = set(entry["refused"])
-        unlocked.update((node, why) for node, why in (entry.get("not_held") or {}).items() if node not in refused)
+        untested = set(entry["refused"]) | set(entry["not_reached"])
+        unlocked.update((node, why) for node, why in (entry.get("not_held") or {}).items() if node not in untested)
     selected = set(record.nodes)
     return [{"node": node, "reason": why} for node, why in unlocked.items() if node in selected]
 

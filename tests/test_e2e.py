@@ -146,6 +146,7 @@ def test_stopped_node_fails_as_unreachable_and_the_others_pass(ns_cluster_factor
     assert "node2 unreachable" in node2[0]["message"]
     uniformity = next(c for c in results["checks"] if c["check"] == "uniformity")
     assert uniformity["outcome"] == "passed" and "no facts from node2" in uniformity["message"]
+    assert results["run"]["unlocked"] == []  # node2 was not locked, nor tested: not listed as tested unlocked
     assert "NOT CERTIFIED" in (run_dir / "report.html").read_text()
     assert ssh_keygen_verifies(run_dir, "report.html")
 

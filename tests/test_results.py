@@ -74,14 +74,15 @@ def test_cluster_checks_status(outcomes, status):
 
 def test_unlocked_nodes_are_those_tested_without_their_lock_in_any_session():
     """A resumed run has a locks entry per session: a node tested unlocked in one stays listed
-    (with its latest reason); a node refused as busy was not tested; an entry written before
-    `refused` was recorded cannot tell refused from tested, and is left out."""
-    record = RunRecord(Path("run"), header={"nodes": ["n1", "n2", "n3", "n4"]}, locks=[
-        {"type": "locks", "held": ["n2"], "not_held": {"n1": "n1 is in use by run A", "n4": "n4: no flock"},
-         "refused": ["n4"]},
+    (with its latest reason); a node refused as busy, or not reached at all, was not tested; an
+    entry written before those were recorded cannot tell them from tested, and is left out."""
+    record = RunRecord(Path("run"), header={"nodes": ["n1", "n2", "n3", "n4", "n5"]}, locks=[
+        {"type": "locks", "held": ["n2"], "not_held": {"n1": "n1 is in use by run A", "n4": "n4: no flock",
+                                                       "n5": "n5 not locked: n5 unreachable: lost at 10:00:03"},
+         "refused": ["n4"], "not_reached": ["n5"]},
         {"type": "locks", "held": ["n1", "n4"], "not_held": {"n2": "n2 not locked: flock timed out"},
-         "refused": []},
-        {"type": "locks", "held": [], "not_held": {"n3": "n3 is in use by run B"}},  # before `refused`
+         "refused": [], "not_reached": []},
+        {"type": "locks", "held": [], "not_held": {"n3": "n3 is in use by run B"}},  # before both
     ])
     assert unlocked_nodes(record) == [{"node": "n1", "reason": "n1 is in use by run A"},
                                       {"node": "n2", "reason": "n2 not locked: flock timed out"}]
