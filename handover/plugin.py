@@ -268,10 +268,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.getoption("--soak-duration") or config.getoption("--soak-attach") or \
             (resumed and (Path(resumed) / SOAK_FILE).exists()):
         return
-    soaking = [item for item in items if item.get_closest_marker("soak")]
+    # 75,000 items at 1,024 nodes: each one's own markers, then its module's (or class's) once.
+    parents: dict[object, bool] = {}
+
+    def marked(item: pytest.Item) -> bool:
+        if any(mark.name == "soak" for mark in item.own_markers):
+            return True
+        if item.parent not in parents:
+            parents[item.parent] = item.parent is not None and item.parent.get_closest_marker("soak") is not None
+        return parents[item.parent]
+
+    kept: list[pytest.Item] = []
+    soaking: list[pytest.Item] = []
+    for item in items:
+        (soaking if marked(item) else kept).append(item)
     if soaking:
         config.hook.pytest_deselected(items=soaking)
-        items[:] = [item for item in items if not item.get_closest_marker("soak")]
+        items[:] = kept
 
 
 # --- end of soak ---------------------------------------------------------------------------------

@@ -93,6 +93,11 @@ def test_without_a_test_path_it_runs_the_installed_suites(operator_tree, sign_ke
     assert {"test_system.py", "test_hardware.py", "test_network.py", "test_storage.py",
             "test_hpc.py", "test_training.py"} <= areas
     assert not any("tests/" in line for line in collected)
+    assert "test_soak.py" not in areas  # the soak runs only when asked for
+    soak = pytest_in(operator_tree["elsewhere"], *options(
+        "space", inventory=operator_tree["inventory"], out=operator_tree["out"], sign_key=sign_key),
+        "--collect-only", "-q", "--soak-duration", "1h")
+    assert {line.split("::")[0] for line in soak.stdout.splitlines() if "::" in line} == areas | {"test_soak.py"}
 
 
 def test_markers_mean_the_same_from_any_directory(operator_tree, sign_key):
