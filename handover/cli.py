@@ -119,11 +119,17 @@ def cmd_report(args) -> int:
 def _report(args) -> int:
     from reports import signing
     from reports.files import WriteError
-    from reports.ledger import LEDGER_FILE, LedgerError, read_ledger, torn_warning
+    from reports.ledger import LEDGER_FILE, Ledger, LedgerError, RunDirectoryBusy, read_ledger, torn_warning
     from reports.render import render_run
     from reports.schema import SchemaError
     from reports.verdict import terminal_summary
 
+    try:
+        Ledger(args.run_dir).hold()  # the run, or a resume of it, may still be writing there
+    except RunDirectoryBusy as error:
+        return fail(str(error))
+    except OSError:  # no such directory: read_ledger says so
+        pass
     try:
         record = read_ledger(args.run_dir)  # not a run directory: say so before a key is created
         warning = torn_warning(record)

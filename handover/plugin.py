@@ -19,9 +19,10 @@ import stat
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 
@@ -324,8 +325,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
     config.pluginmanager.register(Recorder(session.append, session.cluster.waivers), Recorder.name)
-    config.pluginmanager.register(SessionHooks(session), "handover-session")
     interruption = Interruption()
+    config.pluginmanager.register(SessionHooks(session, interruption), "handover-session")
     config.pluginmanager.register(interruption, Interruption.name)
     interruption.handle((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 
@@ -393,6 +394,7 @@ class Interruption:
 
     def __init__(self) -> None:
         self.signum: Optional[int] = None
+        self.held = False  # the run's ending: a signal then is noted, not raised (see ending())
         self._next_hook = sys.unraisablehook
         self._terminals = terminal_devices()
         self._previous: dict[int, Any] = {}  # the handlers the run took over, given back at its end
@@ -413,7 +415,20 @@ class Interruption:
             except OSError:  # no descriptor left to open /dev/null with: the run ends all the same
                 pass
         self.signum = signum
-        raise KeyboardInterrupt(f"signal {signum}")
+        if not self.held:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+    @contextmanager
+    def ending(self) -> Iterator[None]:
+        """The run's ending (its node locks released, connections closed, ledger ended, report
+        rendered and signed), which a Ctrl-C or SIGTERM must not cut short: it takes a second or
+        two, and cut short it left a traceback, no report and an unsigned results.json. A signal
+        meanwhile is noted: the run is written as interrupted."""
+        self.held = True
+        try:
+            yield
+        finally:
+            self.held = False
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self) -> None:
@@ -481,8 +496,9 @@ def listing_only(config: pytest.Config) -> bool:
 class SessionHooks:
     """The session's part in pytest's run: what to collect, what was planned, the end."""
 
-    def __init__(self, session: AcceptanceSession):
+    def __init__(self, session: AcceptanceSession, interruption: Interruption):
         self.session = session
+        self.interruption = interruption
         self._skipped_as_done = 0  # checks a resumed run already has results for
         self._retest: Optional[set[str]] = None  # for --retest: the test ids to run again
         self._pytest_session: Optional[pytest.Session] = None
@@ -565,10 +581,21 @@ class SessionHooks:
             self._pytest_session.shouldstop = STOPPED
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if listing_only(session.config):  # lists and runs nothing: a resumed run is left as it is
+            self.session.cluster_run.close()
+            return
         if session.testsfailed > FAILURES_SECTION_MAX:
             self._failed_checks = session.testsfailed
             self._left_out = leave_out_failure_listings(session.config)
-        rendered = self.session.finish(exitstatus, exitstatus == pytest.ExitCode.INTERRUPTED)
+        with self.interruption.ending():
+            # A second Ctrl-C can end pytest's own handling of the first before it sets the
+            # exit status: the signal noted says the run was interrupted all the same.
+            interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or self.interruption.signum is not None
+            rendered = self.session.finish(exitstatus, interrupted)
+        if self.interruption.signum is not None:
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+        if rendered and self._skipped_as_done and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            session.exitstatus = pytest.ExitCode.OK  # a resumed run with nothing left: its verdict says
         if rendered and rendered.verdict.gate_failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.session.stopped is not None and session.exitstatus == pytest.ExitCode.OK:

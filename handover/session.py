@@ -28,12 +28,13 @@ from typing import Callable, Optional
 
 import hostlist
 
+from handover.failures import NodeBusy
 from inventory.loader import InventoryError, load_inventory
 from inventory.model import Cluster, Node
 from reports import signing
 from reports.files import WriteError
 from reports.hostlists import hostlist_of
-from reports.ledger import Ledger, LedgerError, RunRecord, now_iso, read_ledger
+from reports.ledger import Ledger, LedgerError, RunDirectoryBusy, RunRecord, now_iso, read_ledger
 from reports.render import RenderedRun, render_run
 from reports.retest import RETEST_OF, Original, RetestError, load_original
 from runners.cluster import ClusterRun
@@ -158,8 +159,11 @@ class AcceptanceSession:
         return self.save_raw(step, result.node, result.stdout, result.stderr, result.full_command)
 
     def already_done(self) -> set[str]:
-        """Test ids the resumed run has a result for (none for a fresh run)."""
-        return {entry["test_id"] for entry in self.resumed.checks} if self.resumed else set()
+        """Test ids the resumed run has a result for (none for a fresh run). A check refused as
+        busy (another run held its node) never ran: a resume runs it, as its message says."""
+        if not self.resumed:
+            return set()
+        return {entry["test_id"] for entry in self.resumed.checks if entry.get("kind") != NodeBusy.kind}
 
     def retest_selection(self, collected: list[tuple[str, str, Optional[str]]]) -> Optional[set[str]]:
         """For --retest, the test ids to run again among everything collected (test_id, check,
@@ -189,7 +193,7 @@ class AcceptanceSession:
             self.header[RETEST_OF] = self.original.header(self.retested)
         if self.ledger is None:
             try:
-                self.ledger = Ledger.create(self.out, self.cluster.name, self.header)
+                self.ledger = Ledger.create(self.out, self.cluster.name, self.header, hold=True)
             except WriteError as error:
                 self.stopped = error
                 return
@@ -371,6 +375,13 @@ def resumed_ledger(run_dir: Path, cluster: Cluster,
                    say: Callable[[str], None]) -> tuple[Ledger, RunRecord]:
     """The ledger of an earlier run of the same inventory, and what it holds; a torn last line
     (the run died mid-write) is cut off first, and said so, so nothing is appended onto it."""
+    ledger = Ledger(run_dir.resolve())
+    try:
+        ledger.hold()  # before reading: the run, or another resume of it, may still be appending
+    except RunDirectoryBusy as error:
+        raise SessionError(f"--resume: {error}") from None
+    except OSError:  # no such directory: read_ledger says so
+        pass
     try:
         record = read_ledger(run_dir)
     except LedgerError as error:
@@ -379,7 +390,6 @@ def resumed_ledger(run_dir: Path, cluster: Cluster,
         raise SessionError(
             f"--resume: {run_dir} was run with a different inventory "
             f"({record.header.get('inventory', {}).get('path')}); resume with the same file")
-    ledger = Ledger(run_dir.resolve())
     try:
         repaired = ledger.repair(record)
     except WriteError as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import BinaryIO, Optional, Union
 
 SYNC_WITHIN_S = 1.0  # a DeferredSync flushes what it was given at most this long after
+# write_atomically's temporary file (mkstemp: ".<name>.<8 characters>"), which a process killed
+# between writing and renaming it leaves behind
+TEMPORARY = re.compile(r"\.(.+)\.[a-z0-9_]{8}")
 
 
 class WriteError(OSError):
@@ -43,6 +47,21 @@ def open_regular(path: Union[str, Path]) -> BinaryIO:
     except BaseException:
         os.close(descriptor)
         raise
+
+
+def remove_stale_temporaries(folder: Union[str, Path]) -> list[str]:
+    """Remove what killed writers left under folder (TEMPORARY names; links not followed), so
+    that a run directory sealed after a kill does not sign a half-written or outdated copy of
+    one of its files; their paths, relative to folder. Call it only while no writer is at work
+    there (the run directory held: reports.ledger.Ledger.hold)."""
+    removed = []
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(parent, name)
+            if TEMPORARY.fullmatch(name) and os.path.isfile(path) and not os.path.islink(path):
+                os.unlink(path)
+                removed.append(os.path.relpath(path, folder))
+    return sorted(removed)
 
 
 def read_regular(path: Union[str, Path]) -> bytes:

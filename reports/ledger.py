@@ -21,6 +21,7 @@ run ends, so a crash of the harness's own machine costs at most that last second
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -62,6 +63,10 @@ class LedgerError(Exception):
     """A run directory without a readable ledger; the message names the file."""
 
 
+class RunDirectoryBusy(LedgerError):
+    """Another harness process holds the run directory: the run itself, or a resume of it."""
+
+
 class Ledger:
     """Appends entries from any thread, each line whole or not at all; durable within a second."""
 
@@ -73,10 +78,27 @@ class Ledger:
         self._torn_at: Optional[int] = None  # where a failed append could not be cut back yet
         self._sync = DeferredSync()
         self._raw_written: set[Path] = set()  # this process's raw files, its own to replace
+        self._held: Optional[int] = None  # the run directory's descriptor while this process holds it
+
+    def hold(self) -> None:
+        """Hold the run directory for this process (flock on the directory itself: nothing is
+        written, and the kernel lets go when the process ends, SIGKILL included). Two harnesses
+        appending to one ledger, a run and a resume of it or two resumes, each took the other's
+        node locks for another run's and recorded its checks as busy, over results the first had.
+        RunDirectoryBusy when another process holds it."""
+        descriptor = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise RunDirectoryBusy(f"{self.run_dir} is in use by another harness (the run itself, or a resume "
+                                   "of it, still going): wait for it to end") from None
+        self._held = descriptor
 
     @classmethod
-    def create(cls, base: Path, cluster: str, header: dict) -> "Ledger":
-        """Make out/<cluster>/<run-id>/ with its run header, then point `latest` at it.
+    def create(cls, base: Path, cluster: str, header: dict, hold: bool = False) -> "Ledger":
+        """Make out/<cluster>/<run-id>/ with its run header, then point `latest` at it; with
+        hold, held by this process (hold()) before anyone can find it there.
 
         A disk too full for the header leaves no run directory behind and `latest` where it was.
         """
@@ -96,6 +118,8 @@ class Ledger:
             except OSError as error:
                 raise write_error(run_dir, error) from None
         ledger = cls(run_dir, started=now_iso())
+        if hold:
+            ledger.hold()
         header = {"type": "run", "schema": LEDGER_SCHEMA, "run_id": run_id, "started": ledger.started,
                   **header}
         if isinstance(header.get("argv"), list):  # a secret given on the command line stays there

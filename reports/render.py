@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 
 from reports import bundle, retest, signing
 from reports.bundle import ALLOWED_SIGNERS_FILE
-from reports.files import read_regular
+from reports.files import read_regular, remove_stale_temporaries
 from reports.html import BUNDLE_SIGNED, REPORT_FILE, SIGNED_FILES, write_html
 from reports.junit import write_junit
 from reports.ledger import RunRecord, read_ledger
@@ -40,7 +40,8 @@ def render_run(run_dir: Path, key: Optional[signing.SigningKey],
                record: Optional[RunRecord] = None) -> RenderedRun:
     """Write results.json, metrics.csv, junit.xml and report.html; sign the first and last; then
     write and sign the manifest of the whole run directory. record: the run directory's ledger
-    when the caller has read it already (a thousand nodes' ledger takes a second to read)."""
+    when the caller has read it already (a thousand nodes' ledger takes a second to read). The
+    caller holds the run directory (Ledger.hold): no other process writes there meanwhile."""
     run_dir = Path(run_dir)
     with cycles_collected_after():
         record = record if record is not None else read_ledger(run_dir)
@@ -55,6 +56,7 @@ def render_run(run_dir: Path, key: Optional[signing.SigningKey],
         for name in SIGNED_FILES:
             signing.sign_file(run_dir / name, key)
         signing.write_allowed_signers(run_dir / ALLOWED_SIGNERS_FILE, key, signer_identity(key))
+    remove_stale_temporaries(run_dir)  # a killed run's: never sealed into the bundle
     bundle.seal(run_dir, results["run"]["run_id"], key, BUNDLE_SIGNED)
     return RenderedRun(run_dir, results, verdict, report, key)
 

@@ -333,6 +333,21 @@ def test_a_malformed_trust_list_line_or_results_document_is_a_finding_not_a_trac
     assert "BAD results.json: signature mismatch" in shaped.stdout
 
 
+def test_a_killed_writers_temporary_file_is_not_sealed_into_the_bundle(copy, sign_key, trusted_signers):
+    """A harness SIGKILLed between writing results.json's temporary copy and renaming it leaves
+    `.results.json.XXXXXXXX` (a whole older results.json); rendering the run again sealed it in,
+    signed. It is removed before the manifest is made (so is one under raw/)."""
+    stale = [copy / ".results.json.r92doopu", copy / "raw" / "system_facts" / ".localhost.stdout.a1b2c3d4"]
+    for path in stale:
+        path.write_bytes((copy / "results.json").read_bytes())
+    rendered = handover("report", copy, "--sign-key", sign_key)
+    assert rendered.returncode == 0, rendered.stderr
+    assert not any(path.exists() for path in stale)
+    listed = [entry["path"] for entry in json.loads((copy / bundle.MANIFEST_FILE).read_text())["files"]]
+    assert not [path for path in listed if path.rpartition("/")[2].startswith(".")]
+    assert handover("verify", copy, "--allowed-signers", trusted_signers).returncode == 0
+
+
 # --- Without handover: ssh-keygen and sha256sum -----------------------------------------------------
 
 

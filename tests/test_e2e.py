@@ -273,6 +273,40 @@ def test_interrupted_run_keeps_its_results_and_can_be_reported_and_resumed(
     assert not (tmp_path / "unused").exists()
 
 
+def test_a_run_directory_is_one_harness_at_a_time_and_resuming_a_finished_run_changes_nothing(
+        ns_cluster_factory, sign_key, tmp_path):
+    """Two harnesses on one run directory (a resume started while the run, or another resume of
+    it, still went) each took the other's node locks for another run's and recorded its checks
+    as busy over the first one's results. A held directory is refused to a second resume and to
+    `handover report`. A finished run resumed has nothing to run: it exits 0 (pytest's 5 before,
+    a CI gate's failure), and --collect-only lists it without writing to it."""
+    nodes = ns_cluster_factory(1)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system and quick")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from reports.ledger import Ledger; "
+                               "Ledger(sys.argv[1]).hold(); print('held', flush=True); time.sleep(120)", str(run_dir)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        refused = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system and quick", f"--resume={run_dir}")
+        assert refused.returncode != 0
+        assert f"--resume: {run_dir} is in use by another harness (the run itself, or a resume of it, still " \
+               "going): wait for it to end" in refused.stdout + refused.stderr
+        report = handover("report", run_dir, "--sign-key", sign_key)
+        assert report.returncode == 2 and "is in use by another harness" in report.stderr, report.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    ledger = (run_dir / "ledger.jsonl").read_bytes()
+    listed = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system and quick", f"--resume={run_dir}",
+                        "--collect-only")
+    assert listed.returncode in (0, 5) and (run_dir / "ledger.jsonl").read_bytes() == ledger, listed.stdout
+    resumed = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system and quick", f"--resume={run_dir}")
+    assert resumed.returncode == 0 and "verdict: CERTIFIED" in resumed.stdout, resumed.stdout + resumed.stderr
+
+
 def test_a_hung_up_terminal_ends_the_run_as_ctrl_c_does_and_renders_its_report(ns_cluster_factory, sign_key,
                                                                                tmp_path):
     """The operator's session to the head node drops (SIGHUP from the kernel when the terminal's

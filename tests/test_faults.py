@@ -419,3 +419,23 @@ def test_an_acceptance_run_killed_with_sigkill_leaves_nothing_and_resumes_to_the
     assert len(ids) == len(set(ids)) and done_before < set(ids)
     assert {(c["node"], c["outcome"]) for c in checks if c["check"] == "hpl"} == {
         ("node1", "passed"), ("node2", "passed")}
+
+
+def test_a_signal_during_the_runs_ending_is_noted_not_raised():
+    """Ctrl-C or SIGTERM while the run releases its locks and renders and signs its report cut
+    that short: a traceback, no report, an unsigned results.json. During ending() the signal is
+    noted (the run is written as interrupted); before and after it, it interrupts as ever."""
+    from handover.plugin import Interruption
+
+    interruption = Interruption()
+    interruption.handle((signal.SIGTERM,))
+    try:
+        with interruption.ending():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # Python runs the handler at the next step; nothing is raised
+        assert interruption.signum == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+    finally:
+        interruption.pytest_unconfigure()

@@ -116,6 +116,12 @@ def test_a_second_run_is_refused_by_node_and_sigkill_of_the_first_frees_its_lock
     third = acceptance(inventory, tmp_path / "third", sign_key)
     assert third.returncode == 0, third.stdout + third.stderr
     assert "verdict: CERTIFIED" in third.stdout
+    # The refused run, resumed once the nodes are free, runs the checks it was refused (each
+    # said "run again once it has ended"), rather than keeping them as done.
+    second_dir = tmp_path / "second" / "nscluster" / "latest"
+    resumed = acceptance(inventory, tmp_path / "second", sign_key, "--resume", str(second_dir))
+    assert resumed.returncode == 0 and "verdict: CERTIFIED" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert not [c for c in results_of(tmp_path / "second")["checks"] if c["kind"] == "busy"]
     assert wait_for_no_leftovers(HOLDER_MARK, within_s=15, on=nodes) == []
 
 
