@@ -387,9 +387,12 @@ def resumed_ledger(run_dir: Path, cluster: Cluster,
     except LedgerError as error:
         raise SessionError(f"--resume: {error}") from None
     if record.header.get("inventory", {}).get("sha256") != cluster.digest:
+        path = record.header.get("inventory", {}).get("path")
+        if path == cluster.source_path:
+            raise SessionError(f"--resume: {path} has changed since {run_dir} was run with it; resume with "
+                               "the file as it was then (or start a new run)")
         raise SessionError(
-            f"--resume: {run_dir} was run with a different inventory "
-            f"({record.header.get('inventory', {}).get('path')}); resume with the same file")
+            f"--resume: {run_dir} was run with a different inventory ({path}); resume with the same file")
     try:
         repaired = ledger.repair(record)
     except WriteError as error:

@@ -449,6 +449,10 @@ def test_resume_refuses_a_different_inventory(ns_cluster, sign_key, tmp_path):
     done = run_suites(other, tmp_path / "out", sign_key, f"--resume={run_dir_of(tmp_path / 'out', 'nscluster')}")
     assert done.returncode != 0
     assert "--resume" in done.stderr and "different inventory" in done.stderr
+    first.write_text(first.read_text() + "# edited after the run\n")  # the same file, changed in place
+    edited = run_suites(first, tmp_path / "out", sign_key, f"--resume={run_dir_of(tmp_path / 'out', 'nscluster')}")
+    assert edited.returncode != 0
+    assert f"--resume: {first} has changed since " in edited.stderr, edited.stderr
 
 
 @pytest.mark.parametrize("inventory_text, message", [
