@@ -164,6 +164,11 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
             known.learned(line)
 
 
+# paramiko's AuthenticationException for a login the link cut short, not one the node refused:
+# its answer did not come in time, or the connection ended mid-login (20% packet loss did both)
+LOGIN_CUT_SHORT = ("Authentication timeout.", "Authentication failed: transport shut down or saw EOF")
+
+
 def _classify(exc: BaseException, connect_timeout: float) -> tuple[str, str]:
     """Map a connection error to a per-node outcome word and a one-line explanation."""
     if isinstance(exc, paramiko.BadHostKeyException):
@@ -171,6 +176,8 @@ def _classify(exc: BaseException, connect_timeout: float) -> tuple[str, str]:
                             "(possible man-in-the-middle, or the node was reinstalled)")
     if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
         return "host-key", f"{exc} (add it with ssh-keyscan, or set ssh.host_keys: accept-new)"
+    if isinstance(exc, paramiko.AuthenticationException) and str(exc) in LOGIN_CUT_SHORT:
+        return "unreachable", f"the login did not complete: {exc} (a lossy or overloaded link, or sshd)"
     if isinstance(exc, paramiko.AuthenticationException):
         return "auth", f"authentication failed: {exc}"
     if isinstance(exc, (socket.timeout, TimeoutError)):
@@ -323,8 +330,15 @@ class SshLease(Lease):
         return True
 
     def _beat(self, channel: paramiko.Channel) -> None:
-        channel.settimeout(LINK_DEAD_AFTER_S)
+        """A heartbeat every HEARTBEAT_S, whether the last one's echo came or not: the watchdog
+        counts the gap between heartbeats it receives, and one sent only after a late echo (up to
+        LINK_DEAD_AFTER_S late) let that gap pass NODE_PATIENCE_S on a slow link, so the node
+        killed our work while the harness still took the link for sound. The link is lost when
+        no echo came for LINK_DEAD_AFTER_S."""
+        channel.settimeout(HEARTBEAT_S)
+        answered = time.monotonic()
         while not self._stopped.is_set():
+            sent = time.monotonic()
             echo: Optional[bytes]
             try:
                 channel.sendall(b".")
@@ -335,13 +349,15 @@ class SshLease(Lease):
                 echo = b""
             if self._stopped.is_set():
                 return
-            if echo is None:
-                self._lost(f"no answer to SSH keepalives for {LINK_DEAD_AFTER_S} s")
-                return
-            if not echo:
+            if echo == b"":
                 self._ended(channel)
                 return
-            self._stopped.wait(HEARTBEAT_S)
+            if echo:
+                answered = time.monotonic()
+            elif time.monotonic() - answered >= LINK_DEAD_AFTER_S:
+                self._lost(f"no answer to SSH keepalives for {LINK_DEAD_AFTER_S} s")
+                return
+            self._stopped.wait(max(0.0, HEARTBEAT_S - (time.monotonic() - sent)))
 
     def _lost(self, reason: str) -> None:
         """Say why first, then end the connection: the commands waiting on it return at once

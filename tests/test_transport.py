@@ -619,3 +619,20 @@ def test_a_closed_transport_starts_nothing_more_on_its_node(transport):
     assert (again.failure, again.detail) == ("error", "the run closed its connection to the node; "
                                                       "nothing more is started there")
     assert transport._lease is None  # no connection (and watchdog) was opened for it
+
+
+def test_a_login_the_link_cut_short_is_unreachable_and_tried_again_not_an_auth_failure():
+    """At 20% packet loss paramiko raised "Authentication timeout." (and may raise "transport
+    shut down or saw EOF") mid-login: reported as an authentication failure, never retried, the
+    operator sent to check keys on a node whose trouble was the network. A refused key stays auth."""
+    from runners.ssh import _classify, _transient
+
+    for words in ("Authentication timeout.", "Authentication failed: transport shut down or saw EOF"):
+        cut = paramiko.AuthenticationException(words)
+        failure, detail = _classify(cut, 5)
+        assert (failure, detail) == ("unreachable", f"the login did not complete: {words} (a lossy or "
+                                                    "overloaded link, or sshd)")
+        assert _transient(cut, failure)
+    refused = paramiko.AuthenticationException("Authentication failed.")
+    assert _classify(refused, 5) == ("auth", "authentication failed: Authentication failed.")
+    assert not _transient(refused, "auth")
