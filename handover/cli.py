@@ -125,11 +125,9 @@ def _report(args) -> int:
     from reports.verdict import terminal_summary
 
     try:
-        Ledger(args.run_dir).hold()  # the run, or a resume of it, may still be writing there
+        Ledger.held(args.run_dir)  # the run, or a resume of it, may still be writing there
     except RunDirectoryBusy as error:
         return fail(str(error))
-    except OSError:  # no such directory: read_ledger says so
-        pass
     try:
         record = read_ledger(args.run_dir)  # not a run directory: say so before a key is created
         warning = torn_warning(record)

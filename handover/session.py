@@ -375,13 +375,10 @@ def resumed_ledger(run_dir: Path, cluster: Cluster,
                    say: Callable[[str], None]) -> tuple[Ledger, RunRecord]:
     """The ledger of an earlier run of the same inventory, and what it holds; a torn last line
     (the run died mid-write) is cut off first, and said so, so nothing is appended onto it."""
-    ledger = Ledger(run_dir.resolve())
-    try:
-        ledger.hold()  # before reading: the run, or another resume of it, may still be appending
+    try:  # before reading: the run, or another resume of it, may still be appending
+        ledger = Ledger.held(run_dir.resolve())
     except RunDirectoryBusy as error:
         raise SessionError(f"--resume: {error}") from None
-    except OSError:  # no such directory: read_ledger says so
-        pass
     try:
         record = read_ledger(run_dir)
     except LedgerError as error:

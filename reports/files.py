@@ -49,19 +49,16 @@ def open_regular(path: Union[str, Path]) -> BinaryIO:
         raise
 
 
-def remove_stale_temporaries(folder: Union[str, Path]) -> list[str]:
+def remove_stale_temporaries(folder: Union[str, Path]) -> None:
     """Remove what killed writers left under folder (TEMPORARY names; links not followed), so
     that a run directory sealed after a kill does not sign a half-written or outdated copy of
-    one of its files; their paths, relative to folder. Call it only while no writer is at work
-    there (the run directory held: reports.ledger.Ledger.hold)."""
-    removed = []
+    one of its files. Call it only while no writer is at work there (the run directory held:
+    reports.ledger.Ledger.hold)."""
     for parent, _, names in os.walk(folder):
         for name in names:
             path = os.path.join(parent, name)
             if TEMPORARY.fullmatch(name) and os.path.isfile(path) and not os.path.islink(path):
                 os.unlink(path)
-                removed.append(os.path.relpath(path, folder))
-    return sorted(removed)
 
 
 def read_regular(path: Union[str, Path]) -> bytes:

@@ -96,6 +96,17 @@ class Ledger:
         self._held = descriptor
 
     @classmethod
+    def held(cls, run_dir: Path) -> "Ledger":
+        """The ledger of an existing run directory, held by this process (hold()); where run_dir
+        is no directory it is not held, and reading its ledger says what is wrong."""
+        ledger = cls(run_dir)
+        try:
+            ledger.hold()
+        except OSError:  # no such directory, or none to read: reading its ledger says so
+            pass
+        return ledger
+
+    @classmethod
     def create(cls, base: Path, cluster: str, header: dict, hold: bool = False) -> "Ledger":
         """Make out/<cluster>/<run-id>/ with its run header, then point `latest` at it; with
         hold, held by this process (hold()) before anyone can find it there.

@@ -39,7 +39,6 @@ BUSY_WAIT_S = 300  # --busy-nodes wait: how long a run waits for another to end 
 SETTLE_S = 30  # beyond any wait: time to connect and take the lock
 EXIT_BUSY = 75  # EX_TEMPFAIL: another run holds the lock
 SOAK_BUSY = "soak "  # a busy node's answer starts so when a soak's load runs there
-NOT_REACHED = ("unreachable", "auth", "host-key")  # transport failures after which no command runs there
 
 _LOCK_FILE = r"""namespace=$(readlink /proc/self/ns/net 2>/dev/null | tr -dc 0-9)
 lock="$1/handover-node-$namespace.lock"
@@ -129,12 +128,7 @@ class NodeLock:
     owner: Optional[Owner] = None  # busy: the run that holds it
     soak: Optional[SoakHolder] = None  # busy: the soak whose load runs there
     detail: str = ""  # unlocked: why
-    failure: Optional[str] = None  # unlocked: the transport's failure (unreachable, auth, host-key), if that was why
-
-    @property
-    def not_reached(self) -> bool:
-        """The node could not be reached at all, so nothing will be tested there either."""
-        return self.failure in NOT_REACHED
+    not_reached: bool = False  # unlocked: the node was never reached, so nothing is tested there either
 
     def describe(self) -> str:
         if self.state == "busy" and self.soak is not None:
@@ -190,4 +184,4 @@ def _taken(node: str, result: Result) -> NodeLock:
         return NodeLock(node, "busy", soak=SoakHolder.parse(result.stdout.removeprefix(SOAK_BUSY)))
     if result.exit_code == EXIT_BUSY:
         return NodeLock(node, "busy", owner=Owner.parse(result.stdout))
-    return NodeLock(node, "unlocked", detail=result.explain(), failure=result.failure)
+    return NodeLock(node, "unlocked", detail=result.explain(), not_reached=result.not_reached)

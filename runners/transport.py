@@ -100,6 +100,9 @@ kill_tagged "$2"
 """
 
 
+NOT_REACHED = ("unreachable", "auth", "host-key")  # Result.failure words: the node was never reached
+
+
 @dataclass(frozen=True)
 class Result:
     """What one command on one node gave, whatever happened: a dead node is data, not an exception."""
@@ -118,6 +121,11 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out and self.failure is None
+
+    @property
+    def not_reached(self) -> bool:
+        """The node was never reached (unreachable, or its login refused): nothing ran there."""
+        return self.failure in NOT_REACHED
 
     @property
     def status(self) -> str:
