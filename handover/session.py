@@ -28,13 +28,13 @@ from typing import Callable, Optional
 
 import hostlist
 
-from handover.failures import NodeBusy
+from handover.failures import HostKeyRefused, NodeBusy, NodeUnreachable
 from inventory.loader import InventoryError, load_inventory
 from inventory.model import Cluster, Node
 from reports import signing
 from reports.files import WriteError
 from reports.hostlists import hostlist_of
-from reports.ledger import Ledger, LedgerError, RunDirectoryBusy, RunRecord, now_iso, read_ledger
+from reports.ledger import Ledger, LedgerError, RunDirectoryBusy, RunRecord, iso_at, now_iso, read_ledger
 from reports.render import RenderedRun, render_run
 from reports.retest import RETEST_OF, Original, RetestError, load_original
 from runners.cluster import ClusterRun
@@ -46,6 +46,8 @@ from runners.transport import Result
 
 BUSY_NODES = ("refuse", "wait", "ignore")
 DEFAULT_OUT = "out"
+# The failures of a check that never reached its node, or lost it under the command: resumed, it runs again.
+MEASURED_NOTHING = (NodeBusy.kind, NodeUnreachable.kind, HostKeyRefused.kind)
 
 
 class SessionError(Exception):
@@ -159,11 +161,13 @@ class AcceptanceSession:
         return self.save_raw(step, result.node, result.stdout, result.stderr, result.full_command)
 
     def already_done(self) -> set[str]:
-        """Test ids the resumed run has a result for (none for a fresh run). A check refused as
-        busy (another run held its node) never ran: a resume runs it, as its message says."""
+        """Test ids the resumed run has a result for (none for a fresh run). A check that measured
+        nothing is run again: refused as busy (another run held its node, as its message says), or
+        failed because its node was not reached or was lost under it (a link that has come back
+        since, the harness's own network that dropped)."""
         if not self.resumed:
             return set()
-        return {entry["test_id"] for entry in self.resumed.checks if entry.get("kind") != NodeBusy.kind}
+        return {entry["test_id"] for entry in self.resumed.checks if entry.get("kind") not in MEASURED_NOTHING}
 
     def retest_selection(self, collected: list[tuple[str, str, Optional[str]]]) -> Optional[set[str]]:
         """For --retest, the test ids to run again among everything collected (test_id, check,
@@ -255,6 +259,11 @@ class AcceptanceSession:
         self.cluster_run.close()
         if self.ledger is None:
             return None
+        dropped = self.cluster_run.dropped()
+        if dropped:
+            self.append({"type": "dropped", "nodes": [
+                {"node": node, "lost_at": iso_at(loss.at), "back_at": iso_at(back), "reason": loss.reason}
+                for node, loss, back in dropped]})
         self.append({"type": "end", "finished": now_iso(), "exitstatus": int(exitstatus),
                      "interrupted": interrupted})
         if self.stopped is None:

@@ -478,6 +478,7 @@ class View:
     addendum: Optional[dict] = None  # a re-test: the report it completes, original -> re-test per check
     expect_overrides: list[dict] = field(default_factory=list)  # the inventory's changes to profile.expect
     unlocked: list[dict] = field(default_factory=list)  # [{nodes, reason}]: tested without their node lock
+    dropped: list[dict] = field(default_factory=list)  # [{nodes, reason}]: stopped answering, then came back
     node_reasons: int = NODE_REASONS
     fleet_nodes: int = FLEET_NODES
     fleet_worst: int = FLEET_WORST
@@ -554,7 +555,10 @@ def build_view(results: dict) -> View:
         outliers=_outlier_rows(standing_out, metrics),
         addendum=addendum_view(results, text, fleet=fleet),
         expect_overrides=_expect_overrides(run.get("expect_overrides") or []),
-        unlocked=_unlocked(run.get("unlocked") or [], fleet=fleet),
+        unlocked=_nodes_saying([(u.get("node"), u.get("reason")) for u in run.get("unlocked") or []
+                                if isinstance(u, dict)], fleet=fleet),
+        dropped=_nodes_saying([(d.get("node"), _dropped_words(d)) for d in run.get("dropped") or []
+                               if isinstance(d, dict)], fleet=fleet),
         search_example=("" if not layout.nodes else f"e.g. {layout.nodes[0]}" if len(layout.nodes) == 1
                         else f"e.g. {layout.nodes[-1]} or {hostlist_of(layout.nodes[:2])}"),
         node_data=_node_data(checks, layout, node_entries, node_warnings),
@@ -1002,10 +1006,18 @@ def _expect_overrides(overrides: list) -> list[dict]:
             for o in overrides if isinstance(o, dict)]
 
 
-def _unlocked(unlocked: list, fleet: bool) -> list[dict]:
-    """The nodes tested without their node lock, a row each; in a fleet, nodes whose reasons are
-    alike but for their own words share a row, named by hostlist."""
-    said = [(text(u.get("node")), text(u.get("reason"))) for u in unlocked if isinstance(u, dict)]
+def _dropped_words(dropped: dict) -> str:
+    """One loss a node came back from, in words: its times (UTC, to the second) and why."""
+    def at(iso: object) -> str:
+        return f"{str(iso)[11:19]} UTC" if isinstance(iso, str) and len(iso) >= 19 else "an unknown time"
+    return (f"stopped answering at {at(dropped.get('lost_at'))} ({dropped.get('reason')}); "
+            f"answered again at {at(dropped.get('back_at'))}")
+
+
+def _nodes_saying(pairs: list[tuple[object, object]], fleet: bool) -> list[dict]:
+    """A row per (node, reason): nodes tested without their lock, nodes that dropped. In a fleet,
+    nodes whose reasons are alike but for their own words share a row, named by hostlist."""
+    said = [(text(node), text(reason)) for node, reason in pairs]
     if not fleet:
         return [{"nodes": node, "reason": reason} for node, reason in said]
     return [{"nodes": counted(nodes), "reason": reason} for nodes, reason in alike(said)]

@@ -50,6 +50,11 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def iso_at(epoch: float) -> str:
+    """A time.time() as the ledger writes times: ISO 8601 in UTC, to the second."""
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+
+
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(4)
 
@@ -255,6 +260,7 @@ class RunRecord:
     tools: list[dict] = field(default_factory=list)
     selection: Optional[dict] = None  # nodes and test ids left after -k/-m/--nodes
     locks: list[dict] = field(default_factory=list)  # each session's locks entry, in order
+    dropped: list[dict] = field(default_factory=list)  # every session's nodes lost and back, in order
     end: Optional[dict] = None
     torn: Optional[TornLine] = None  # a last line cut short, ignored
 
@@ -310,6 +316,8 @@ def read_ledger(run_dir: Path) -> RunRecord:
             record.selection = entry
         elif kind == "locks":
             record.locks.append(entry)
+        elif kind == "dropped":
+            record.dropped.extend(entry.get("nodes") or [])
         elif kind == "end":
             record.end = entry
     record.checks = list(latest.values())

@@ -10,7 +10,8 @@ Keys (a public interface; add, never rename; reports/schemas/results.schema.json
     report_id, cluster_id, sign_off{engineer, customer},
     waivers[{check, nodes[], reason, owner, expires, waived}],
     expect_overrides[{key, value, profile_value, reason}] (the inventory's changes to profile.expect),
-    unlocked[{node, reason}] (nodes tested without their node lock)},
+    unlocked[{node, reason}] (nodes tested without their node lock),
+    dropped[{node, lost_at, back_at, reason}] (nodes that stopped answering and came back)},
     signer{fingerprint, public_key}?, verdict{status, reasons, cluster_checks?, waived, warnings[]?},
     nodes[{name, status, reasons}],
     checks[{test_id, check, area, depth[], node, outcome, kind, message, log_excerpt, duration_s,
@@ -49,6 +50,7 @@ RATE_UNITS = ("IOPS",)  # rates without "/s" in their unit: low is bad
 TIME_UNITS = ("s", "ms", "us", "µs", "ns")  # times (latency, step time): high is bad
 DEFAULT_OUTLIER_RULE = OutlierRule()  # a profile without `outliers:`
 EXPECT_OVERRIDE_KEYS = ("key", "value", "profile_value", "reason")
+DROPPED_KEYS = ("node", "lost_at", "back_at", "reason")
 RESULTS_FILE = "results.json"
 METRICS_CSV = "metrics.csv"
 
@@ -59,11 +61,15 @@ def report_id(cluster_id: str, run_id: str) -> str:
     return f"{cluster_id}-{run_id}"
 
 
-def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dict, Verdict]:
+def build_results(record: RunRecord, signer: Optional[dict] = None,
+                  judged_nodes: Optional[list[str]] = None) -> tuple[dict, Verdict]:
+    """results.json of a run, and its verdict. judged_nodes: the nodes the verdict judges one by
+    one (default: every node of the run); a re-test's addendum judges those it re-tested."""
     header = record.header
     profile = header.get("profile", {})
     found = outliers(record.checks, outlier_rule(profile))
-    verdict = judge(profile, record.nodes, record.checks, record.planned, record.interrupted, found)
+    verdict = judge(profile, record.nodes if judged_nodes is None else judged_nodes, record.checks,
+                    record.planned, record.interrupted, found)
     cluster_id = header.get("cluster_id") or header.get("cluster") or ""
     results: dict = {
         "schema": RESULTS_SCHEMA,
@@ -87,6 +93,7 @@ def build_results(record: RunRecord, signer: Optional[dict] = None) -> tuple[dic
             "expect_overrides": [{key: override.get(key) for key in EXPECT_OVERRIDE_KEYS}
                                  for override in header.get("expect_overrides") or []],
             "unlocked": unlocked_nodes(record),
+            "dropped": dropped_nodes(record),
         },
         "verdict": {"status": verdict.status, "reasons": verdict.reasons, "waived": verdict.waived},
         "nodes": [{**node, "source": (header.get("node_sources") or {}).get(node["name"]),
@@ -123,6 +130,13 @@ def unlocked_nodes(record: RunRecord) -> list[dict]:
         unlocked.update((node, why) for node, why in (entry.get("not_held") or {}).items() if node not in untested)
     selected = set(record.nodes)
     return [{"node": node, "reason": why} for node, why in unlocked.items() if node in selected]
+
+
+def dropped_nodes(record: RunRecord) -> list[dict]:
+    """Every loss of a node under test that it came back from (runners.transport tries a lost
+    node again): its link or sshd dropped during the run, whether or not a check failed then."""
+    selected = set(record.nodes)
+    return [{key: entry.get(key) for key in DROPPED_KEYS} for entry in record.dropped if entry.get("node") in selected]
 
 
 def waivers_applied(waivers: list[dict], checks: list[dict]) -> list[dict]:

@@ -174,12 +174,15 @@ def build_addendum(record: RunRecord, signer: Optional[dict] = None) -> tuple[di
     profile's mandatory list (the original's record holds what passed there); then each
     outstanding check of the original counts: failed again, not re-tested (a failure stays one,
     a missing result stays missing), or skipped where the profile makes it mandatory. An optional
-    check may skip, as in any run: one that failed as unreachable may find no GPU to check."""
+    check may skip, as in any run: one that failed as unreachable may find no GPU to check.
+    The nodes judged one by one are those with a check of their own to re-test: a node that only
+    took part in a cluster-wide check re-run beside them stands on the original's record."""
     profile = {**record.header.get("profile", {}), "mandatory": []}
     judged = dataclasses.replace(record, header={**record.header, "profile": profile})
-    results, own = build_results(judged, signer)
-    tie = record.header[RETEST_OF]
     rows = addendum_rows(record)
+    retested = {row["node"] for row in rows if row["node"]}
+    results, own = build_results(judged, signer, judged_nodes=[node for node in record.nodes if node in retested])
+    tie = record.header[RETEST_OF]
     mandatory = set(record.header.get("profile", {}).get("mandatory", []))
     failed: list[str] = []
     incomplete: list[str] = []

@@ -2,9 +2,10 @@
 
 The first check that needs a step (say, system facts) runs it on every selected node at once;
 every per-node test then reads its node's entry. So 32 nodes cost about what one costs.
-A node found unreachable (its transport's `loss`) is not tried again: its later steps are
-unreachable at once, with the time and reason it was lost (unless a caller that saw it answer
-since says so: `reconnect`).
+A node found unreachable (its transport's `loss`) is left out of later steps, which are
+unreachable at once with the time and reason it was lost, until its transport's next try is
+due (runners.transport.RECONNECT_AFTER_S), or a caller that saw it answer since says so
+(`reconnect`).
 
 Where Slurm runs the work (`transport: slurm` or `launch: {engine: slurm}`) and the harness is
 not inside an allocation (SLURM_JOB_ID), the session asks for one before its first command, on
@@ -142,12 +143,13 @@ class ClusterRun:
         """{node: Result} of `run` on every selected node; computed once per step and session."""
         if step not in self._steps:
             transports = {node.name: self.transport(node.name) for node in self.nodes}
-            answering = {name: transport for name, transport in transports.items() if transport.loss is None}
+            answering = {name: transport for name, transport in transports.items() if transport.may_answer}
             results = fan_out(answering, run, name=step, deadline_s=deadline_s,
                               on_progress=self._on_progress)
             for name, transport in transports.items():
-                if transport.loss is not None and name not in results:
-                    results[name] = transport.loss.result(name, step)
+                loss = transport.loss
+                if loss is not None and name not in results:
+                    results[name] = loss.result(name, step)
             for node, result in results.items():
                 self._raw[(step, node)] = self._save_raw(step, result)
             self._steps[step] = {name: results[name] for name in transports}
@@ -162,6 +164,14 @@ class ClusterRun:
             if transport is not None and transport.loss is not None:
                 transport.close()
                 del self._transports[node]
+
+    def dropped(self) -> list[tuple[str, Loss, float]]:
+        """(node, loss, when it answered again) for every loss a node came back from, in the order
+        they came back: their link or sshd dropped, which the run's record keeps."""
+        with self._lock:
+            transports = list(self._transports.items())
+        return sorted(((name, loss, back) for name, transport in transports for loss, back in transport.recovered),
+                      key=lambda found: found[2])
 
     def lost(self, node: str) -> Optional[Loss]:
         """When and why the node stopped answering, if it did."""

@@ -270,6 +270,7 @@ class SshLease(Lease):
         self._channel: Optional[paramiko.Channel] = None
         self._root, self._timeout = False, 0.0
         self._restarts = 0  # watchdogs started again on this connection after one ended
+        self._answered = time.monotonic()  # the last echo of a heartbeat
 
     def start(self, *, root: bool, timeout: float) -> "SshLease":
         transport = self.connection.client.get_transport()
@@ -329,6 +330,17 @@ class SshLease(Lease):
             time.sleep(0.02)
         return True
 
+    def answers_after(self, moment: float) -> bool:
+        """Whether the node still answers after `moment`: an echo of the heartbeat comes (True),
+        or the heartbeat gives the link up (False). A command that failed on a silent link (its
+        channel did not open in time) is unreachable, not an error on a sound connection."""
+        deadline = moment + LINK_DEAD_AFTER_S + HEARTBEAT_S
+        while self.connection.is_connected and not self._stopped.is_set():
+            if self._answered > moment or time.monotonic() > deadline:
+                return True
+            time.sleep(0.05)
+        return False
+
     def _beat(self, channel: paramiko.Channel) -> None:
         """A heartbeat every HEARTBEAT_S, whether the last one's echo came or not: the watchdog
         counts the gap between heartbeats it receives, and one sent only after a late echo (up to
@@ -336,7 +348,7 @@ class SshLease(Lease):
         killed our work while the harness still took the link for sound. The link is lost when
         no echo came for LINK_DEAD_AFTER_S."""
         channel.settimeout(HEARTBEAT_S)
-        answered = time.monotonic()
+        self._answered = time.monotonic()
         while not self._stopped.is_set():
             sent = time.monotonic()
             echo: Optional[bytes]
@@ -353,8 +365,8 @@ class SshLease(Lease):
                 self._ended(channel)
                 return
             if echo:
-                answered = time.monotonic()
-            elif time.monotonic() - answered >= LINK_DEAD_AFTER_S:
+                self._answered = time.monotonic()
+            elif time.monotonic() - self._answered >= LINK_DEAD_AFTER_S:
                 self._lost(f"no answer to SSH keepalives for {LINK_DEAD_AFTER_S} s")
                 return
             self._stopped.wait(max(0.0, HEARTBEAT_S - (time.monotonic() - sent)))
@@ -589,9 +601,9 @@ class SshTransport(Transport):
                                   open_timeout=self.node.ssh.connect_timeout,
                                   deadline=started + timeout + HARNESS_GRACE_S)
         except Exception as exc:
+            if not lease.answers_after(time.monotonic()):
+                return self._cut_off(display, "", "", time.monotonic() - started)
             duration = time.monotonic() - started
-            if lease.closed_within(1.0):
-                return self._cut_off(display, "", "", duration)
             # The connection stands: the node refused a session, or something in between broke.
             return Result(self.node.name, display, None, "", "", duration, failure="error",
                           detail=f"{type(exc).__name__}: {exc}")

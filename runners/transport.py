@@ -47,6 +47,11 @@ KILL_BOUND_S = 60
 KILL_WAIT_S = 15
 HEARTBEAT_S = 3  # the harness sends a heartbeat this often
 NODE_PATIENCE_S = 12  # the lease kills its work after this long without one (a few misses)
+# A node lost (a dead link, a refused or timed-out connect) is tried again by the first command
+# after each of these intervals, counted from the loss and then from each try: a blip costs the
+# checks that fall inside it, where a loss kept for good cost all of a node's later ones; a node
+# that stays dead costs a few connect timeouts in all, then fails at once for the rest of the run.
+RECONNECT_AFTER_S = (15, 45, 240)
 # A command that needs a temporary directory names it OWN_TEMP_PREFIX + its lease (or its tag,
 # where it has no lease) + "-", under TMPDIR: whatever kills the command removes it as well.
 OWN_TEMP_PREFIX = "handover-"
@@ -157,18 +162,48 @@ def last_word(stderr: str) -> str:
 
 @dataclass(frozen=True)
 class Loss:
-    """When and why a node stopped answering; from then on its commands fail at once."""
+    """When and why a node stopped answering; until its next try (RECONNECT_AFTER_S) its commands
+    fail at once, and once those tries are spent, for the rest of the run."""
 
     at: float  # time.time()
     reason: str
+    tries: int = 0  # reconnects tried since, every one in vain
+    last_try: Optional[float] = None
+    earlier: int = 0  # losses before this one that the node came back from: a link that keeps
+    # dropping spends RECONNECT_AFTER_S as a dead node does, and then stays lost
 
     @property
     def clock(self) -> str:
         return clock(self.at)
 
+    @property
+    def next_try(self) -> Optional[float]:
+        """When a command may try the node again; None once RECONNECT_AFTER_S is spent."""
+        spent = self.earlier + self.tries
+        if spent >= len(RECONNECT_AFTER_S):
+            return None
+        return (self.last_try or self.at) + RECONNECT_AFTER_S[spent]
+
+    def due(self, now: Optional[float] = None) -> bool:
+        next_try = self.next_try
+        return next_try is not None and (time.time() if now is None else now) >= next_try
+
+    def tried(self, when: float) -> "Loss":
+        return dataclasses.replace(self, tries=self.tries + 1, last_try=when)
+
     def result(self, node: str, command: str) -> Result:
         return Result(node, command, None, "", "", 0.0, failure="unreachable",
-                      detail=f"lost at {self.clock} ({self.reason}); not tried again")
+                      detail=f"lost at {self.clock} ({self.reason}); {self.retries()}")
+
+    def retries(self) -> str:
+        """What became of the tries to reach the node again, for messages."""
+        next_try = self.next_try
+        if not self.tries:
+            return (f"to be tried again at {clock(next_try)}" if next_try else
+                    "not tried again" + (f": lost {self.earlier + 1} times in this run" if self.earlier else ""))
+        tried = (f"tried again at {clock(self.last_try or self.at)}" if self.tries == 1 else
+                 f"tried again {self.tries} times until {clock(self.last_try or self.at)}")
+        return f"{tried}, in vain; " + (f"next at {clock(next_try)}" if next_try else "not tried again")
 
 
 class Unavailable(Exception):
@@ -264,8 +299,10 @@ def node_timed_out(exit_code: Optional[int], duration_s: float, timeout: float) 
 class Transport(ABC):
     """Runs commands on one node. Implementations: LocalTransport, runners.ssh.SshTransport.
 
-    The first unreachable outcome is kept as the node's `loss`; every later command fails at
-    once with its time and reason instead of waiting for a connect timeout again.
+    An unreachable outcome is kept as the node's `loss`: later commands fail at once with its
+    time and reason instead of waiting for a connect timeout again, until the loss's next try
+    is due; the command that finds it due tries the node. A node that answers again is used as
+    before, and its loss is kept in `recovered`: a link that dropped is news for the report.
     """
 
     def __init__(self, node: Node):
@@ -273,10 +310,18 @@ class Transport(ABC):
         # The inventory's launch: settings where Slurm starts multi-node jobs (runners.slurm).
         self.launch: Optional[LaunchSettings] = None
         self.loss: Optional[Loss] = None
+        self.recovered: list[tuple[Loss, float]] = []  # (a loss, when the node answered again)
+        self._retrying = False  # a command is trying the lost node again; the others fail at once
         self._lease: Optional[Lease] = None
         self._running: dict[str, bool] = {}  # tag -> needs root to kill
         self._lock = threading.Lock()
         self._closed = False  # by the session's end: a worker thread left behind must not connect again
+
+    @property
+    def may_answer(self) -> bool:
+        """Whether a command now would reach for the node: it is not lost, or its next try is due."""
+        loss = self.loss
+        return loss is None or loss.due()
 
     def run(self, argv: Sequence[str], *, timeout: float, stdin: Optional[str] = None,
             root: bool = False, env: Optional[Mapping[str, str]] = None,
@@ -287,11 +332,19 @@ class Transport(ABC):
         """
         argv = [str(a) for a in argv]
         display = label or short_command(argv)
-        if self.loss is not None:
-            return self.loss.result(self.node.name, display)
         if self._closed:
             return Result(self.node.name, display, None, "", "", 0.0, failure="error",
                           detail="the run closed its connection to the node; nothing more is started there")
+        loss, trying = self._standing_loss()
+        if loss is not None:
+            return loss.result(self.node.name, display)
+        result = self._reach(argv, display, timeout=timeout, stdin=stdin, root=root, env=env)
+        if trying:
+            self._tried_again(result)
+        return result
+
+    def _reach(self, argv: list[str], display: str, *, timeout: float, stdin: Optional[str], root: bool,
+               env: Optional[Mapping[str, str]]) -> Result:
         started = time.monotonic()
         try:
             lease = self._open()
@@ -351,7 +404,7 @@ class Transport(ABC):
         """Mark the node unreachable, once: the first time and reason are the ones kept."""
         with self._lock:
             if self.loss is None:
-                self.loss = Loss(time.time(), reason)
+                self.loss = Loss(time.time(), reason, earlier=len(self.recovered))
                 log.warning("%s unreachable: %s", self.node.name, reason)
             return self.loss
 
@@ -359,6 +412,34 @@ class Transport(ABC):
         if result.failure == "unreachable":
             self.lose(result.detail)
         return result
+
+    def _standing_loss(self) -> tuple[Optional[Loss], bool]:
+        """The loss this command fails with at once (None where the node answers), and whether
+        this command is the one to try the lost node again: its next try is due (one at a time)."""
+        with self._lock:
+            loss = self.loss
+            if loss is None:
+                return None, False
+            if self._retrying or not loss.due():
+                return loss, False
+            self._retrying = True
+        log.warning("%s: trying again, lost at %s (%s)", self.node.name, loss.clock, loss.reason)
+        return None, True
+
+    def _tried_again(self, result: Result) -> None:
+        """Settle a try of a lost node: back where the command got an answer of the node's own
+        (whatever its exit status), still lost where it did not."""
+        with self._lock:
+            self._retrying = False
+            loss = self.loss
+            if loss is None:
+                return
+            if result.not_reached:
+                self.loss = loss.tried(time.time())
+                return
+            self.loss = None
+            self.recovered.append((loss, time.time()))
+        log.warning("%s answers again (lost at %s: %s)", self.node.name, loss.clock, loss.reason)
 
     @abstractmethod
     def _open(self) -> Lease:

@@ -307,6 +307,31 @@ def test_a_run_directory_is_one_harness_at_a_time_and_resuming_a_finished_run_ch
     assert resumed.returncode == 0 and "verdict: CERTIFIED" in resumed.stdout, resumed.stdout + resumed.stderr
 
 
+def test_a_resume_after_an_outage_runs_the_checks_that_never_reached_their_node(ns_cluster_factory, sign_key,
+                                                                                tmp_path):
+    """node2 unreachable for the whole run (its link down, or the harness's own network): its
+    checks measured nothing. Once it answers, --resume runs them again, and only them (it kept
+    them as done, so the run could not be completed), and the run is certified."""
+    nodes = ns_cluster_factory(2)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    nodes.link_down("node2")
+    try:
+        first = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system and quick")
+    finally:
+        nodes.link_up("node2")
+    assert first.returncode == 1, first.stdout + first.stderr
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    lost = {c["test_id"] for c in results_of(run_dir)["checks"] if c["kind"] == "unreachable"}
+    assert lost and all(test_id.endswith("[node2]") for test_id in lost), lost
+    resumed = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system and quick", f"--resume={run_dir}")
+    assert resumed.returncode == 0 and "verdict: CERTIFIED" in resumed.stdout, resumed.stdout + resumed.stderr
+    results = results_of(run_dir)
+    assert {c["outcome"] for c in results["checks"] if c["test_id"] in lost} == {"passed", "skipped"}
+    ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    again = [e["test_id"] for e in ledger if e["type"] == "check"][len(results["checks"]):]
+    assert set(again) >= lost and all(not test_id.endswith("[node1]") for test_id in again), again
+
+
 def test_a_hung_up_terminal_ends_the_run_as_ctrl_c_does_and_renders_its_report(ns_cluster_factory, sign_key,
                                                                                tmp_path):
     """The operator's session to the head node drops (SIGHUP from the kernel when the terminal's

@@ -21,8 +21,9 @@ from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
 from handover.failures import HostKeyRefused, NodeUnreachable, SanityFailure
 from inventory.model import Node, ScratchPath
 from runners import hpl, payloads, system
+from runners import transport as transport_module
 from runners.cluster import ClusterRun
-from runners.transport import TAG_VARIABLE, LocalTransport, make_transport
+from runners.transport import RECONNECT_AFTER_S, TAG_VARIABLE, LocalTransport, clock, make_transport
 from suites.checks import require
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,7 +112,8 @@ def test_a_link_cut_mid_command_is_unreachable_within_30_s_and_later_steps_fail_
         assert later["node1"].ok
         for result in (later["node2"], direct):
             assert result.failure == "unreachable" and "keepalives" in result.detail
-            assert result.detail.endswith("not tried again"), result.detail
+            assert result.detail.endswith(f"to be tried again at {clock(loss.at + RECONNECT_AFTER_S[0])}"), \
+                result.detail
             assert result.detail.startswith(f"lost at {loss.clock} (") and "keepalives" in result.detail
         assert run.taken_before_loss("later", "node2") is None
         assert run.taken_before_loss("system_facts", "node1") is None
@@ -284,7 +286,11 @@ def test_a_node_whose_sshd_starts_late_is_reached_by_a_retry(ns_cluster_factory,
         starter.join(20)
 
 
-def test_a_node_that_stays_down_is_tried_three_times_then_kept_unreachable(ns_cluster_factory, tmp_path):
+def test_a_node_that_stays_down_fails_at_once_between_its_few_tries_then_for_good(
+        ns_cluster_factory, tmp_path, monkeypatch):
+    """Each connect is tried three times; the lost node is tried again only when its next try is
+    due (the schedule shortened here), and once the schedule is spent, never."""
+    monkeypatch.setattr(transport_module, "RECONNECT_AFTER_S", (1.0, 1.0))
     nodes = ns_cluster_factory(1)
     node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
     nodes.stop_sshd("node1")
@@ -292,11 +298,59 @@ def test_a_node_that_stays_down_is_tried_three_times_then_kept_unreachable(ns_cl
     try:
         first = transport.run(["true"], timeout=10)
         assert first.failure == "unreachable" and first.detail.endswith("(after 3 tries)"), first
+        loss = transport.loss
+        assert loss is not None
         again = transport.run(["true"], timeout=10)
-        assert again.failure == "unreachable"
-        assert "not tried again" in again.detail
+        assert (again.failure, again.duration_s) == ("unreachable", 0.0)
+        assert again.detail.endswith(f"to be tried again at {clock(loss.at + 1.0)}"), again.detail
+        tries = []
+        while transport.loss is not None and transport.loss.next_try is not None:
+            time.sleep(max(0.0, transport.loss.next_try - time.time()))
+            tries.append(transport.run(["true"], timeout=10))
+        assert [(r.failure, r.detail.endswith("(after 3 tries)")) for r in tries] == [("unreachable", True)] * 2
+        last = transport.run(["true"], timeout=10)
+        assert last.duration_s == 0.0 and last.detail.startswith(f"lost at {loss.clock} ("), last.detail
+        assert last.detail.endswith("tried again 2 times until "
+                                    f"{clock(transport.loss.last_try)}, in vain; not tried again"), last.detail
+        assert not transport.may_answer and transport.recovered == []
     finally:
         transport.close()
+
+
+def test_a_node_back_after_an_outage_is_used_again_and_its_loss_is_kept(ns_cluster_factory, tmp_path, monkeypatch):
+    """node2's link down at the first step: lost, and left out of the steps until its next try;
+    its link back, the step after that try reaches it and its loss stays on record. A node lost
+    again and again spends the same tries and then stays lost."""
+    monkeypatch.setattr(transport_module, "RECONNECT_AFTER_S", (2.0, 2.0))
+    nodes = ns_cluster_factory(2)
+    cluster = ns_inventory(nodes, tmp_path / "inv.yaml")
+    run = cluster_run_of(cluster)
+    nodes.link_down("node2")
+    try:
+        first = run.gather("first", lambda transport: transport.run(["true"], timeout=10))
+        assert first["node1"].ok and first["node2"].failure == "unreachable", first["node2"]
+        loss = run.lost("node2")
+        assert loss is not None and not run.transport("node2").may_answer
+        at_once = run.gather("at once", lambda transport: transport.run(["true"], timeout=10))
+        assert at_once["node2"].duration_s == 0.0 and "to be tried again at" in at_once["node2"].detail
+        nodes.link_up("node2")
+        time.sleep(max(0.0, (loss.next_try or 0) - time.time()))
+        back = run.gather("back", lambda transport: transport.run(["hostname"], timeout=10))
+        assert back["node2"].ok, back["node2"].explain()
+        node2 = run.transport("node2")
+        assert run.lost("node2") is None and [lost for lost, _ in node2.recovered] == [loss]
+
+        node2.lose("the connection closed")  # as a dropped link would, once more
+        assert node2.loss is not None and node2.loss.earlier == 1
+        time.sleep(max(0.0, (node2.loss.next_try or 0) - time.time()))
+        assert node2.run(["true"], timeout=10).ok and len(node2.recovered) == 2
+        node2.lose("the connection closed")
+        assert node2.loss.next_try is None and not node2.may_answer
+        final = node2.run(["true"], timeout=10)
+        assert final.detail.endswith("; not tried again: lost 3 times in this run"), final.detail
+    finally:
+        run.close()
+        nodes.link_up("node2")
 
 
 
@@ -439,3 +493,44 @@ def test_a_signal_during_the_runs_ending_is_noted_not_raised():
             time.sleep(1)
     finally:
         interruption.pytest_unconfigure()
+
+
+def test_a_node_that_dropped_and_came_back_is_on_the_runs_record(ns_cluster_factory, sign_key, tmp_path, monkeypatch):
+    """A session whose node2 went silent and came back: the ledger's `dropped` entry, results.json's
+    run.dropped and the report's section say when and why, though no check failed then."""
+    from handover.session import AcceptanceSession
+    from reports.schema import validate_ledger_entry, validate_results
+
+    monkeypatch.setattr(transport_module, "RECONNECT_AFTER_S", (2.0,))
+    nodes = ns_cluster_factory(2)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    session = AcceptanceSession.open(inventory=str(inventory), out=str(tmp_path / "out"), nodes=None, resume=None,
+                                     sign_key=str(sign_key), say=lambda line: None)
+    session.plan([f"suites/test_system.py::test_reachable[{name}]" for name in ("node1", "node2")],
+                 {"node1", "node2"}, cluster_wide=False, skipped_as_done=0)
+    run = session.cluster_run
+    try:
+        nodes.link_down("node2")
+        silent = run.gather("silent", lambda transport: transport.run(["sleep", "1"], timeout=60))
+        assert silent["node2"].failure == "unreachable", silent["node2"]
+        loss = run.lost("node2")
+        assert loss is not None
+        nodes.link_up("node2")
+        time.sleep(max(0.0, (loss.next_try or 0) - time.time()))
+        back = run.gather("back", lambda transport: transport.run(["true"], timeout=30))
+        assert back["node2"].ok, back["node2"].explain()
+    finally:
+        nodes.link_up("node2")
+        rendered = session.finish(1, interrupted=False)
+    assert rendered is not None
+    entries = [json.loads(line) for line in (session.run_dir / "ledger.jsonl").read_text().splitlines()]
+    for number, entry in enumerate(entries, 1):
+        validate_ledger_entry(entry, source=f"ledger.jsonl:{number}")
+    [dropped] = [entry["nodes"] for entry in entries if entry["type"] == "dropped"]
+    results = json.loads((session.run_dir / "results.json").read_text())
+    validate_results(results)
+    assert results["run"]["dropped"] == dropped
+    assert [(d["node"], d["reason"]) for d in dropped] == [("node2", loss.reason)]
+    assert dropped[0]["lost_at"] <= dropped[0]["back_at"]
+    report = (session.run_dir / "report.html").read_text()
+    assert 'id="dropped"' in report and "answered again at" in report

@@ -291,7 +291,8 @@ def test_untrusted_strings_are_escaped_everywhere():
                        harness={"version": evil, "commit": evil},
                        started=evil, finished=evil,
                        tools=[{"node": evil, "tool": evil, "version": evil}],
-                       unlocked=[{"node": evil, "reason": evil}])
+                       unlocked=[{"node": evil, "reason": evil}],
+                       dropped=[{"node": evil, "lost_at": evil, "back_at": evil, "reason": evil}])
     document["signer"] = {"fingerprint": evil, "public_key": f"ssh-ed25519 AAAA {evil}"}
     output = render_html(document)
     assert output.lower().count("<script") == 2  # the node search's data block and its code: ours
@@ -375,6 +376,24 @@ def test_nodes_tested_without_their_lock_are_listed_alike_ones_together_in_a_fle
     few = parse(render_html(results(["n1", "n2"], [check("n1", "memory")], unlocked=rack[:2])))
     assert [tr.find("td").text() for tr in few.by_id("unlocked").find_all("tr")[1:]] == ["d0000", "d0001"]
     assert 'id="unlocked"' not in render_html(results(["n1"], [check("n1", "memory")], unlocked=[]))
+
+
+def test_nodes_that_dropped_and_came_back_are_listed_with_when_and_why():
+    """Each loss a node came back from is a row with its times; in a fleet a rack that dropped
+    at once, alike but for names and times, shares one row."""
+    def dropped(node: str, lost: str, back: str) -> dict:
+        return {"node": node, "lost_at": f"2026-12-06T{lost}+00:00", "back_at": f"2026-12-06T{back}+00:00",
+                "reason": "no answer to SSH keepalives for 12 s"}
+    few = parse(render_html(results(["n1", "n2"], [check("n1", "memory")],
+                                    dropped=[dropped("n2", "10:00:01", "10:00:31")])))
+    rows = [[td.text() for td in tr.find_all("td")] for tr in few.by_id("dropped").find_all("tr")[1:]]
+    assert rows == [["n2", "stopped answering at 10:00:01 UTC (no answer to SSH keepalives for 12 s); "
+                           "answered again at 10:00:31 UTC"]]
+    names = [f"d{i:04d}" for i in range(70)]
+    rack = [dropped(name, f"10:00:{i % 60:02d}", f"10:01:{i % 60:02d}") for i, name in enumerate(names)]
+    fleet = parse(render_html(results(names, [check(n, "memory") for n in names], dropped=rack)))
+    assert [tr.find("td").text() for tr in fleet.by_id("dropped").find_all("tr")[1:]] == ["d[0000-0069] (70 nodes)"]
+    assert 'id="dropped"' not in render_html(results(["n1"], [check("n1", "memory")], dropped=[]))
 
 
 def test_wide_tables_are_scaled_to_the_printed_page_which_is_numbered():

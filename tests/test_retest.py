@@ -253,6 +253,33 @@ def test_only_the_failed_node_is_retested(ns_cluster_factory, sign_key, tmp_path
     assert after["verdict"]["status"] == CERTIFIED
 
 
+def test_after_an_outage_the_retest_judges_cluster_wide_checks_and_certifies(ns_cluster_factory, sign_key, tmp_path):
+    """node2 behind a dead link for the whole run: its checks fail as unreachable, and uniformity
+    (cluster-wide) is judged without its facts. The link mended, the re-test runs node2's checks
+    and uniformity on both nodes: node1, which takes part in uniformity only, is not an untested
+    node of the addendum (it was, and the addendum came out INCOMPLETE though all passed)."""
+    nodes = ns_cluster_factory(2)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml", profile=str(cheap_profile(tmp_path)))
+    checks = ("-m", "system", "-k", "test_reachable or test_memory or test_os or test_uniformity")
+    nodes.link_down("node2")
+    try:
+        first = run_suites(inventory, tmp_path / "out", sign_key, *checks)
+    finally:
+        nodes.link_up("node2")
+    assert first.returncode == 1, first.stdout + first.stderr
+    original = run_dir_of(tmp_path / "out", "nscluster")
+
+    second = retest_run(inventory, sign_key, original, *checks)
+    after = results_of(run_dir_of(tmp_path / "out", "nscluster"))
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr
+    retested = {(row["check"], row["node"]): row["retest"]["outcome"] for row in after["retest"]}
+    assert retested == {("reachable", "node2"): "passed", ("memory", "node2"): "passed", ("os", "node2"): "passed",
+                        ("uniformity", None): "passed"}
+    assert after["run"]["nodes"] == ["node1", "node2"]
+    assert after["verdict"]["status"] == CERTIFIED, after["verdict"]
+    assert [node["name"] for node in after["nodes"]] == ["node2"]  # node1 is judged on the original's record
+
+
 # ---------------------------------------------------------------- the verdict, on ledgers
 
 
