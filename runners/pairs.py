@@ -276,21 +276,30 @@ class Attribution:
         return found
 
 
-def attribute(passed: dict[Pair, bool]) -> Attribution:
-    """Blame nodes whose every pair failed, and links for failed pairs no suspect node explains.
+def attribute(passed: dict[Pair, bool], unreached: Optional[Mapping[str, str]] = None) -> Attribution:
+    """Blame nodes not reached, whose every pair failed, or that several failed pairs have in
+    common, and links for failed pairs no suspect node explains.
 
-    A node is a suspect when all its pairs failed and either it had two or more pairs, or a
-    partner of it passed with someone else (so the partner is not the problem). A lone failed
-    pair with no such evidence (two nodes only) blames the link, naming both ends.
+    A node that was not reached, or was lost, during a pair is a suspect first (unreached: node ->
+    why): its failed pairs measured nothing of the link, and a partner that passed with it before
+    the loss and failed after is not to blame. A node is a suspect when all its pairs failed and
+    either it had two or more pairs, or a partner of it passed with someone else (so the partner
+    is not the problem). It is one too
+    when INTERMITTENT_PAIRS or more of its pairs failed with partners that failed with no one
+    else: a node that drops now and then passes with some partners and fails with others, and
+    one node common to those failures is likelier than as many bad links (a pair's path is the
+    two nodes' ports and the switches between them, so the common end's port is where to look).
+    A lone failed pair with no such evidence (two nodes only) blames the link, naming both ends.
     """
     pairs_of: dict[str, list[Pair]] = {}
     for pair in passed:
         for node in pair:
             pairs_of.setdefault(node, []).append(pair)
     healthy = {node for node, pairs in pairs_of.items() if any(passed[p] for p in pairs)}
-    suspects = {}
+    suspects = {node: f"not reached during its pairs: {why}" for node, why in (unreached or {}).items()
+                if node in pairs_of}
     for node, pairs in pairs_of.items():
-        if any(passed[p] for p in pairs):
+        if node in suspects or any(passed[p] for p in pairs):
             continue
         partners = [other(p, node) for p in pairs]
         vouched = [partner for partner in partners if partner in healthy]
@@ -299,6 +308,7 @@ def attribute(passed: dict[Pair, bool]) -> Attribution:
             if vouched:
                 evidence += f"; {', '.join(vouched)} passed with other nodes"
             suspects[node] = evidence
+    suspects.update(_intermittent(passed, pairs_of, suspects))
     links = {}
     for pair, ok in passed.items():
         if not ok and not (set(pair) & suspects.keys()):
@@ -308,6 +318,29 @@ def attribute(passed: dict[Pair, bool]) -> Attribution:
             else:
                 links[pair] = "failed; no other pair tells the nodes apart"
     return Attribution(suspects, links)
+
+
+INTERMITTENT_PAIRS = 2  # failed pairs a node must have in common before it, not each link, is blamed
+
+
+def _intermittent(passed: dict[Pair, bool], pairs_of: dict[str, list[Pair]],
+                  suspects: dict[str, str]) -> dict[str, str]:
+    """Nodes that passed with some partners and failed with INTERMITTENT_PAIRS or more that failed
+    with no one else, with the evidence in words."""
+    unexplained = {pair for pair, ok in passed.items() if not ok and not set(pair) & suspects.keys()}
+    failed_with: dict[str, list[str]] = {}
+    for pair in unexplained:
+        for node in pair:
+            failed_with.setdefault(node, []).append(other(pair, node))
+    found = {}
+    for node, partners in failed_with.items():
+        alone = [partner for partner in partners if failed_with[partner] == [node]]
+        if len(alone) >= INTERMITTENT_PAIRS:
+            named = sorted(alone)
+            found[node] = (f"{len(partners)} of its {len(pairs_of[node])} pairs failed or were low "
+                           f"(with {', '.join(sorted(partners))}), and {', '.join(named)} failed with no other "
+                           "node: one node common to those failures, not as many bad links")
+    return found
 
 
 LOW_FRACTION = 0.25  # a pair this far below the median of all pairs is low, whatever its band says
@@ -462,6 +495,7 @@ class PairVerdicts:
     fraction: float = LOW_FRACTION
     higher_is_better: bool = True
     second: dict[Pair, PairOutcome] = field(default_factory=dict)
+    unreached: dict[str, str] = field(default_factory=dict)  # node -> why: not reached during a pair
 
     @property
     def median(self) -> Optional[float]:
@@ -488,7 +522,7 @@ class PairVerdicts:
     def attribution(self) -> Attribution:
         """attribute() on both passes, the second pass named in the evidence."""
         first, second = self._verdicts(self.first), self._verdicts(self.second)
-        blame = attribute({**first, **second})
+        blame = attribute({**first, **second}, self.unreached)
         if not second:
             return blame
         first_of, second_of = _verdicts_by_node(first), _verdicts_by_node(second)
@@ -537,6 +571,18 @@ class Link:
         """The form results keep in the node's entry (`pairs`)."""
         return {"peer": self.peer, "state": self.state, "figure": self.figure,
                 "pass": 2 if self.second_pass else 1}
+
+
+def unreached_ends(runs: Iterable[RailRun]) -> dict[str, str]:
+    """node -> why, for the ends of pair runs whose node was not reached or was lost under the run
+    (the first reason each): such a pair measured nothing, whatever its client printed."""
+    found: dict[str, str] = {}
+    for run in runs:
+        if isinstance(run, PairRun):
+            for node, result in ((run.server, run.server_result), (run.client, run.client_result)):
+                if result is not None and result.not_reached:  # when it was lost, not when tried next
+                    found.setdefault(node, f"{result.failure}: {result.detail.split('; ')[0]}")
+    return found
 
 
 def findings(attribution: Attribution) -> dict[str, str]:

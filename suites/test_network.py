@@ -219,7 +219,9 @@ class PairCampaign:
                 for rail, outcomes in pairs.by_kind({key: self.tool.outcome(run)
                                                      for key, run in second.items()}).items():
                     self.verdicts[rail].second = outcomes
+            unreached = pairs.unreached_ends([*first.values(), *self.second_runs.values()])
             for rail, verdicts in self.verdicts.items():
+                verdicts.unreached = unreached
                 self._medians[rail] = verdicts.median
                 self._links[rail] = verdicts.links_by_node()
                 self.attributions[rail] = verdicts.attribution()
@@ -320,9 +322,14 @@ def own_result(run: PairRun, node: str) -> Optional[Result]:
     return run.client_result if run.client == node else run.server_result
 
 
+def partner_result(run: PairRun, node: str) -> Optional[Result]:
+    return run.server_result if run.client == node else run.client_result
+
+
 def sane_runs(found: NodeLinks, node: str, judge: Callable, finding: str):
     """[(run, report)] of the node's sane pairs; none sane fails the check as its first broken
-    pair says (unreachable, timed out, or not sane), with attribution's words."""
+    pair says (unreachable, timed out, or not sane), with attribution's words. A partner that was
+    not reached fails it so, by name: the refused connect to its server measured nothing."""
     sane, broken = [], []
     for run in found.runs:
         report, why = judge(run)
@@ -335,9 +342,10 @@ def sane_runs(found: NodeLinks, node: str, judge: Callable, finding: str):
     own = transport_failure(mine.failure) if mine is not None else None
     if own is not None:  # this node's side never ran: unreachable, host key, ...
         raise own(mine.explain())
-    other = transport_failure(run.client_result.failure)
+    theirs = partner_result(run, node)
+    other = transport_failure(theirs.failure) if theirs is not None else None
     if other is not None:
-        raise other(blamed)
+        raise other(f"{why}: its partner {theirs.explain()}")
     if run.client_result.timed_out:
         raise CommandTimedOut(blamed, excerpt(run.client_result.stdout + run.client_result.stderr))
     raise SanityFailure(blamed, excerpt(run.client_result.stdout + run.client_result.stderr), found.action)

@@ -12,6 +12,7 @@ from runners.pairs import (
     Attribution,
     Link,
     PairOutcome,
+    PairRun,
     PairVerdicts,
     attribute,
     by_kind,
@@ -35,7 +36,9 @@ from runners.pairs import (
     sample_pairs,
     schedule,
     second_pass_pairs,
+    unreached_ends,
 )
+from runners.transport import Result
 
 
 def names(count: int) -> list[str]:
@@ -213,8 +216,46 @@ def test_a_second_pass_figure_is_judged_against_the_first_passs_median():
     verdicts = PairVerdicts(first)
     verdicts.second = {("n01", "n05"): PairOutcome(True, 150.0), ("n02", "n05"): PairOutcome(True, 389.0)}
     assert verdicts.low == {("n01", "n05"): "150 is 62% below the median 390"}
-    blame = verdicts.attribution()
-    assert list(blame.suspect_nodes) == [] and set(blame.suspect_links) == {("n01", "n02"), ("n01", "n05")}
+    blame = verdicts.attribution()  # n02 and n05 failed with n01 alone: n01 is common to both
+    assert list(blame.suspect_nodes) == ["n01"] and not blame.suspect_links
+
+
+def test_a_node_lost_during_its_pairs_is_the_suspect_not_the_link_to_the_partner_after_the_loss():
+    """node2 passed with node1, then was lost: its pair with node3 failed (a refused connect to a
+    server that never started, no figure). node2 is the suspect, named with why, and no link is;
+    before, node2-node3 was a suspect link and healthy node3 failed as one of its ends."""
+    pairs = list(itertools.combinations(["node1", "node2", "node3"], 2))
+    passed = outcomes({("node2", "node3")}, pairs)
+    assert attribute(passed).suspect_links == {("node2", "node3"): "failed while both nodes passed with other partners"}
+    lost = Result("node2", "iperf3 -s", None, "", "", 0.0, failure="unreachable",
+                  detail="lost at 10:00:01 (no answer to SSH keepalives for 12 s); to be tried again at 10:00:16")
+    refused = Result("node3", "iperf3 -c", 1, "", "iperf3: error - unable to connect to server", 0.1)
+    runs = [PairRun("node1", "node2", 5201, Result("node2", "iperf3 -c", 0, "{}", "", 10.0),
+                    Result("node1", "iperf3 -s", 0, "", "", 10.0)),
+            PairRun("node2", "node3", 5202, refused, lost), "no HCA on rail 3"]
+    unreached = unreached_ends(runs)
+    assert unreached == {"node2": "unreachable: lost at 10:00:01 (no answer to SSH keepalives for 12 s)"}
+    blame = attribute(passed, unreached)
+    assert blame.suspect_nodes == {"node2": "not reached during its pairs: unreachable: lost at 10:00:01 "
+                                            "(no answer to SSH keepalives for 12 s)"}
+    assert not blame.suspect_links and set(findings(blame)) == {"node2"}
+
+
+def test_a_node_that_fails_with_some_partners_only_is_blamed_not_its_healthy_partners_links():
+    """At 5% packet loss node2 passed with node1 but failed with node3 and node4, which passed
+    with everyone else: node2 is the suspect. Before, the links node2-node3 and node2-node4 were,
+    which failed healthy node3 and node4 as the ends of suspect links."""
+    pairs = list(itertools.combinations(["node1", "node2", "node3", "node4"], 2))
+    blame = attribute(outcomes({("node2", "node3"), ("node2", "node4")}, pairs))
+    assert list(blame.suspect_nodes) == ["node2"] and not blame.suspect_links
+    assert blame.suspect_nodes["node2"] == ("2 of its 3 pairs failed or were low (with node3, node4), and node3, "
+                                            "node4 failed with no other node: one node common to those failures, "
+                                            "not as many bad links")
+    assert set(findings(blame)) == {"node2"}
+    # one failed pair, or partners that failed elsewhere too, still blame links
+    assert not attribute(outcomes({("node2", "node3")}, pairs)).suspect_nodes
+    spread = attribute(outcomes({("node2", "node3"), ("node2", "node4"), ("node3", "node4")}, pairs))
+    assert not spread.suspect_nodes and len(spread.suspect_links) == 3
 
 
 def test_latency_is_bad_far_above_the_median():

@@ -336,7 +336,8 @@ def valid_lines(tmp_path) -> dict[str, dict]:
 
 @pytest.mark.parametrize("kind,change,message", [
     ("check", lambda e: e.update(type="chek"),
-     "ledger.jsonl: type: 'chek' is not one of ['run', 'check', 'tool', 'selection', 'locks', 'dropped', 'resume', 'end']"),
+     "ledger.jsonl: type: 'chek' is not one of "
+     "['run', 'check', 'tool', 'selection', 'locks', 'dropped', 'resume', 'end']"),
     ("check", lambda e: e.pop("type"), "ledger.jsonl: type: required, but missing"),
     ("check", lambda e: e.pop("node"), "ledger.jsonl: node: required, but missing"),
     ("check", lambda e: e.update(outcome="passd"),
