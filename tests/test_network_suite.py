@@ -208,3 +208,20 @@ def test_quick_a_slow_node_makes_its_pairs_low_or_failed_and_the_others_ok(ns_cl
     assert len(medians) == 1 and next(iter(medians)) > 0, medians
     summary = checks(results, "network_attribution")["test_network_attribution"]
     assert summary["outcome"] == "failed" and "node node5" in summary["message"], summary["message"]
+
+
+def test_a_partner_that_was_not_reached_is_named_not_taken_for_a_measurement(ns_cluster_factory, sign_key, tmp_path):
+    """Two nodes, node2 cut off: node1's only pair measured nothing. Its check names node2 as not
+    reached (kind unreachable: a resume runs it again), where it read as iperf3's refused or
+    timed-out connect, a sanity failure of node1's; the attribution blames node2, not the link."""
+    nodes = ns_cluster_factory(2)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    nodes.link_down("node2")
+    done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-m", "quick", "-k", "iperf3 or attribution")
+    assert done.returncode == 1, done.stdout[-3000:]
+    results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
+    found = checks(results, "iperf3")
+    assert (found["node2"]["kind"], found["node1"]["kind"]) == ("unreachable", "unreachable"), found
+    assert "its partner node2 unreachable: " in found["node1"]["message"], found["node1"]["message"]
+    summary = checks(results, "network_attribution")["test_network_attribution"]
+    assert "node node2: not reached during its pairs" in summary["message"] and "link " not in summary["message"]
