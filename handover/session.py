@@ -15,6 +15,7 @@ or ignore.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import resource
 import secrets
@@ -36,6 +37,7 @@ from reports.files import WriteError
 from reports.hostlists import hostlist_of
 from reports.ledger import Ledger, LedgerError, RunDirectoryBusy, RunRecord, iso_at, now_iso, read_ledger
 from reports.render import RenderedRun, render_run
+from reports.results import RESULTS_FILE
 from reports.retest import RETEST_OF, Original, RetestError, load_original
 from runners.cluster import ClusterRun
 from runners.fanout import Progress
@@ -107,6 +109,8 @@ class AcceptanceSession:
         if not resume:
             check_out(Path(out))
         key = signing_key(sign_key, say)
+        if resume:
+            check_same_signer(Path(resume), key)
         resumed = resumed_ledger(Path(resume), cluster, say) if resume else None
         return cls(cluster, selected, key, Path(out), resumed, on_progress, busy_nodes, original)
 
@@ -347,6 +351,21 @@ def signing_key(path: Optional[str], say: Callable[[str], None]) -> signing.Sign
         say(f"handover: created signing key {key.path} ({key.fingerprint}); "
             "give customers its public key to verify reports")
     return key
+
+
+def check_same_signer(run_dir: Path, key: signing.SigningKey) -> None:
+    """A resumed run that was signed (rendered when it was cut short) goes on with the key that
+    signed it: another key would re-sign the whole bundle without a word, and the customer's
+    list of allowed signers would no longer verify it. Re-signing is `handover report`'s, asked."""
+    try:
+        signer = json.loads((run_dir / RESULTS_FILE).read_text(encoding="utf-8")).get("signer")
+    except (OSError, ValueError, AttributeError):
+        return  # not rendered, or not readable: the ledger's checks say what is wrong
+    fingerprint = signer.get("fingerprint") if isinstance(signer, dict) else None
+    if fingerprint and fingerprint != key.fingerprint:
+        raise SessionError(f"--resume: {run_dir} was signed by key {fingerprint}, not by {key.fingerprint} "
+                           f"({key.path}): resume with --sign-key naming the key that signed it, or re-sign "
+                           f"it on purpose with `handover report {run_dir} --sign-key {key.path}`")
 
 
 def check_out(out: Path) -> None:

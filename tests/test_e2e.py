@@ -480,6 +480,26 @@ def test_resume_refuses_a_different_inventory(ns_cluster, sign_key, tmp_path):
     assert f"--resume: {first} has changed since " in edited.stderr, edited.stderr
 
 
+def test_resume_refuses_another_signing_key_than_the_one_that_signed_the_run(ns_cluster, sign_key, tmp_path):
+    """The run was rendered and signed by the operator's key; a resume with another key re-signed
+    the whole bundle with it, without a word. It is refused, naming both keys and the way to
+    re-sign on purpose; with the same key it goes on."""
+    inventory = ns_cluster.write_inventory(tmp_path / "a.yaml", nodes=["node1"])
+    run_suites(inventory, tmp_path / "out", sign_key, "-k", "reachable")
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    other = tmp_path / "other-key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    signed = (run_dir / "results.json.sig").read_bytes()
+    done = run_suites(inventory, tmp_path / "out", other, "-k", "reachable or os", f"--resume={run_dir}")
+    assert done.returncode == 4 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    signer = results_of(run_dir)["signer"]["fingerprint"]
+    assert f"--resume: {run_dir} was signed by key {signer}, not by SHA256:" in done.stderr, done.stderr
+    assert f"`handover report {run_dir} --sign-key {other}`" in done.stderr
+    assert (run_dir / "results.json.sig").read_bytes() == signed
+    again = run_suites(inventory, tmp_path / "out", sign_key, "-k", "reachable or os", f"--resume={run_dir}")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 @pytest.mark.parametrize("inventory_text, message", [
     ("cluster: x\nprofile: cpu-only\nnodez: [a]\n", "nodez: unknown key; did you mean 'nodes'?"),
     ("cluster: x\nprofile: h100\nnodes: [a]\n", "profile: unknown profile 'h100'"),
