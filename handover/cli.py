@@ -153,7 +153,7 @@ def cmd_verify(args) -> int:
     re-test, one on its tie to the original run); who signed."""
     from reports.bundle import printable
     from reports.files import read_regular
-    from reports.render import verify_run
+    from reports.verify import verify_run
 
     try:
         os.listdir(args.run_dir)

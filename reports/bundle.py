@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from reports import signing
 from reports.files import WriteError, open_regular, read_regular, write_atomically
+from reports.results import RESULTS_FILE
 
 if TYPE_CHECKING:  # imported by `handover verify`, which reads the manifest, not by every rendering
     from jsonschema import Draft202012Validator
@@ -35,6 +36,9 @@ MANIFEST_SCHEMA = "handover.manifest/1"
 MANIFEST_FILE = "manifest.json"
 CHECKSUMS_FILE = "manifest.sha256"
 MANIFEST_FILES = (MANIFEST_FILE, CHECKSUMS_FILE)
+REPORT_FILE = "report.html"
+SIGNED_FILES = (RESULTS_FILE, REPORT_FILE)  # signed as they are rendered
+BUNDLE_SIGNED = SIGNED_FILES + MANIFEST_FILES  # every signature of a run directory
 ALLOWED_SIGNERS_FILE = "allowed_signers"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "manifest.schema.json"
 

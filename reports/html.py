@@ -29,18 +29,14 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from inventory.model import place_by
-from reports.bundle import CHECKSUMS_FILE, MANIFEST_FILES
+from reports.bundle import BUNDLE_SIGNED, CHECKSUMS_FILE, REPORT_FILE
 from reports.curves import CurveChart, build_curves, nice_ticks
 from reports.files import write_atomically
 from reports.hostlists import counted, hostlist_of
-from reports.results import RESULTS_FILE
 from reports.retest import addendum_view
 from reports.soak_view import SoakTable, soak_table
 from reports.verdict import FLEET_NODES, alike, masked_node_words
 
-REPORT_FILE = "report.html"
-SIGNED_FILES = (RESULTS_FILE, REPORT_FILE)  # signed as they are rendered
-BUNDLE_SIGNED = SIGNED_FILES + MANIFEST_FILES  # every signature of a run directory
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
 

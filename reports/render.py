@@ -4,27 +4,24 @@ Used at the end of a pytest run and by `handover report RUN_DIR` for an interrup
 last step seals the bundle: manifest.json and manifest.sha256 (reports/bundle.py) list the
 digest of every file of the run directory, and are signed by the same key as the report.
 A re-test's run (its header says `retest_of`) renders as an addendum to the report it completes
-(reports/retest.py), and verifying it also checks the tie to that report when it lies beside it.
+(reports/retest.py). Verifying a run directory is reports/verify.py's.
 """
 from __future__ import annotations
 
 import gc
-import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 from reports import bundle, retest, signing
-from reports.bundle import ALLOWED_SIGNERS_FILE
-from reports.files import read_regular, remove_stale_temporaries
-from reports.html import BUNDLE_SIGNED, REPORT_FILE, SIGNED_FILES, write_html
+from reports.bundle import ALLOWED_SIGNERS_FILE, BUNDLE_SIGNED, REPORT_FILE, SIGNED_FILES
+from reports.files import remove_stale_temporaries
+from reports.html import write_html
 from reports.junit import write_junit
 from reports.ledger import RunRecord, read_ledger
-from reports.results import RESULTS_FILE, build_results, write_metrics_csv, write_results
+from reports.results import build_results, write_metrics_csv, write_results
 from reports.verdict import Verdict
-
-__all__ = ["BUNDLE_SIGNED", "REPORT_FILE", "SIGNED_FILES", "RenderedRun", "render_run", "verify_run"]
 
 
 @dataclass
@@ -75,32 +72,6 @@ def cycles_collected_after() -> Iterator[None]:
         if was_enabled:
             gc.enable()
             gc.collect()
-
-
-def verify_run(run_dir: Path, allowed_signers: Optional[Path] = None) -> bundle.BundleCheck:
-    """Every signature and every digest of a rendered run directory (`handover verify`); for a
-    re-test, also its tie to the original run when that lies beside it."""
-    check = bundle.verify(Path(run_dir), BUNDLE_SIGNED, allowed_signers)
-    try:
-        results = json.loads(read_regular(Path(run_dir) / RESULTS_FILE).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return check  # already a finding of its own: a signature or a digest that fails
-    if not isinstance(results, dict):
-        return check
-    if not any(finding.file == RESULTS_FILE for finding in check.problems):
-        check.subject = subject_of(results)
-    # the original is checked against the list this run was, if any
-    check.findings += retest.tie_findings(Path(run_dir), results, BUNDLE_SIGNED,
-                                          allowed_signers if check.trusted else None, check.fingerprint)
-    return check
-
-
-def subject_of(results: dict) -> str:
-    """What a verified run is, from its signed results.json: a customer checks it is the run
-    they were promised (another run's bundle, renamed, verifies as well as this one)."""
-    run, verdict = (part if isinstance(part := results.get(key), dict) else {} for key in ("run", "verdict"))
-    return (f"the run: report {run.get('report_id')} of cluster {run.get('cluster')}, {len(run.get('nodes') or [])} "
-            f"node(s), finished {run.get('finished')}, verdict {verdict.get('status')}")
 
 
 def signer_identity(key: signing.SigningKey) -> str:

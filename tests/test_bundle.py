@@ -22,7 +22,8 @@ from jsonschema import Draft202012Validator
 from test_e2e import ROOT, handover, run_dir_of, run_suites
 
 from reports import bundle, signing
-from reports.render import BUNDLE_SIGNED, verify_run
+from reports.bundle import BUNDLE_SIGNED
+from reports.verify import verify_run
 
 IDENTITY = "ops@example.com"  # the comment of conftest's sign_key
 SIGNATURES = {f"{name}.sig" for name in BUNDLE_SIGNED}

@@ -22,12 +22,13 @@ from test_e2e import handover, results_of, run_dir_of, run_suites, ssh_keygen_ve
 
 from handover.session import AcceptanceSession, SessionError
 from reports import bundle, signing
+from reports.bundle import BUNDLE_SIGNED
 from reports.html import render_html
 from reports.ledger import RunRecord
-from reports.render import BUNDLE_SIGNED, verify_run
 from reports.retest import NOT_RUN, RETEST_OF, Original, addendum_view, build_addendum
 from reports.schema import validate_ledger_entry, validate_results
 from reports.verdict import CERTIFIED, INCOMPLETE, NOT_CERTIFIED
+from reports.verify import verify_run
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY = "suites/test_system.py::test_memory[localhost]"
