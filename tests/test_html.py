@@ -410,6 +410,8 @@ def test_wide_tables_are_scaled_to_the_printed_page_which_is_numbered():
     output = render_html(cluster_of(2, names))
     assert ".matrix-wrap, .heat-wrap { zoom: var(--print-zoom, 1); }" in output
     assert 'content: "page " counter(page) " of " counter(pages)' in output
+    # printed (64 nodes, bench/report.py): 67 pages, 9 of them nearly empty, the totals twice -> 54, once
+    assert ".matrix tfoot { display: table-row-group; }" in output and ".metric { break-inside: auto; }" in output
     assert "SHA256:abcdefghijklmnop" in root.by_id("top").text()
     nodes = [f"n{i}" for i in range(1, 65)]
     ring = link_checks(nodes, {(f"n{i}", f"n{i % 64 + 1}"): (9.0, "ok") for i in range(1, 65)}, median=9.0)
