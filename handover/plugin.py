@@ -22,7 +22,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, TextIO, cast
 
 import pytest
 
@@ -111,8 +111,12 @@ def add_soak_options(group) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
-    """--soak-stop ends a soak and pytest with it; a soak to attach to becomes the run resumed."""
+    """--soak-stop ends a soak and pytest with it; a soak to attach to becomes the run resumed.
+    An acceptance run's output streams go quiet once their reader is gone (OutputGuard), set
+    before pytest's terminal reporter takes sys.stdout (pytest_configure)."""
     option = config.option
+    if option.inventory:
+        sys.stdout, sys.stderr = OutputGuard.around(sys.stdout), OutputGuard.around(sys.stderr)
     if option.inventory and not option.help:
         refused = refused_option(option)
         if refused:
@@ -484,6 +488,52 @@ def detach_from(terminals: set[int]) -> None:
                 os.dup2(null, fd)
     finally:
         os.close(null)
+
+
+class OutputGuard:
+    """stdout or stderr as the run writes to it: once the reader of its pipe is gone (`| head`
+    that has its lines, a `| tee` the hang-up killed), writes go nowhere instead of raising
+    BrokenPipeError, which ended the run with exit 1 before its run directory was even made.
+    The run directory holds everything the stream would have shown."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self._gone = False
+
+    @classmethod
+    def around(cls, stream: TextIO) -> TextIO:
+        return stream if isinstance(stream, cls) else cast(TextIO, cls(stream))
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        """From now on, nothing; the descriptor itself points at /dev/null, so what is still
+        buffered (and Python's own flush at exit) finds somewhere to go."""
+        self._gone = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._stream.fileno())
+            finally:
+                os.close(null)
+        except (OSError, ValueError):
+            return
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def listing_only(config: pytest.Config) -> bool:

@@ -332,6 +332,25 @@ def test_a_resume_after_an_outage_runs_the_checks_that_never_reached_their_node(
     assert set(again) >= lost and all(not test_id.endswith("[node1]") for test_id in again), again
 
 
+def test_a_reader_that_goes_away_leaves_the_run_to_finish_and_exit_by_its_verdict(ns_cluster, sign_key, tmp_path):
+    """`pytest ... | head -3`, or a `| tee` killed by a hang-up: the pipe's reader is gone, and
+    the next write raised BrokenPipeError, which ended the run with exit 1 before its run
+    directory was made. The run now goes on with its output going nowhere, and exits by its
+    verdict with its report signed."""
+    inventory = ns_cluster.write_inventory(tmp_path / "cluster.yaml", nodes=["node1"])
+    command = [sys.executable, "-m", "pytest", "--inventory", str(inventory), "--out", str(tmp_path / "out"),
+               "--sign-key", str(sign_key), "-p", "no:cacheprovider", "-m", "system and quick"]
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert run.stdout is not None and run.stderr is not None
+    first = [run.stdout.readline() for _ in range(3)]
+    run.stdout.close()  # as `head -3` does once it has its lines
+    run.stderr.close()
+    assert run.wait(timeout=300) == 0 and first[0].startswith(b"====")
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    assert results_of(run_dir)["verdict"]["status"] == "CERTIFIED"
+    assert (run_dir / "report.html.sig").is_file()
+
+
 def test_a_hung_up_terminal_ends_the_run_as_ctrl_c_does_and_renders_its_report(ns_cluster_factory, sign_key,
                                                                                tmp_path):
     """The operator's session to the head node drops (SIGHUP from the kernel when the terminal's
