@@ -36,6 +36,7 @@ from runners.transport import (
 
 DEFAULT_KNOWN_HOSTS = os.path.expanduser("~/.ssh/known_hosts")
 LINK_DEAD_AFTER_S = 12  # no echo of a heartbeat this long: the node is unreachable
+SILENT_ROUNDS = 1.5  # no echo for this many heartbeats when a command failed: its link was silent
 CONNECT_TRIES = 3
 CONNECT_BACKOFF_S = 1.0  # before the second try; doubled before each one after
 # SSH handshakes in progress at once, over every node: each costs the harness CPU (key exchange,
@@ -330,10 +331,19 @@ class SshLease(Lease):
             time.sleep(0.02)
         return True
 
+    def silence(self) -> Optional[str]:
+        """Why a command that failed on this connection failed for its link: no echo came for
+        longer than a heartbeat's round (its channel did not open on a link gone silent, which
+        may be back by now), or the heartbeat gives the link up before the next echo. None when
+        the node answered all along: the failure was the node's (it refused a session)."""
+        silent = time.monotonic() - self._answered
+        if silent > HEARTBEAT_S * SILENT_ROUNDS:
+            return f"no answer to SSH keepalives for {silent:.0f} s"
+        return None if self.answers_after(time.monotonic()) else "the connection closed"
+
     def answers_after(self, moment: float) -> bool:
         """Whether the node still answers after `moment`: an echo of the heartbeat comes (True),
-        or the heartbeat gives the link up (False). A command that failed on a silent link (its
-        channel did not open in time) is unreachable, not an error on a sound connection."""
+        or the heartbeat gives the link up (False)."""
         deadline = moment + LINK_DEAD_AFTER_S + HEARTBEAT_S
         while self.connection.is_connected and not self._stopped.is_set():
             if self._answered > moment or time.monotonic() > deadline:
@@ -345,26 +355,26 @@ class SshLease(Lease):
         """A heartbeat every HEARTBEAT_S, whether the last one's echo came or not: the watchdog
         counts the gap between heartbeats it receives, and one sent only after a late echo (up to
         LINK_DEAD_AFTER_S late) let that gap pass NODE_PATIENCE_S on a slow link, so the node
-        killed our work while the harness still took the link for sound. The link is lost when
-        no echo came for LINK_DEAD_AFTER_S."""
-        channel.settimeout(HEARTBEAT_S)
+        killed our work while the harness still took the link for sound. A heartbeat is answered
+        when every one sent so far has its echo: one read per heartbeat took the OUTPUT_BEGINS
+        line for the first echo, and from then on each read found the echo before, already
+        waiting, so a link gone silent looked answered for a round more. The link is lost when
+        no heartbeat was answered for LINK_DEAD_AFTER_S."""
+        echoes = _Echoes()
         self._answered = time.monotonic()
         while not self._stopped.is_set():
             sent = time.monotonic()
-            echo: Optional[bytes]
             try:
                 channel.sendall(b".")
-                echo = channel.recv(64)
-            except socket.timeout:
-                echo = None
+                ended = not echoes.wait_for_all(channel, until=sent + HEARTBEAT_S)
             except (OSError, EOFError, paramiko.SSHException):
-                echo = b""
+                ended = True
             if self._stopped.is_set():
                 return
-            if echo == b"":
+            if ended:
                 self._ended(channel)
                 return
-            if echo:
+            if echoes.all_in:
                 self._answered = time.monotonic()
             elif time.monotonic() - self._answered >= LINK_DEAD_AFTER_S:
                 self._lost(f"no answer to SSH keepalives for {LINK_DEAD_AFTER_S} s")
@@ -399,6 +409,49 @@ class SshLease(Lease):
                 why = f"{why or 'it said nothing'}; starting it again failed: {error}"
         log.warning("%s: the node-side watchdog ended (%s); commands there are bounded by their "
                     "own timeouts only", self.connection.host, why or "it said nothing")
+
+
+class _Echoes:
+    """The watchdog's echoes of the heartbeats one channel sent: a dot for each dot, after the
+    OUTPUT_BEGINS line (a login's message of the day before it may hold dots of its own)."""
+
+    BEGINS = (OUTPUT_BEGINS + "\n").encode()
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.echoed = 0
+        self._preamble: Optional[bytes] = b""  # None once OUTPUT_BEGINS has come
+
+    @property
+    def all_in(self) -> bool:
+        return self.echoed >= self.sent
+
+    def wait_for_all(self, channel: paramiko.Channel, *, until: float) -> bool:
+        """Count one more heartbeat sent, and read echoes until every one has come or `until`;
+        False when the channel ended (the watchdog exited, or the connection closed)."""
+        self.sent += 1
+        while not self.all_in:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return True
+            channel.settimeout(remaining)
+            try:
+                data = channel.recv(64)
+            except socket.timeout:
+                return True
+            if not data:
+                return False
+            self.echoed += self._dots(data)
+        return True
+
+    def _dots(self, data: bytes) -> int:
+        if self._preamble is not None:
+            _, found, after = (self._preamble + data).partition(self.BEGINS)
+            if not found:
+                self._preamble = (self._preamble + data)[-len(self.BEGINS):]
+                return 0
+            self._preamble, data = None, after
+        return data.count(b".")
 
 
 def _nothing() -> None:
@@ -601,8 +654,9 @@ class SshTransport(Transport):
                                   open_timeout=self.node.ssh.connect_timeout,
                                   deadline=started + timeout + HARNESS_GRACE_S)
         except Exception as exc:
-            if not lease.answers_after(time.monotonic()):
-                return self._cut_off(display, "", "", time.monotonic() - started)
+            silence = lease.silence()
+            if silence is not None:
+                return self._cut_off(display, "", "", time.monotonic() - started, silence)
             duration = time.monotonic() - started
             # The connection stands: the node refused a session, or something in between broke.
             return Result(self.node.name, display, None, "", "", duration, failure="error",
@@ -616,10 +670,11 @@ class SshTransport(Transport):
         return Result(self.node.name, display, ran.exit_code, stdout, stderr, duration,
                       timed_out=node_timed_out(ran.exit_code, duration, timeout))
 
-    def _cut_off(self, display: str, stdout: str, stderr: str, duration: float) -> Result:
+    def _cut_off(self, display: str, stdout: str, stderr: str, duration: float,
+                 why: str = "the connection closed") -> Result:
         """A command whose connection went away under it: the node is unreachable, whatever the
         command itself was doing."""
-        loss = self.lose("the connection closed")  # unless the heartbeat said why first
+        loss = self.lose(why)  # unless the heartbeat said why first
         return Result(self.node.name, display, None, stdout, stderr, duration, failure="unreachable",
                       detail=f"{loss.reason}, {duration:.0f} s into `{display}`")
 

@@ -192,18 +192,11 @@ class Loss:
         return dataclasses.replace(self, tries=self.tries + 1, last_try=when)
 
     def result(self, node: str, command: str) -> Result:
+        """What a command of the lost node gives: the loss's time and reason only, the same for
+        every check of it whatever its tries since, so that a node's (and a rack's) checks read
+        as one reason below the verdict; the tries are in the log."""
         return Result(node, command, None, "", "", 0.0, failure="unreachable",
-                      detail=f"lost at {self.clock} ({self.reason}); {self.retries()}")
-
-    def retries(self) -> str:
-        """What became of the tries to reach the node again, for messages."""
-        next_try = self.next_try
-        if not self.tries:
-            return (f"to be tried again at {clock(next_try)}" if next_try else
-                    "not tried again" + (f": lost {self.earlier + 1} times in this run" if self.earlier else ""))
-        tried = (f"tried again at {clock(self.last_try or self.at)}" if self.tries == 1 else
-                 f"tried again {self.tries} times until {clock(self.last_try or self.at)}")
-        return f"{tried}, in vain; " + (f"next at {clock(next_try)}" if next_try else "not tried again")
+                      detail=f"lost at {self.clock} ({self.reason})")
 
 
 class Unavailable(Exception):
@@ -339,9 +332,7 @@ class Transport(ABC):
         if loss is not None:
             return loss.result(self.node.name, display)
         result = self._reach(argv, display, timeout=timeout, stdin=stdin, root=root, env=env)
-        if trying:
-            self._tried_again(result)
-        return result
+        return self._tried_again(result) if trying else result
 
     def _reach(self, argv: list[str], display: str, *, timeout: float, stdin: Optional[str], root: bool,
                env: Optional[Mapping[str, str]]) -> Result:
@@ -426,20 +417,25 @@ class Transport(ABC):
         log.warning("%s: trying again, lost at %s (%s)", self.node.name, loss.clock, loss.reason)
         return None, True
 
-    def _tried_again(self, result: Result) -> None:
+    def _tried_again(self, result: Result) -> Result:
         """Settle a try of a lost node: back where the command got an answer of the node's own
-        (whatever its exit status), still lost where it did not."""
+        (whatever its exit status), still lost where it did not; then the command's result reads
+        as the loss's (the try's own failure is in the log)."""
         with self._lock:
             self._retrying = False
             loss = self.loss
             if loss is None:
-                return
+                return result
             if result.not_reached:
                 self.loss = loss.tried(time.time())
-                return
+                next_try = self.loss.next_try
+                log.warning("%s: still unreachable (%s); %s", self.node.name, result.detail,
+                            f"next try at {clock(next_try)}" if next_try else "not tried again")
+                return dataclasses.replace(result, detail=loss.result(result.node, result.command).detail)
             self.loss = None
             self.recovered.append((loss, time.time()))
         log.warning("%s answers again (lost at %s: %s)", self.node.name, loss.clock, loss.reason)
+        return result
 
     @abstractmethod
     def _open(self) -> Lease:
