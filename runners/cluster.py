@@ -48,6 +48,7 @@ class ClusterRun:
         self._steps: dict[str, dict[str, Result]] = {}
         self._raw: dict[tuple[str, str], list[str]] = {}
         self._taken: dict[str, float] = {}  # step -> when its results came in (time.time())
+        self._came_back: list[tuple[str, Loss, float]] = []  # losses of transports since replaced
         self._lock = threading.Lock()
         self._slurm_steps: Optional[SlurmSteps] = None  # transport slurm: one batcher per session
         self._allocation: Optional[Allocation] = None
@@ -164,14 +165,16 @@ class ClusterRun:
             if transport is not None and transport.loss is not None:
                 transport.close()
                 del self._transports[node]
+                self._came_back += [(node, loss, back) for loss, back in transport.recovered]
+                self._came_back.append((node, transport.loss, time.time()))
 
     def dropped(self) -> list[tuple[str, Loss, float]]:
         """(node, loss, when it answered again) for every loss a node came back from, in the order
         they came back: their link or sshd dropped, which the run's record keeps."""
         with self._lock:
-            transports = list(self._transports.items())
-        return sorted(((name, loss, back) for name, transport in transports for loss, back in transport.recovered),
-                      key=lambda found: found[2])
+            found = self._came_back + [(name, loss, back) for name, transport in self._transports.items()
+                                       for loss, back in transport.recovered]
+        return sorted(found, key=lambda each: each[2])
 
     def lost(self, node: str) -> Optional[Loss]:
         """When and why the node stopped answering, if it did."""

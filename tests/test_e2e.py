@@ -330,6 +330,10 @@ def test_a_resume_after_an_outage_runs_the_checks_that_never_reached_their_node(
     ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     again = [e["test_id"] for e in ledger if e["type"] == "check"][len(results["checks"]):]
     assert set(again) >= lost and all(not test_id.endswith("[node1]") for test_id in again), again
+    # uniformity passed comparing node1 alone: it runs again, with node2's facts beside node1's
+    uniformity = "suites/test_system.py::test_uniformity"
+    assert uniformity in again and uniformity not in lost
+    assert "2 node(s) compared" in next(c["message"] for c in results["checks"] if c["test_id"] == uniformity)
 
 
 def test_a_reader_that_goes_away_leaves_the_run_to_finish_and_exit_by_its_verdict(ns_cluster, sign_key, tmp_path):

@@ -351,6 +351,9 @@ def test_a_node_back_after_an_outage_is_used_again_and_its_loss_is_kept(ns_clust
         assert node2.loss.next_try is None and not node2.may_answer
         final = node2.run(["true"], timeout=10)
         assert (final.duration_s, final.detail) == (0.0, f"lost at {node2.loss.clock} (the connection closed)")
+        run.reconnect("node2")  # a caller saw it answer (a soak's collection): a fresh transport
+        assert run.lost("node2") is None and [(node, lost.reason) for node, lost, _ in run.dropped()] == \
+            [("node2", loss.reason), ("node2", "the connection closed"), ("node2", "the connection closed")]
     finally:
         run.close()
         nodes.link_up("node2")
