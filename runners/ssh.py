@@ -561,8 +561,10 @@ class SshTransport(Transport):
 
     def _connect(self) -> tuple[Connection, Callable[[], None]]:
         """Open the node's connection, trying again (with backoff) after transient failures;
-        with what to call once it is closed (its share of the jump chain)."""
+        with what to call once it is closed (its share of the jump chain). A lost node's try is
+        one connect: RECONNECT_AFTER_S is its backoff."""
         timeout = self.node.ssh.connect_timeout
+        tries = 1 if self.loss is not None else CONNECT_TRIES
         attempt = 0
         while True:
             attempt += 1
@@ -580,12 +582,12 @@ class SshTransport(Transport):
             except Exception as exc:  # every way of not connecting is a per-node outcome
                 connection.close()
                 failure, detail = _classify(exc, timeout)
-                if attempt == CONNECT_TRIES or not _transient(exc, failure):
-                    tries = f" (after {attempt} tries)" if attempt > 1 else ""
-                    raise Unavailable(failure, detail + tries) from None
+                if attempt >= tries or not _transient(exc, failure):
+                    after = f" (after {attempt} tries)" if attempt > 1 else ""
+                    raise Unavailable(failure, detail + after) from None
                 delay = CONNECT_BACKOFF_S * 2 ** (attempt - 1)
                 log.warning("%s: connect try %d of %d failed (%s); trying again in %g s",
-                            self.node.name, attempt, CONNECT_TRIES, detail, delay)
+                            self.node.name, attempt, tries, detail, delay)
                 time.sleep(delay)
 
     def _open_through(self, connection: Connection, chain: SshSettings) -> Callable[[], None]:
