@@ -331,7 +331,12 @@ class Transport(ABC):
         loss, trying = self._standing_loss()
         if loss is not None:
             return loss.result(self.node.name, display)
-        result = self._reach(argv, display, timeout=timeout, stdin=stdin, root=root, env=env)
+        try:
+            result = self._reach(argv, display, timeout=timeout, stdin=stdin, root=root, env=env)
+        except BaseException:  # Ctrl-C mid-try: the next due command may try the node again
+            if trying:
+                self._retrying = False
+            raise
         return self._tried_again(result) if trying else result
 
     def _reach(self, argv: list[str], display: str, *, timeout: float, stdin: Optional[str], root: bool,
