@@ -169,14 +169,16 @@ class AcceptanceSession:
         nothing is run again: refused as busy (another run held its node, as its message says), or
         failed because its node was not reached or was lost under it (a link that has come back
         since, the harness's own network that dropped). Where a node's check runs again, so does
-        every cluster-wide check: each judged the cluster without that node's facts (uniformity
-        compared the nodes left), as a re-test runs them again (reports.retest)."""
+        every cluster-wide check that passed: it judged the cluster without that node's facts
+        (uniformity compared the nodes left), as a re-test runs them again (reports.retest). A
+        cluster-wide failure stays, as any failure does: a re-test runs it again."""
         if not self.resumed:
             return set()
         again = [entry for entry in self.resumed.checks if entry.get("kind") in MEASURED_NOTHING]
-        cluster_wide_again = any(entry.get("node") for entry in again)
+        passed_again = any(entry.get("node") for entry in again)
         return {entry["test_id"] for entry in self.resumed.checks
-                if entry.get("kind") not in MEASURED_NOTHING and not (cluster_wide_again and entry.get("node") is None)}
+                if entry.get("kind") not in MEASURED_NOTHING
+                and not (passed_again and entry.get("node") is None and entry["outcome"] == "passed")}
 
     def retest_selection(self, collected: list[tuple[str, str, Optional[str]]]) -> Optional[set[str]]:
         """For --retest, the test ids to run again among everything collected (test_id, check,

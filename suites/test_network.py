@@ -28,6 +28,7 @@ import pytest
 from handover.failures import (
     CommandTimedOut,
     ExpectationFailure,
+    NodeUnreachable,
     PerformanceFailure,
     SanityFailure,
     excerpt,
@@ -145,6 +146,7 @@ class NodeLinks:
     raw: list[str]
     median: Optional[float]
     action: str = ""  # what to do about the links attribution holds against the node
+    unreached: bool = False  # the node itself was not reached, or was lost, during its pairs
 
 
 class PairCampaign:
@@ -179,6 +181,7 @@ class PairCampaign:
         self._findings: dict[Rail, dict[str, str]] = {}
         self._medians: dict[Rail, Optional[float]] = {}  # of each rail's first pass
         self._pairs_of: dict[tuple[str, Rail], list[Pair]] = {}  # (node, rail) -> its pairs
+        self._unreached: dict[str, str] = {}  # node -> why, not reached during its pairs
 
     @functools.cached_property
     def nodes(self) -> list[str]:
@@ -195,7 +198,8 @@ class PairCampaign:
                          runs=[self.runs.get((pair, rail)) or self.second_runs[(pair, rail)] for pair in mine],
                          raw=[path for pair in mine for path in self.raw.get((pair, rail), [])],
                          median=self._medians.get(rail),
-                         action=pairs.link_action(self.attributions.get(rail), node, rail, self.tool.name))
+                         action=pairs.link_action(self.attributions.get(rail), node, rail, self.tool.name),
+                         unreached=node in self._unreached)
 
     def measure(self) -> None:
         with self._lock:
@@ -219,9 +223,9 @@ class PairCampaign:
                 for rail, outcomes in pairs.by_kind({key: self.tool.outcome(run)
                                                      for key, run in second.items()}).items():
                     self.verdicts[rail].second = outcomes
-            unreached = pairs.unreached_ends([*first.values(), *self.second_runs.values()])
+            self._unreached = pairs.unreached_ends([*first.values(), *self.second_runs.values()])
             for rail, verdicts in self.verdicts.items():
-                verdicts.unreached = unreached
+                verdicts.unreached = self._unreached
                 self._medians[rail] = verdicts.median
                 self._links[rail] = verdicts.links_by_node()
                 self.attributions[rail] = verdicts.attribution()
@@ -363,12 +367,18 @@ def links_note(found: NodeLinks, depth: str, best: str) -> str:
 
 def judge_links(metrics, figures: dict[str, tuple[Optional[float], str]], found: NodeLinks) -> None:
     """The node's best pair against the bands, then what attribution holds against it; the
-    failure says which cable or port to look at, where attribution names one."""
+    failure says which cable or port to look at, where attribution names one. A node lost
+    during its pairs is unreachable, whatever its pairs before the loss gave: its links were not
+    all measured, and a resume measures them again."""
     finding = found.finding
     try:
         metrics.judge(**figures)
     except PerformanceFailure as miss:
+        if found.unreached:
+            raise NodeUnreachable(finding) from None
         raise PerformanceFailure(f"{miss}; {finding}" if finding else str(miss), action=found.action) from None
+    if found.unreached:
+        raise NodeUnreachable(finding)
     if finding:
         raise PerformanceFailure(finding, action=found.action)
 

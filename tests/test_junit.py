@@ -300,7 +300,8 @@ def test_results_document(tmp_path):
         "tools": [{"node": "n1", "tool": "python", "version": "3.11.2"},
                   {"node": "n2", "tool": "python", "version": "3.12.0"}],
         "report_id": f"testcluster-{run_dir.name}", "cluster_id": "testcluster",
-        "sign_off": {"engineer": None, "customer": None}, "waivers": [], "expect_overrides": [], "unlocked": []}
+        "sign_off": {"engineer": None, "customer": None}, "waivers": [], "expect_overrides": [], "unlocked": [],
+        "dropped": []}
     assert results["signer"] == signer
     assert results["verdict"] == {"status": verdict.status, "reasons": verdict.reasons,
                                   "cluster_checks": verdict.cluster_checks, "waived": 0}

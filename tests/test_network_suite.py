@@ -8,6 +8,8 @@ median they were judged against, as the suite judged them once.
 """
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -225,3 +227,38 @@ def test_a_partner_that_was_not_reached_is_named_not_taken_for_a_measurement(ns_
     assert "its partner node2 unreachable: " in found["node1"]["message"], found["node1"]["message"]
     summary = checks(results, "network_attribution")["test_network_attribution"]
     assert "node node2: not reached during its pairs" in summary["message"] and "link " not in summary["message"]
+
+
+def test_a_node_lost_between_its_pairs_fails_them_as_unreachable_and_its_partners_pass(
+        ns_cluster_factory, sign_key, tmp_path):
+    """node2's link cut once its first ring pair has run: that pair measured well, its second
+    measured nothing. Its check is unreachable (a resume measures its links again), where it
+    failed as performance on attribution's words; node3, its partner after the cut, passes."""
+    from test_faults import processes_named
+
+    nodes = ns_cluster_factory(4)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    namespace = nodes.node("node2").namespace
+    cut = threading.Event()
+
+    def cut_after_first_pair():
+        deadline = time.monotonic() + 240
+        while not processes_named("iperf3", namespace) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while processes_named("iperf3", namespace) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        nodes.link_down("node2")
+        cut.set()
+
+    cutter = threading.Thread(target=cut_after_first_pair, daemon=True)
+    cutter.start()
+    try:
+        done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-m", "quick", "-k", "iperf3 or attribution")
+    finally:
+        cutter.join(1)
+        nodes.link_up("node2")
+    assert cut.is_set() and done.returncode == 1, done.stdout[-3000:]
+    found = checks(results_of(run_dir_of(tmp_path / "out", "nscluster")), "iperf3")
+    assert found["node2"]["kind"] == "unreachable", found["node2"]
+    assert "not reached during its pairs" in found["node2"]["message"]
+    assert peers(found["node2"], "ok") and found["node3"]["outcome"] == "passed", found
