@@ -174,11 +174,10 @@ class AcceptanceSession:
         cluster-wide failure stays, as any failure does: a re-test runs it again."""
         if not self.resumed:
             return set()
-        again = [entry for entry in self.resumed.checks if entry.get("kind") in MEASURED_NOTHING]
-        passed_again = any(entry.get("node") for entry in again)
+        node_again = any(entry.get("node") for entry in self.resumed.checks if entry.get("kind") in MEASURED_NOTHING)
         return {entry["test_id"] for entry in self.resumed.checks
                 if entry.get("kind") not in MEASURED_NOTHING
-                and not (passed_again and entry.get("node") is None and entry["outcome"] == "passed")}
+                and not (node_again and entry.get("node") is None and entry["outcome"] == "passed")}
 
     def retest_selection(self, collected: list[tuple[str, str, Optional[str]]]) -> Optional[set[str]]:
         """For --retest, the test ids to run again among everything collected (test_id, check,

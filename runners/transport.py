@@ -184,9 +184,9 @@ class Loss:
             return None
         return (self.last_try or self.at) + RECONNECT_AFTER_S[spent]
 
-    def due(self, now: Optional[float] = None) -> bool:
+    def due(self) -> bool:
         next_try = self.next_try
-        return next_try is not None and (time.time() if now is None else now) >= next_try
+        return next_try is not None and time.time() >= next_try
 
     def tried(self, when: float) -> "Loss":
         return dataclasses.replace(self, tries=self.tries + 1, last_try=when)
