@@ -36,7 +36,9 @@ from runners.transport import (
 
 DEFAULT_KNOWN_HOSTS = os.path.expanduser("~/.ssh/known_hosts")
 LINK_DEAD_AFTER_S = 12  # no echo of a heartbeat this long: the node is unreachable
-SILENT_ROUNDS = 1.5  # no echo for this many heartbeats when a command failed: its link was silent
+SILENT_ROUNDS = 1.5  # no echo for this many heartbeats: the link was silent (a command that failed
+# then failed for its link, and the run's record keeps the silence)
+LATE_BEAT = 1 / 3  # a heartbeat sent this many rounds late: the harness was starved, not the link
 CONNECT_TRIES = 3
 CONNECT_BACKOFF_S = 1.0  # before the second try; doubled before each one after
 # SSH handshakes in progress at once, over every node: each costs the harness CPU (key exchange,
@@ -261,10 +263,11 @@ class SshLease(Lease):
     """
 
     def __init__(self, connection: Connection, tag: str, on_lost: Callable[[str], object],
-                 on_closed: Callable[[], None]):
+                 on_closed: Callable[[], None], on_silence: Callable[[float, float, str], None]):
         super().__init__(tag)
         self.connection = connection
         self._on_lost = on_lost
+        self._on_silence = on_silence  # (time.time() of the last echo before, of the first after, why)
         self._on_closed = on_closed  # once, after the connection closed (its jump chain's share)
         self._closing = threading.Lock()
         self._stopped = threading.Event()
@@ -272,6 +275,7 @@ class SshLease(Lease):
         self._root, self._timeout = False, 0.0
         self._restarts = 0  # watchdogs started again on this connection after one ended
         self._answered = time.monotonic()  # the last echo of a heartbeat
+        self._gap: Optional[tuple[float, float]] = None  # the last silence: last echo before, first after
 
     def start(self, *, root: bool, timeout: float) -> "SshLease":
         transport = self.connection.client.get_transport()
@@ -331,25 +335,35 @@ class SshLease(Lease):
             time.sleep(0.02)
         return True
 
-    def silence(self) -> Optional[str]:
-        """Why a command that failed on this connection failed for its link: no echo came for
-        longer than a heartbeat's round (its channel did not open on a link gone silent, which
-        may be back by now), or the heartbeat gives the link up before the next echo. None when
-        the node answered all along: the failure was the node's (it refused a session)."""
-        silent = time.monotonic() - self._answered
-        if silent > HEARTBEAT_S * SILENT_ROUNDS:
-            return f"no answer to SSH keepalives for {silent:.0f} s"
-        return None if self.answers_after(time.monotonic()) else "the connection closed"
+    def silence(self, since: float) -> Optional[str]:
+        """Why a command that failed on this connection (started at `since`) failed for its link:
+        no echo came for longer than SILENT_ROUNDS heartbeats, now or since the command started
+        (its channel did not open on a link gone silent, which may be back by now), or the
+        heartbeat gives the link up before the next echo. None when the node answered all along:
+        the failure was the node's (it refused a session)."""
+        now = time.monotonic()
+        if now - self._answered > HEARTBEAT_S * SILENT_ROUNDS:
+            return f"no answer to SSH keepalives for {now - self._answered:.0f} s"
+        gap = self._gap
+        if gap is not None and gap[1] > since:
+            return f"no answer to SSH keepalives for {gap[1] - gap[0]:.0f} s"
+        return None if self._next_echo(now) != "closed" else "the connection closed"
 
-    def answers_after(self, moment: float) -> bool:
-        """Whether the node still answers after `moment`: an echo of the heartbeat comes (True),
-        or the heartbeat gives the link up (False)."""
+    def answers_again(self) -> bool:
+        """Whether an echo of the heartbeat comes before the heartbeat gives the link up."""
+        return self._next_echo(time.monotonic()) == "echo"
+
+    def _next_echo(self, moment: float) -> str:
+        """What follows `moment`: an "echo" of the heartbeat, the link given up ("closed"), or
+        neither by when the heartbeat should have done one or the other ("late")."""
         deadline = moment + LINK_DEAD_AFTER_S + HEARTBEAT_S
         while self.connection.is_connected and not self._stopped.is_set():
-            if self._answered > moment or time.monotonic() > deadline:
-                return True
+            if self._answered > moment:
+                return "echo"
+            if time.monotonic() > deadline:
+                return "late"
             time.sleep(0.05)
-        return False
+        return "closed"
 
     def _beat(self, channel: paramiko.Channel) -> None:
         """A heartbeat every HEARTBEAT_S, whether the last one's echo came or not: the watchdog
@@ -359,27 +373,44 @@ class SshLease(Lease):
         when every one sent so far has its echo: one read per heartbeat took the OUTPUT_BEGINS
         line for the first echo, and from then on each read found the echo before, already
         waiting, so a link gone silent looked answered for a round more. The link is lost when
-        no heartbeat was answered for LINK_DEAD_AFTER_S."""
+        no heartbeat was answered for LINK_DEAD_AFTER_S; a shorter silence, of more than
+        SILENT_ROUNDS heartbeats, is told to `on_silence` once answered, unless a heartbeat in it
+        went out late (the harness itself was starved, not the link)."""
         echoes = _Echoes()
-        self._answered = time.monotonic()
+        self._answered = due = time.monotonic()
+        on_time = True  # since the last echo, every heartbeat went out, and was waited for, on time
         while not self._stopped.is_set():
             sent = time.monotonic()
+            on_time = on_time and sent - due < HEARTBEAT_S * LATE_BEAT
+            due = sent + HEARTBEAT_S
             try:
                 channel.sendall(b".")
-                ended = not echoes.wait_for_all(channel, until=sent + HEARTBEAT_S)
+                ended = not echoes.wait_for_all(channel, until=due)
             except (OSError, EOFError, paramiko.SSHException):
                 ended = True
+            on_time = on_time and time.monotonic() - due < HEARTBEAT_S * LATE_BEAT
             if self._stopped.is_set():
                 return
             if ended:
                 self._ended(channel)
                 return
             if echoes.all_in:
-                self._answered = time.monotonic()
+                self._answer(time.monotonic(), on_time)
+                on_time = True
             elif time.monotonic() - self._answered >= LINK_DEAD_AFTER_S:
                 self._lost(f"no answer to SSH keepalives for {LINK_DEAD_AFTER_S} s")
                 return
-            self._stopped.wait(max(0.0, HEARTBEAT_S - (time.monotonic() - sent)))
+            self._stopped.wait(max(0.0, due - time.monotonic()))
+
+    def _answer(self, now: float, on_time: bool) -> None:
+        """An echo came `now`: the end of a silence, where there was one (the gap is set before
+        the answer, for a command that waits for the answer to read it)."""
+        before = self._answered
+        if now - before > HEARTBEAT_S * SILENT_ROUNDS:
+            self._gap = (before, now)
+            if on_time:
+                self._on_silence(_epoch(before), _epoch(now), f"no answer to SSH keepalives for {now - before:.0f} s")
+        self._answered = now
 
     def _lost(self, reason: str) -> None:
         """Say why first, then end the connection: the commands waiting on it return at once
@@ -456,6 +487,15 @@ class _Echoes:
 
 def _nothing() -> None:
     pass
+
+
+def _epoch(moment: float) -> float:
+    """A time.monotonic() reading as time.time() reads it."""
+    return time.time() - (time.monotonic() - moment)
+
+
+class ChannelNotOpened(Exception):
+    """A command's session channel did not open: the command never started on the node."""
 
 
 def _jump_chain_key(ssh: SshSettings, connection: Connection) -> Optional[SshSettings]:
@@ -551,7 +591,7 @@ class SshTransport(Transport):
                 lease.close()
             connection, release = self._connect()
             try:
-                self._lease = SshLease(connection, new_tag(), self.lose, release).start(
+                self._lease = SshLease(connection, new_tag(), self.lose, release, self.blipped).start(
                     root=self.node.sudo, timeout=self.node.ssh.connect_timeout)
             except Exception as exc:
                 connection.close()
@@ -649,20 +689,31 @@ class SshTransport(Transport):
             connection = connection.gateway
 
     def _execute(self, lease, command, *, display, stdin, timeout):
+        """Run the command; where its channel did not open on a link that fell silent and the
+        node answers again before the heartbeat gives the link up, run it again, once (it never
+        started there): a link that dropped for a few seconds under a command failed the
+        command, and the node's checks for RECONNECT_AFTER_S after. The silence is on the
+        run's record (on_silence)."""
         assert isinstance(lease, SshLease)
         started = time.monotonic()
-        try:
-            ran = _run_on_channel(lease, login_shell_line(command), (stdin or "").encode(),
-                                  open_timeout=self.node.ssh.connect_timeout,
-                                  deadline=started + timeout + HARNESS_GRACE_S)
-        except Exception as exc:
-            silence = lease.silence()
-            if silence is not None:
-                return self._cut_off(display, "", "", time.monotonic() - started, silence)
-            duration = time.monotonic() - started
-            # The connection stands: the node refused a session, or something in between broke.
-            return Result(self.node.name, display, None, "", "", duration, failure="error",
-                          detail=f"{type(exc).__name__}: {exc}")
+        line, tries = login_shell_line(command), 0
+        while True:
+            tried, tries = time.monotonic(), tries + 1
+            try:
+                ran = _run_on_channel(lease, line, (stdin or "").encode(), open_timeout=self.node.ssh.connect_timeout,
+                                      deadline=tried + timeout + HARNESS_GRACE_S)
+                break
+            except Exception as exc:
+                silence = lease.silence(tried)
+                if silence is None:
+                    # The connection stands: the node refused a session, or something in between broke.
+                    cause = exc.__cause__ if isinstance(exc, ChannelNotOpened) and exc.__cause__ else exc
+                    return Result(self.node.name, display, None, "", "", time.monotonic() - started,
+                                  failure="error", detail=f"{type(cause).__name__}: {cause}")
+                if tries > 1 or not isinstance(exc, ChannelNotOpened) or not lease.answers_again():
+                    return self._cut_off(display, "", "", time.monotonic() - started, silence)
+                log.warning("%s: `%s` did not start while the link was silent (%s); running it again",
+                            self.node.name, display, silence)
         duration = time.monotonic() - started
         stdout, stderr = own_output(ran.stdout.decode(errors="replace")), ran.stderr.decode(errors="replace")
         if ran.timed_out:
@@ -745,7 +796,10 @@ def _run_on_channel(lease: "SshLease", command: str, stdin: bytes, *, open_timeo
     transport = lease.connection.client.get_transport()
     if transport is None:
         raise EOFError("the connection is closed")
-    channel = transport.open_session(timeout=open_timeout)
+    try:
+        channel = transport.open_session(timeout=open_timeout)
+    except paramiko.SSHException as exc:
+        raise ChannelNotOpened(f"{type(exc).__name__}: {exc}") from exc
     try:
         channel.exec_command(command)
         pending = memoryview(stdin)

@@ -295,7 +295,8 @@ class Transport(ABC):
     An unreachable outcome is kept as the node's `loss`: later commands fail at once with its
     time and reason instead of waiting for a connect timeout again, until the loss's next try
     is due; the command that finds it due tries the node. A node that answers again is used as
-    before, and its loss is kept in `recovered`: a link that dropped is news for the report.
+    before, and its loss is kept in `recovered`: a link that dropped is news for the report. So is
+    a silence the node answered again after before it was lost (`blipped`).
     """
 
     def __init__(self, node: Node):
@@ -303,7 +304,8 @@ class Transport(ABC):
         # The inventory's launch: settings where Slurm starts multi-node jobs (runners.slurm).
         self.launch: Optional[LaunchSettings] = None
         self.loss: Optional[Loss] = None
-        self.recovered: list[tuple[Loss, float]] = []  # (a loss, when the node answered again)
+        self.recovered: list[tuple[Loss, float]] = []  # (a loss or a blip, when the node answered again)
+        self._came_back = 0  # losses the node answered again after: a blip does not count
         self._retrying = False  # a command is trying the lost node again; the others fail at once
         self._lease: Optional[Lease] = None
         self._running: dict[str, bool] = {}  # tag -> needs root to kill
@@ -400,9 +402,18 @@ class Transport(ABC):
         """Mark the node unreachable, once: the first time and reason are the ones kept."""
         with self._lock:
             if self.loss is None:
-                self.loss = Loss(time.time(), reason, earlier=len(self.recovered))
+                self.loss = Loss(time.time(), reason, earlier=self._came_back)
                 log.warning("%s unreachable: %s", self.node.name, reason)
             return self.loss
+
+    def blipped(self, since: float, back: float, reason: str) -> None:
+        """Record a silence of the node's link (time.time() of its last answer before, and of its
+        first after) that it answered again after before the node was lost: the run goes on with
+        it, and its record says that the link dropped."""
+        with self._lock:
+            self.recovered.append((Loss(since, reason), back))
+        log.warning("%s: no answer from %s to %s (%s); it answers again", self.node.name, clock(since),
+                    clock(back), reason)
 
     def _noted(self, result: Result) -> Result:
         if result.failure == "unreachable":
@@ -438,6 +449,7 @@ class Transport(ABC):
                             f"next try at {clock(next_try)}" if next_try else "not tried again")
                 return dataclasses.replace(result, detail=loss.result(result.node, result.command).detail)
             self.loss = None
+            self._came_back += 1
             self.recovered.append((loss, time.time()))
         log.warning("%s answers again (lost at %s: %s)", self.node.name, loss.clock, loss.reason)
         return result
