@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional, TextIO, cast
 import pytest
 
 from handover.failures import NodeBusy
-from handover.recorder import SUITES_DIR, Recorder, test_id
+from handover.recorder import SUITES_DIR, Recorder, node_of, params_of, test_id
 from handover.session import BUSY_NODES, AcceptanceSession, SessionError
 from inventory.loader import InventoryError, load_inventory
 from reports.hostlists import counted
@@ -328,7 +328,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except SessionError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
-    config.pluginmanager.register(Recorder(session.append, session.cluster.waivers), Recorder.name)
+    config.pluginmanager.register(Recorder(session.append, session.cluster.waivers, session.cluster_run), Recorder.name)
     interruption = Interruption()
     config.pluginmanager.register(SessionHooks(session, interruption), "handover-session")
     config.pluginmanager.register(interruption, Interruption.name)
@@ -620,8 +620,7 @@ class SessionHooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """A check of a node another run holds fails as busy, before it touches the node."""
-        callspec = getattr(item, "callspec", None)
-        reason = self.session.refusal(callspec.params if callspec else {})
+        reason = self.session.refusal(params_of(item))
         if reason:
             raise NodeBusy(reason)
 
@@ -691,9 +690,7 @@ class SessionHooks:
 
 def checked_item(item: pytest.Item) -> tuple[str, str, Optional[str]]:
     """(test id, check, node) of a collected test, as the ledger will name them."""
-    callspec = getattr(item, "callspec", None)
-    node = callspec.params.get("node") if callspec else None
-    return test_id(item), getattr(item, "originalname", item.name).removeprefix("test_"), node
+    return test_id(item), getattr(item, "originalname", item.name).removeprefix("test_"), node_of(item)
 
 
 def unknown_markers(expression: str, config: pytest.Config) -> list[str]:

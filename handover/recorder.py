@@ -13,13 +13,16 @@ from __future__ import annotations
 import functools
 import gc
 from pathlib import Path
-from typing import Sequence, cast
+from typing import TYPE_CHECKING, Optional, Sequence, cast
 
 import pytest
 
 from handover.failures import CheckFailure, action_for, excerpt
 from inventory.model import Waiver
 from reports.ledger import now_iso
+
+if TYPE_CHECKING:
+    from runners.cluster import ClusterRun
 
 AREAS = ("system", "hardware", "network", "storage", "hpc", "training")
 DEPTHS = ("quick", "full")
@@ -34,9 +37,15 @@ class Recorder:
 
     name = "handover-recorder"
 
-    def __init__(self, append, waivers: Sequence[Waiver] = ()):
+    def __init__(self, append, waivers: Sequence[Waiver] = (), cluster_run: Optional[ClusterRun] = None):
         self._append = append
         self._waivers = tuple(waivers)
+        self._cluster_run = cluster_run  # notes the nodes a cluster-wide check missed
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if self._cluster_run is not None and node_of(item) is None:
+            self._cluster_run.watch()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -56,6 +65,8 @@ class Recorder:
         if report.when == "call" or (report.when == "setup" and not report.passed) or \
                 (report.when == "teardown" and report.failed):
             entry = check_entry(item, call, report, self._waivers)
+            if self._cluster_run is not None and entry["node"] is None:
+                entry["unreached"] = self._cluster_run.missed()
             if entry.get("waived"):
                 waived = entry["waived"]
                 report.outcome = "skipped"  # as pytest's own xfail does: shown, not counted failed
@@ -100,8 +111,7 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
     """One ledger line for one test outcome."""
     props: dict = dict(report.user_properties)
     markers = {mark.name for mark in item.iter_markers()}
-    callspec = getattr(item, "callspec", None)
-    params: dict = callspec.params if callspec else {}
+    params = params_of(item)
     outcome: str = report.outcome
     kind, message, log, action = None, "", "", ""
     if report.skipped:
@@ -150,6 +160,16 @@ def check_entry(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestRep
         if waiver is not None:
             entry["waived"] = {"reason": waiver.reason, "owner": waiver.owner, "expires": waiver.expires}
     return entry
+
+
+def params_of(item: pytest.Item) -> dict:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params if callspec else {}
+
+
+def node_of(item: pytest.Item) -> Optional[str]:
+    """The node a per-node check tests; None for a cluster-wide check."""
+    return params_of(item).get("node")
 
 
 def _every(report: pytest.TestReport, key: str) -> list:

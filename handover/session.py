@@ -56,6 +56,16 @@ class SessionError(Exception):
     """An option or file the session cannot start with; str() is the one line to show."""
 
 
+def missed(entry: dict, nodes: set[str]) -> bool:
+    """Whether a check passed, or skipped (the storage spread, with one node left to compare),
+    without the facts of any of `nodes`: a cluster-wide check whose `unreached` names one, or
+    whose ledger is older than `unreached` and does not say."""
+    if entry.get("node") is not None or entry["outcome"] not in ("passed", "skipped"):
+        return False
+    unreached = entry.get("unreached")
+    return unreached is None or not nodes.isdisjoint(unreached)
+
+
 class AcceptanceSession:
     """What one `pytest --inventory FILE` run works on, from its start to its signed report."""
 
@@ -169,15 +179,16 @@ class AcceptanceSession:
         nothing is run again: refused as busy (another run held its node, as its message says), or
         failed because its node was not reached or was lost under it (a link that has come back
         since, the harness's own network that dropped). Where a node's check runs again, so does
-        every cluster-wide check that passed: it judged the cluster without that node's facts
-        (uniformity compared the nodes left), as a re-test runs them again (reports.retest). A
-        cluster-wide failure stays, as any failure does: a re-test runs it again."""
+        every cluster-wide check that passed or skipped without that node's facts (`missed`):
+        uniformity that compared the nodes left runs again; the storage spread taken before the
+        node was lost had its facts, and is not run again on every node. A cluster-wide failure
+        stays, as any failure does: a re-test runs it again (reports.retest)."""
         if not self.resumed:
             return set()
-        node_again = any(entry.get("node") for entry in self.resumed.checks if entry.get("kind") in MEASURED_NOTHING)
+        again = {entry["node"] for entry in self.resumed.checks
+                 if entry.get("node") and entry.get("kind") in MEASURED_NOTHING}
         return {entry["test_id"] for entry in self.resumed.checks
-                if entry.get("kind") not in MEASURED_NOTHING
-                and not (node_again and entry.get("node") is None and entry["outcome"] == "passed")}
+                if entry.get("kind") not in MEASURED_NOTHING and not (again and missed(entry, again))}
 
     def retest_selection(self, collected: list[tuple[str, str, Optional[str]]]) -> Optional[set[str]]:
         """For --retest, the test ids to run again among everything collected (test_id, check,

@@ -48,6 +48,8 @@ class ClusterRun:
         self._steps: dict[str, dict[str, Result]] = {}
         self._raw: dict[tuple[str, str], list[str]] = {}
         self._taken: dict[str, float] = {}  # step -> when its results came in (time.time())
+        self._unreached: dict[str, frozenset[str]] = {}  # step -> the nodes it did not reach
+        self._missed: Optional[set[str]] = None  # what the cluster-wide check under way missed
         self._came_back: list[tuple[str, Loss, float]] = []  # losses of transports since replaced
         self._lock = threading.Lock()
         self._slurm_steps: Optional[SlurmSteps] = None  # transport slurm: one batcher per session
@@ -155,7 +157,24 @@ class ClusterRun:
                 self._raw[(step, node)] = self._save_raw(step, result)
             self._steps[step] = {name: results[name] for name in transports}
             self._taken[step] = time.time()
+            self._unreached[step] = frozenset(name for name, result in results.items() if result.not_reached)
+        if self._missed is not None:
+            self._missed |= self._unreached[step]
         return self._steps[step]
+
+    def watch(self) -> None:
+        """Start noting the nodes a cluster-wide check misses (`missed`). Per-node checks are not
+        watched: a gather then costs nothing more per node."""
+        self._missed = set()
+
+    def missed(self) -> list[str]:
+        """The nodes that the steps read since `watch` did not reach, and those lost now: the
+        check judged the cluster without their facts, and a resume that runs a check of theirs
+        again runs it again too. Ends the watch."""
+        missed, self._missed = self._missed or set(), None
+        with self._lock:
+            lost = {name for name, transport in self._transports.items() if transport.loss is not None}
+        return sorted(missed | lost)
 
     def reconnect(self, node: str) -> None:
         """Try a lost node afresh in the steps to come: for a caller that has seen it answer since

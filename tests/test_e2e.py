@@ -336,6 +336,49 @@ def test_a_resume_after_an_outage_runs_the_checks_that_never_reached_their_node(
     assert "2 node(s) compared" in next(c["message"] for c in results["checks"] if c["test_id"] == uniformity)
 
 
+def test_a_resume_after_a_late_outage_runs_again_only_the_cluster_wide_checks_that_missed_the_node(
+        ns_cluster_factory, sign_key, tmp_path):
+    """node2's link cut once uniformity had compared it with node1: uniformity had its facts and
+    is not run again on resume (a storage spread would be fio on every node again), while the
+    checks that failed as unreachable are, and so is every cluster-wide check that passed or
+    skipped without node2 (its `unreached` names it)."""
+    nodes = ns_cluster_factory(2)
+    inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
+    selection = ["-m", "(system or training) and quick"]
+    uniformity = "suites/test_system.py::test_uniformity"
+    harness = subprocess.Popen([sys.executable, "-m", "pytest", "--inventory", str(inventory), "--out",
+                                str(tmp_path / "out"), "--sign-key", str(sign_key), *selection, "-q",
+                                "-p", "no:cacheprovider"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not any(f'"test_id": "{uniformity}"' in line for ledger in (tmp_path / "out").glob("*/*/ledger.jsonl")
+                      for line in ledger.read_text().splitlines() if line.startswith('{"type": "check"')):
+            assert harness.poll() is None and time.monotonic() < deadline, "the run ended before uniformity"
+            time.sleep(0.1)
+        nodes.link_down("node2")
+        assert harness.wait(400) == 1
+    finally:
+        nodes.link_up("node2")
+        if harness.poll() is None:
+            harness.kill()
+    run_dir = run_dir_of(tmp_path / "out", "nscluster")
+    first = results_of(run_dir)["checks"]
+    lost = {c["test_id"] for c in first if c["kind"] == "unreachable"}
+    assert lost and all(c["node"] in ("node2", None) for c in first if c["test_id"] in lost), lost
+    unreached = {c["test_id"]: c["unreached"] for c in first if c["node"] is None}
+    assert unreached[uniformity] == [], unreached
+    without = {test_id for test_id, names in unreached.items() if names == ["node2"]
+               and next(c["outcome"] for c in first if c["test_id"] == test_id) in ("passed", "skipped")}
+    resumed = run_suites(inventory, tmp_path / "out", sign_key, *selection, f"--resume={run_dir}", timeout=400)
+    assert resumed.returncode in (0, 1), resumed.stdout[-3000:] + resumed.stderr[-2000:]
+    ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    again = {e["test_id"] for e in ledger if e["type"] == "check"} and [
+        e["test_id"] for e in ledger if e["type"] == "check"][len(first):]
+    assert lost <= set(again) and without <= set(again), (again, lost, without)
+    assert uniformity not in again and not any(test_id.endswith("[node1]") for test_id in again), again
+
+
 def test_a_reader_that_goes_away_leaves_the_run_to_finish_and_exit_by_its_verdict(ns_cluster, sign_key, tmp_path):
     """`pytest ... | head -3`, or a `| tee` killed by a hang-up: the pipe's reader is gone, and
     the next write raised BrokenPipeError, which ended the run with exit 1 before its run
