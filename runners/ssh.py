@@ -707,7 +707,7 @@ class SshTransport(Transport):
                 silence = lease.silence(tried)
                 if silence is None:
                     # The connection stands: the node refused a session, or something in between broke.
-                    cause = exc.__cause__ if isinstance(exc, ChannelNotOpened) and exc.__cause__ else exc
+                    cause = exc.__cause__ or exc  # ChannelNotOpened: paramiko's own error
                     return Result(self.node.name, display, None, "", "", time.monotonic() - started,
                                   failure="error", detail=f"{type(cause).__name__}: {cause}")
                 if tries > 1 or not isinstance(exc, ChannelNotOpened) or not lease.answers_again():
