@@ -12,10 +12,12 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import pytest
+from netns import NamespaceCluster
 from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
 
 from handover.failures import HostKeyRefused, NodeUnreachable, SanityFailure
@@ -23,7 +25,7 @@ from inventory.model import Node, ScratchPath
 from runners import hpl, payloads, system
 from runners import transport as transport_module
 from runners.cluster import ClusterRun
-from runners.transport import RECONNECT_AFTER_S, TAG_VARIABLE, LocalTransport, make_transport
+from runners.transport import RECONNECT_AFTER_S, TAG_VARIABLE, LocalTransport, Transport, make_transport
 from suites.checks import require
 
 REPO = Path(__file__).resolve().parent.parent
@@ -543,6 +545,21 @@ def test_a_node_that_dropped_and_came_back_is_on_the_runs_record(ns_cluster_fact
     assert 'id="dropped"' in report and "answered again at" in report
 
 
+@contextmanager
+def one_connected_node(ns_cluster_factory, tmp_path) -> Iterator[tuple[NamespaceCluster, Node, Transport]]:
+    """A one-node cluster and a transport that has reached node1 once; at the end the link is up
+    again and the transport closed."""
+    nodes = ns_cluster_factory(1)
+    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
+    transport = make_transport(node)
+    try:
+        assert transport.run(["true"], timeout=10).ok
+        yield nodes, node, transport
+    finally:
+        nodes.link_up("node1")
+        transport.close()
+
+
 def test_a_command_whose_channel_did_not_open_on_a_blip_runs_again_and_the_blip_is_recorded(
         ns_cluster_factory, tmp_path):
     """A link down a little longer than the connect timeout, under a command: its channel did
@@ -550,11 +567,7 @@ def test_a_command_whose_channel_did_not_open_on_a_blip_runs_again_and_the_blip_
     on the node, so it runs again, once, and passes; the node is not held lost (it failed the
     command and, before the retries, the node's checks for RECONNECT_AFTER_S after); the silence
     is on the transport's record, for the run's `dropped`."""
-    nodes = ns_cluster_factory(1)
-    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
-    transport = make_transport(node)
-    try:
-        assert transport.run(["true"], timeout=10).ok
+    with one_connected_node(ns_cluster_factory, tmp_path) as (nodes, node, transport):
         nodes.link_down("node1")
         up = threading.Timer(node.ssh.connect_timeout + 0.3, nodes.link_up, ("node1",))
         cut = time.time()
@@ -566,9 +579,6 @@ def test_a_command_whose_channel_did_not_open_on_a_blip_runs_again_and_the_blip_
         [(silence, back)] = transport.recovered
         assert silence.reason.startswith("no answer to SSH keepalives for "), silence
         assert silence.at <= cut + 0.1 and back >= cut + node.ssh.connect_timeout, (silence, back, cut)
-    finally:
-        nodes.link_up("node1")
-        transport.close()
 
 
 _STARVED_HARNESS = """
@@ -617,11 +627,7 @@ def test_a_silence_between_commands_is_recorded_and_a_long_one_still_loses_the_n
     LINK_DEAD_AFTER_S still loses the node (its channel is not opened again)."""
     from runners.ssh import LINK_DEAD_AFTER_S
 
-    nodes = ns_cluster_factory(1)
-    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
-    transport = make_transport(node)
-    try:
-        assert transport.run(["true"], timeout=10).ok
+    with one_connected_node(ns_cluster_factory, tmp_path) as (nodes, _, transport):
         nodes.link_down("node1")
         time.sleep(7)
         nodes.link_up("node1")
@@ -636,6 +642,3 @@ def test_a_silence_between_commands_is_recorded_and_a_long_one_still_loses_the_n
         lost = transport.run(["true"], timeout=10)
         assert lost.failure == "unreachable" and transport.loss is not None, lost
         assert len(transport.recovered) == 1
-    finally:
-        nodes.link_up("node1")
-        transport.close()
