@@ -184,7 +184,7 @@ class ClusterRun:
             if transport is not None and transport.loss is not None:
                 transport.close()
                 del self._transports[node]
-                self._came_back += [(node, loss, back) for loss, back in transport.recovered]
+                self._came_back += [(node, loss, back) for loss, back in transport.came_back()]
                 self._came_back.append((node, transport.loss, time.time()))
 
     def dropped(self) -> list[tuple[str, Loss, float]]:
@@ -192,7 +192,7 @@ class ClusterRun:
         they came back: their link or sshd dropped, which the run's record keeps."""
         with self._lock:
             found = self._came_back + [(name, loss, back) for name, transport in self._transports.items()
-                                       for loss, back in transport.recovered]
+                                       for loss, back in transport.came_back()]
         return sorted(found, key=lambda each: each[2])
 
     def lost(self, node: str) -> Optional[Loss]:

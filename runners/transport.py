@@ -52,6 +52,7 @@ NODE_PATIENCE_S = 12  # the lease kills its work after this long without one (a 
 # checks that fall inside it, where a loss kept for good cost all of a node's later ones; a node
 # that stays dead costs a few connect timeouts in all, then fails at once for the rest of the run.
 RECONNECT_AFTER_S = (15, 45, 240)
+SILENCES_KEPT = 5  # a node's link silences on the run's record one by one; the rest as one entry
 # A command that needs a temporary directory names it OWN_TEMP_PREFIX + its lease (or its tag,
 # where it has no lease) + "-", under TMPDIR: whatever kills the command removes it as well.
 OWN_TEMP_PREFIX = "handover-"
@@ -199,6 +200,33 @@ class Loss:
                       detail=f"lost at {self.clock} ({self.reason})")
 
 
+class Silences:
+    """A node's silences on the run's record: the first SILENCES_KEPT one by one, the rest as one
+    entry (how many, the longest, from the first's start to the last's end). A link that flaps
+    through a 24-hour soak would put thousands of rows in the report."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[Loss, float]] = []
+        self.more = 0
+        self._longest = 0.0
+        self._since = self._back = 0.0
+
+    def note(self, since: float, back: float, reason: str) -> None:
+        if len(self.kept) < SILENCES_KEPT:
+            self.kept.append((Loss(since, reason), back))
+            return
+        self.more += 1
+        self._longest = max(self._longest, back - since)
+        self._since, self._back = self._since or since, back
+
+    def entries(self) -> list[tuple[Loss, float]]:
+        if not self.more:
+            return list(self.kept)
+        rest = Loss(self._since, f"{self.more} more silence{'s' if self.more > 1 else ''} of the link, "
+                                 f"the longest {self._longest:.0f} s")
+        return self.kept + [(rest, self._back)]
+
+
 class Unavailable(Exception):
     """No connection to run on: the per-node outcome word and its one-line explanation."""
 
@@ -296,7 +324,8 @@ class Transport(ABC):
     time and reason instead of waiting for a connect timeout again, until the loss's next try
     is due; the command that finds it due tries the node. A node that answers again is used as
     before, and its loss is kept in `recovered`: a link that dropped is news for the report. So is
-    a silence the node answered again after before it was lost (`blipped`).
+    a silence the node answered again after before it was lost (`blipped`, kept in `silences`);
+    `came_back` gives both.
     """
 
     def __init__(self, node: Node):
@@ -304,8 +333,8 @@ class Transport(ABC):
         # The inventory's launch: settings where Slurm starts multi-node jobs (runners.slurm).
         self.launch: Optional[LaunchSettings] = None
         self.loss: Optional[Loss] = None
-        self.recovered: list[tuple[Loss, float]] = []  # (a loss or a blip, when the node answered again)
-        self._came_back = 0  # losses the node answered again after: a blip does not count
+        self.recovered: list[tuple[Loss, float]] = []  # (a loss, when the node answered again)
+        self.silences = Silences()
         self._retrying = False  # a command is trying the lost node again; the others fail at once
         self._lease: Optional[Lease] = None
         self._running: dict[str, bool] = {}  # tag -> needs root to kill
@@ -402,7 +431,7 @@ class Transport(ABC):
         """Mark the node unreachable, once: the first time and reason are the ones kept."""
         with self._lock:
             if self.loss is None:
-                self.loss = Loss(time.time(), reason, earlier=self._came_back)
+                self.loss = Loss(time.time(), reason, earlier=len(self.recovered))
                 log.warning("%s unreachable: %s", self.node.name, reason)
             return self.loss
 
@@ -411,9 +440,14 @@ class Transport(ABC):
         first after) that it answered again after before the node was lost: the run goes on with
         it, and its record says that the link dropped."""
         with self._lock:
-            self.recovered.append((Loss(since, reason), back))
+            self.silences.note(since, back, reason)
         log.warning("%s: no answer from %s to %s (%s); it answers again", self.node.name, clock(since),
                     clock(back), reason)
+
+    def came_back(self) -> list[tuple[Loss, float]]:
+        """Every loss and silence the node answered again after, with when it did."""
+        with self._lock:
+            return self.recovered + self.silences.entries()
 
     def _noted(self, result: Result) -> Result:
         if result.failure == "unreachable":
@@ -449,7 +483,6 @@ class Transport(ABC):
                             f"next try at {clock(next_try)}" if next_try else "not tried again")
                 return dataclasses.replace(result, detail=loss.result(result.node, result.command).detail)
             self.loss = None
-            self._came_back += 1
             self.recovered.append((loss, time.time()))
         log.warning("%s answers again (lost at %s: %s)", self.node.name, loss.clock, loss.reason)
         return result

@@ -576,7 +576,7 @@ def test_a_command_whose_channel_did_not_open_on_a_blip_runs_again_and_the_blip_
         up.join()
         assert result.ok and result.stdout == "ran\n", result.explain()
         assert transport.loss is None
-        [(silence, back)] = transport.recovered
+        [(silence, back)] = transport.came_back()
         assert silence.reason.startswith("no answer to SSH keepalives for "), silence
         assert silence.at <= cut + 0.1 and back >= cut + node.ssh.connect_timeout, (silence, back, cut)
 
@@ -590,7 +590,7 @@ assert transport.run(["true"], timeout=10).ok
 print("ready", flush=True)
 sys.stdin.readline()  # the test stopped this process for a while, and let it go on
 time.sleep(5)
-print(json.dumps({"recovered": len(transport.recovered), "ok": transport.run(["true"], timeout=10).ok}))
+print(json.dumps({"came_back": len(transport.came_back()), "ok": transport.run(["true"], timeout=10).ok}))
 transport.close()
 """
 
@@ -613,7 +613,7 @@ def test_a_harness_that_was_stopped_records_no_silence_of_a_sound_link(ns_cluste
         harness.stdin.write("go on\n")
         harness.stdin.flush()
         said = json.loads(harness.stdout.readline())
-        assert said == {"recovered": 0, "ok": True}, said
+        assert said == {"came_back": 0, "ok": True}, said
         assert harness.wait(30) == 0
     finally:
         if harness.poll() is None:
@@ -632,13 +632,13 @@ def test_a_silence_between_commands_is_recorded_and_a_long_one_still_loses_the_n
         time.sleep(7)
         nodes.link_up("node1")
         deadline = time.monotonic() + 10
-        while not transport.recovered and time.monotonic() < deadline:
+        while not transport.came_back() and time.monotonic() < deadline:
             time.sleep(0.2)
-        [(silence, back)] = transport.recovered
+        [(silence, back)] = transport.came_back()
         assert silence.reason.startswith("no answer to SSH keepalives for "), silence
         assert 7 <= back - silence.at < LINK_DEAD_AFTER_S, (silence, back)
         assert transport.loss is None and transport.run(["true"], timeout=10).ok
         nodes.link_down("node1")
         lost = transport.run(["true"], timeout=10)
         assert lost.failure == "unreachable" and transport.loss is not None, lost
-        assert len(transport.recovered) == 1
+        assert len(transport.came_back()) == 1

@@ -23,7 +23,15 @@ from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers, 
 from inventory.model import Node
 from runners import system
 from runners.parsing import ParseError
-from runners.transport import LEASE_VARIABLE, OWN_TEMP_PREFIX, LocalTransport, kill_argv, make_transport
+from runners.transport import (
+    LEASE_VARIABLE,
+    OWN_TEMP_PREFIX,
+    SILENCES_KEPT,
+    LocalTransport,
+    Silences,
+    kill_argv,
+    make_transport,
+)
 
 
 @pytest.fixture(params=["local", "ssh"])
@@ -636,3 +644,20 @@ def test_a_login_the_link_cut_short_is_unreachable_and_tried_again_not_an_auth_f
     refused = paramiko.AuthenticationException("Authentication failed.")
     assert _classify(refused, 5) == ("auth", "authentication failed: Authentication failed.")
     assert not _transient(refused, "auth")
+
+
+def test_a_link_that_keeps_falling_silent_is_on_the_record_in_a_bounded_number_of_entries():
+    """A link silent for a few seconds every minute of a 24-hour soak: 1,440 silences. The first
+    SILENCES_KEPT are kept one by one, the rest as one entry saying how many, the longest, and
+    from when to when; the report's rows stay a few per node."""
+    silences = Silences()
+    start = 1_800_000_000.0
+    for minute in range(1440):
+        since = start + 60 * minute
+        silences.note(since, since + (9 if minute == 700 else 5), "no answer to SSH keepalives for 5 s")
+    entries = silences.entries()
+    assert len(entries) == SILENCES_KEPT + 1
+    assert [back for _, back in entries[:SILENCES_KEPT]] == [start + 60 * m + 5 for m in range(SILENCES_KEPT)]
+    rest, back = entries[-1]
+    assert rest.reason == f"{1440 - SILENCES_KEPT} more silences of the link, the longest 9 s"
+    assert rest.at == start + 60 * SILENCES_KEPT and back == start + 60 * 1439 + 5
