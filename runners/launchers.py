@@ -76,9 +76,9 @@ def _one_word(value: str, what: str) -> str:
     return value
 
 
-# The engine's ssh gives up on a link that answers no keepalive for 12 s, as the harness's own
+# The engine's ssh gives up on a link that answers no keepalive for 18 s, as the harness's own
 # transport does (runners.ssh.LINK_DEAD_AFTER_S): a dead link ends the launch, not its timeout.
-ENGINE_KEEPALIVE = ("-o", "ServerAliveInterval=4", "-o", "ServerAliveCountMax=3")
+ENGINE_KEEPALIVE = ("-o", "ServerAliveInterval=6", "-o", "ServerAliveCountMax=3")
 
 
 def ssh_options(ssh: SshSettings) -> list[str]:

@@ -35,7 +35,12 @@ from runners.transport import (
 )
 
 DEFAULT_KNOWN_HOSTS = os.path.expanduser("~/.ssh/known_hosts")
-LINK_DEAD_AFTER_S = 12  # no echo of a heartbeat this long: the node is unreachable
+# No echo of a heartbeat this long: the node is unreachable. TCP resends a segment lost on a
+# dead link 0.2, 0.6, 1.4, 3.0, 6.2 and 12.6 s after sending it (its timeout doubles from 200 ms
+# on a LAN), so a link down 8 s is answered 12.6 s after the first heartbeat it lost, and up to
+# a heartbeat's round more after the last echo before it: 15.6 s. A link down that long is a
+# blip; one down longer is answered 25.4 s on at the earliest, and is lost.
+LINK_DEAD_AFTER_S = 18
 SILENT_ROUNDS = 1.5  # no echo for this many heartbeats: the link was silent (a command that failed
 # then failed for its link, and the run's record keeps the silence)
 LATE_BEAT = 1 / 3  # a heartbeat sent this many rounds late: the harness was starved, not the link
@@ -375,9 +380,11 @@ class SshLease(Lease):
         waiting, so a link gone silent looked answered for a round more. The link is lost when
         no heartbeat was answered for LINK_DEAD_AFTER_S; a shorter silence, of more than
         SILENT_ROUNDS heartbeats, is told to `on_silence` once answered, unless a heartbeat in it
-        went out late (the harness itself was starved, not the link)."""
+        went out late (the harness itself was starved, not the link). A watchdog started again
+        on the connection (`_ended`) carries on from the last echo of the one before: counted from
+        the restart, a silence that ended the watchdog was neither given up nor recorded."""
         echoes = _Echoes()
-        self._answered = due = time.monotonic()
+        due = time.monotonic()
         on_time = True  # since the last echo, every heartbeat went out, and was waited for, on time
         while not self._stopped.is_set():
             sent = time.monotonic()
@@ -385,7 +392,7 @@ class SshLease(Lease):
             due = sent + HEARTBEAT_S
             try:
                 channel.sendall(b".")
-                ended = not echoes.wait_for_all(channel, until=due)
+                ended = not echoes.wait_for_all(channel, until=min(due, self._answered + LINK_DEAD_AFTER_S))
             except (OSError, EOFError, paramiko.SSHException):
                 ended = True
             on_time = on_time and time.monotonic() - due < HEARTBEAT_S * LATE_BEAT
@@ -400,7 +407,7 @@ class SshLease(Lease):
             elif time.monotonic() - self._answered >= LINK_DEAD_AFTER_S:
                 self._lost(f"no answer to SSH keepalives for {LINK_DEAD_AFTER_S} s")
                 return
-            self._stopped.wait(max(0.0, due - time.monotonic()))
+            self._stopped.wait(max(0.0, min(due, self._answered + LINK_DEAD_AFTER_S) - time.monotonic()))
 
     def _answer(self, now: float, on_time: bool) -> None:
         """An echo came `now`: the end of a silence, where there was one (the gap is set before

@@ -46,7 +46,7 @@ def test_plm_rsh_args_carry_the_inventory_ssh_settings_as_one_word():
     rsh = argv[argv.index("plm_rsh_args") + 1]
     assert rsh == ("-l root -p 2222 -i /keys/id_ed25519 -o UserKnownHostsFile=/keys/known_hosts "
                    "-o BatchMode=yes -o StrictHostKeyChecking=yes -o UpdateHostKeys=no -o ConnectTimeout=5 "
-                   "-o ServerAliveInterval=4 -o ServerAliveCountMax=3")
+                   "-o ServerAliveInterval=6 -o ServerAliveCountMax=3")
     learning = ssh_options(SshSettings(host_keys="accept-new"))
     assert "StrictHostKeyChecking=accept-new" in learning and "-i" not in learning
     # what it learns is not written into the node user's ~/.ssh/known_hosts
