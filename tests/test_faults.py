@@ -27,6 +27,7 @@ from runners import transport as transport_module
 from runners.cluster import ClusterRun
 from runners.ssh import LINK_DEAD_AFTER_S
 from runners.transport import (
+    LEASE_VARIABLE,
     NODE_PATIENCE_S,
     RECONNECT_AFTER_S,
     TAG_VARIABLE,
@@ -590,6 +591,27 @@ def test_a_command_whose_channel_did_not_open_on_a_blip_runs_again_and_the_blip_
         [(silence, back)] = transport.came_back()
         assert silence.reason.startswith("no answer to SSH keepalives for "), silence
         assert silence.at <= cut + 0.1 and back >= cut + node.ssh.connect_timeout, (silence, back, cut)
+
+
+def test_a_silence_that_ended_the_watchdog_is_still_on_the_record(ns_cluster_factory, tmp_path):
+    """The node-side watchdog ended during a silence of the link (here killed; a node that gave
+    the harness up ends it as well) and the harness started it again once the link was back. The
+    new watchdog's heartbeats counted the silence from the restart, so it was not recorded (nor
+    could it be given up); they count from the last echo before it."""
+    with one_connected_node(ns_cluster_factory, tmp_path) as (nodes, _, transport):
+        marker = f"{LEASE_VARIABLE}={transport._lease.tag}"
+        [watchdog] = [line.split()[0] for line in leftovers(marker)]
+        nodes.link_down("node1")
+        subprocess.run(["kill", "-KILL", watchdog], check=True)
+        time.sleep(7)
+        nodes.link_up("node1")
+        deadline = time.monotonic() + 20
+        while not transport.came_back() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        [(silence, back)] = transport.came_back()
+        assert back - silence.at >= 7 and silence.reason.startswith("no answer to SSH keepalives for "), silence
+        assert [line.split()[0] for line in leftovers(marker)] not in ([], [watchdog])  # started again
+        assert transport.loss is None and transport.run(["true"], timeout=10).ok
 
 
 _STARVED_HARNESS = """
