@@ -9,6 +9,7 @@ import os
 import select
 import shlex
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,11 +37,16 @@ from runners.transport import (
 
 DEFAULT_KNOWN_HOSTS = os.path.expanduser("~/.ssh/known_hosts")
 # No echo of a heartbeat this long: the node is unreachable. TCP resends a segment lost on a
-# dead link 0.2, 0.6, 1.4, 3.0, 6.2 and 12.6 s after sending it (its timeout doubles from 200 ms
-# on a LAN), so a link down 8 s is answered 12.6 s after the first heartbeat it lost, and up to
-# a heartbeat's round more after the last echo before it: 15.6 s. A link down that long is a
-# blip; one down longer is answered 25.4 s on at the earliest, and is lost.
+# dead link 1, 3, 7, 15, 31 and 63 retransmission timeouts after sending it (the timeout doubles
+# each time; 200 ms on a LAN: 12.6 s for the sixth), so a link down up to 63 timeouts (12.6 s) is
+# answered at the sixth resend, up to a heartbeat's round after the last echo before it: 15.6 s
+# on a LAN. The limit waits for that sixth resend, and a margin, on the connection's own
+# timeout (`link_dead_after`): at least LINK_DEAD_AFTER_S, at most LINK_DEAD_AFTER_MOST_S.
 LINK_DEAD_AFTER_S = 18
+LINK_DEAD_AFTER_MOST_S = 60  # a link whose round trip is seconds long: a dead node is not waited for minutes
+TCP_SIXTH_RESEND = 63  # retransmission timeouts from a segment's send to its sixth resend
+LINK_DEAD_MARGIN_S = 2.4  # beyond the sixth resend: the echo's way back, a harness a little late
+TCP_INFO_BYTES, TCP_INFO_RTO_AT = 104, 8  # struct tcp_info: eight one-byte fields, then tcpi_rto (us)
 SILENT_ROUNDS = 1.5  # no echo for this many heartbeats: the link was silent (a command that failed
 # then failed for its link, and the run's record keeps the silence)
 LATE_BEAT = 1 / 3  # a heartbeat sent this many rounds late: the harness was starved, not the link
@@ -263,7 +269,7 @@ class SshLease(Lease):
     """One connection and its node-side watchdog, with the heartbeat that keeps both honest.
 
     Every HEARTBEAT_S the harness sends one byte on the lease's channel and waits for its echo:
-    no echo for LINK_DEAD_AFTER_S means the link or the node is gone, and `on_lost` is told
+    no echo for `link_dead_after` means the link or the node is gone, and `on_lost` is told
     while the commands on the connection are still waiting (they end as unreachable).
     """
 
@@ -281,6 +287,7 @@ class SshLease(Lease):
         self._restarts = 0  # watchdogs started again on this connection after one ended
         self._answered = time.monotonic()  # the last echo of a heartbeat
         self._gap: Optional[tuple[float, float]] = None  # the last silence: last echo before, first after
+        self._dead_after = float(LINK_DEAD_AFTER_S)  # no echo this long: the link is lost (link_dead_after)
 
     def start(self, *, root: bool, timeout: float) -> "SshLease":
         transport = self.connection.client.get_transport()
@@ -293,9 +300,13 @@ class SshLease(Lease):
         return self
 
     def _watch(self, transport: paramiko.Transport) -> None:
-        """Start the node-side watchdog on its own channel, and the heartbeat that feeds it."""
+        """Start the node-side watchdog on its own channel, and the heartbeat that feeds it. The
+        node waits for heartbeats as much longer than NODE_PATIENCE_S as the harness waits for
+        echoes longer than LINK_DEAD_AFTER_S: it never gives the harness up first."""
+        self._dead_after = link_dead_after(transport.sock)
+        patience = NODE_PATIENCE_S + self._dead_after - LINK_DEAD_AFTER_S
         channel = transport.open_session(timeout=self._timeout)
-        _exec_within(channel, login_shell_line(lease_argv(self.tag, patience_s=NODE_PATIENCE_S, root=self._root)),
+        _exec_within(channel, login_shell_line(lease_argv(self.tag, patience_s=patience, root=self._root)),
                      self._timeout)
         self._channel = channel
         threading.Thread(target=self._beat, args=(channel,), daemon=True,
@@ -361,7 +372,7 @@ class SshLease(Lease):
     def _next_echo(self, moment: float) -> str:
         """What follows `moment`: an "echo" of the heartbeat, the link given up ("closed"), or
         neither by when the heartbeat should have done one or the other ("late")."""
-        deadline = moment + LINK_DEAD_AFTER_S + HEARTBEAT_S
+        deadline = moment + self._dead_after + HEARTBEAT_S
         while self.connection.is_connected and not self._stopped.is_set():
             if self._answered > moment:
                 return "echo"
@@ -373,12 +384,12 @@ class SshLease(Lease):
     def _beat(self, channel: paramiko.Channel) -> None:
         """A heartbeat every HEARTBEAT_S, whether the last one's echo came or not: the watchdog
         counts the gap between heartbeats it receives, and one sent only after a late echo (up to
-        LINK_DEAD_AFTER_S late) let that gap pass NODE_PATIENCE_S on a slow link, so the node
+        the link's limit late) let that gap pass the node's patience on a slow link, so the node
         killed our work while the harness still took the link for sound. A heartbeat is answered
         when every one sent so far has its echo: one read per heartbeat took the OUTPUT_BEGINS
         line for the first echo, and from then on each read found the echo before, already
         waiting, so a link gone silent looked answered for a round more. The link is lost when
-        no heartbeat was answered for LINK_DEAD_AFTER_S; a shorter silence, of more than
+        no heartbeat was answered for its limit (`link_dead_after`); a shorter silence, of more than
         SILENT_ROUNDS heartbeats, is told to `on_silence` once answered, unless a heartbeat in it
         went out late (the harness itself was starved, not the link). A watchdog started again
         on the connection (`_ended`) carries on from the last echo of the one before: counted from
@@ -392,7 +403,7 @@ class SshLease(Lease):
             due = sent + HEARTBEAT_S
             try:
                 channel.sendall(b".")
-                ended = not echoes.wait_for_all(channel, until=min(due, self._answered + LINK_DEAD_AFTER_S))
+                ended = not echoes.wait_for_all(channel, until=min(due, self._answered + self._dead_after))
             except (OSError, EOFError, paramiko.SSHException):
                 ended = True
             on_time = on_time and time.monotonic() - due < HEARTBEAT_S * LATE_BEAT
@@ -404,10 +415,10 @@ class SshLease(Lease):
             if echoes.all_in:
                 self._answer(time.monotonic(), on_time)
                 on_time = True
-            elif time.monotonic() - self._answered >= LINK_DEAD_AFTER_S:
-                self._lost(f"no answer to SSH keepalives for {LINK_DEAD_AFTER_S} s")
+            elif time.monotonic() - self._answered >= self._dead_after:
+                self._lost(f"no answer to SSH keepalives for {self._dead_after:.0f} s")
                 return
-            self._stopped.wait(max(0.0, min(due, self._answered + LINK_DEAD_AFTER_S) - time.monotonic()))
+            self._stopped.wait(max(0.0, min(due, self._answered + self._dead_after) - time.monotonic()))
 
     def _answer(self, now: float, on_time: bool) -> None:
         """An echo came `now`: the end of a silence, where there was one (the gap is set before
@@ -494,6 +505,33 @@ class _Echoes:
 
 def _nothing() -> None:
     pass
+
+
+def link_dead_after(sock: object) -> float:
+    """How long the heartbeat waits for an echo before giving the link up: until TCP's sixth resend
+    of the first heartbeat a silence lost, on the connection's own retransmission timeout, and a
+    margin. Over 40 ms of round trip the timeout is about 240 ms, and a link down 10 s was given
+    up at a fixed 18 s though its echo was on its way. LINK_DEAD_AFTER_S where the connection is
+    not a TCP socket of ours (through a jump host) or says nothing."""
+    timeout = retransmission_timeout(sock)
+    if timeout is None:
+        return float(LINK_DEAD_AFTER_S)
+    waited = HEARTBEAT_S + TCP_SIXTH_RESEND * timeout + LINK_DEAD_MARGIN_S
+    return min(float(LINK_DEAD_AFTER_MOST_S), max(float(LINK_DEAD_AFTER_S), waited))
+
+
+def retransmission_timeout(sock: object) -> Optional[float]:
+    """A TCP socket's retransmission timeout now, in seconds (Linux's TCP_INFO tcpi_rto); None for
+    anything else."""
+    if not isinstance(sock, socket.socket) or not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
+    except OSError:
+        return None
+    if len(info) < TCP_INFO_RTO_AT + 4:
+        return None
+    return struct.unpack_from("=I", info, TCP_INFO_RTO_AT)[0] / 1e6
 
 
 def _epoch(moment: float) -> float:

@@ -25,7 +25,7 @@ from inventory.model import Node, ScratchPath
 from runners import hpl, payloads, system
 from runners import transport as transport_module
 from runners.cluster import ClusterRun
-from runners.ssh import LINK_DEAD_AFTER_S
+from runners.ssh import LINK_DEAD_AFTER_S, link_dead_after
 from runners.transport import (
     LEASE_VARIABLE,
     NODE_PATIENCE_S,
@@ -612,6 +612,44 @@ def test_a_silence_that_ended_the_watchdog_is_still_on_the_record(ns_cluster_fac
         assert back - silence.at >= 7 and silence.reason.startswith("no answer to SSH keepalives for "), silence
         assert [line.split()[0] for line in leftovers(marker)] not in ([], [watchdog])  # started again
         assert transport.loss is None and transport.run(["true"], timeout=10).ok
+
+
+def test_a_blip_over_a_slower_link_is_waited_for_on_its_own_retransmission_timeout(ns_cluster_factory, tmp_path):
+    """A harness far from its nodes: TCP's retransmission timeout is longer than a LAN's 200 ms,
+    and the resend that finds a link back after a blip comes later. A fixed 18 s limit gave such
+    a blip up while its echo was on its way (second audit: rto_min 250ms, a link down 10 s, lost
+    though back 6 s before); the limit now follows the connection's own timeout. Here the route
+    to the node gets rto_min 400ms, and a link down 16 s outlasts TCP's fifth resend (12.4 s on),
+    so its sixth (25.2 s on) finds it back: 25 to 28 s without an echo. The node's address is a
+    permanent neighbour: otherwise a resend held for the address's resolution goes out the
+    moment the link is back, and TCP's timing plays no part."""
+    nodes = ns_cluster_factory(1)
+    route = subprocess.run(["ip", "route", "show", str(nodes.subnet)], capture_output=True, text=True,
+                           check=True).stdout.split()
+    subprocess.run(["ip", "route", "change", *route, "rto_min", "400ms"], check=True)
+    mac = subprocess.run(["ip", "netns", "exec", nodes.node("node1").namespace, "cat", "/sys/class/net/eth0/address"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    bridge = route[route.index("dev") + 1]
+    subprocess.run(["ip", "neigh", "replace", nodes.node("node1").address, "lladdr", mac, "dev", bridge,
+                    "nud", "permanent"], check=True)
+    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
+    transport = make_transport(node)
+    try:
+        assert transport.run(["true"], timeout=10).ok
+        assert link_dead_after(transport._lease.connection.client.get_transport().sock) >= 3 + 63 * 0.4
+        nodes.link_down("node1")
+        time.sleep(16)
+        nodes.link_up("node1")
+        deadline = time.monotonic() + 30
+        while not transport.came_back() and transport.loss is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert transport.loss is None, transport.loss
+        [(silence, back)] = transport.came_back()
+        assert back - silence.at > LINK_DEAD_AFTER_S, (silence, back)  # the fixed limit would have lost it
+        assert transport.run(["true"], timeout=10).ok
+    finally:
+        nodes.link_up("node1")
+        transport.close()
 
 
 _STARVED_HARNESS = """
