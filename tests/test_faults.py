@@ -32,6 +32,7 @@ from runners.transport import (
     RECONNECT_AFTER_S,
     TAG_VARIABLE,
     LocalTransport,
+    Loss,
     Transport,
     make_transport,
 )
@@ -572,6 +573,18 @@ def one_connected_node(ns_cluster_factory, tmp_path) -> Iterator[tuple[Namespace
         transport.close()
 
 
+def the_silence(transport: Transport, within_s: float) -> tuple[Loss, float]:
+    """The one silence of its link the transport recorded (the heartbeat records it once it is
+    answered, within `within_s`), with when it ended; the node not lost."""
+    deadline = time.monotonic() + within_s
+    while not transport.came_back() and transport.loss is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert transport.loss is None, transport.loss
+    [(silence, back)] = transport.came_back()
+    assert silence.reason.startswith("no answer to SSH keepalives for "), silence
+    return silence, back
+
+
 def test_a_command_whose_channel_did_not_open_on_a_blip_runs_again_and_the_blip_is_recorded(
         ns_cluster_factory, tmp_path):
     """A link down a little longer than the connect timeout, under a command: its channel did
@@ -605,11 +618,8 @@ def test_a_silence_that_ended_the_watchdog_is_still_on_the_record(ns_cluster_fac
         subprocess.run(["kill", "-KILL", watchdog], check=True)
         time.sleep(7)
         nodes.link_up("node1")
-        deadline = time.monotonic() + 20
-        while not transport.came_back() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        [(silence, back)] = transport.came_back()
-        assert back - silence.at >= 7 and silence.reason.startswith("no answer to SSH keepalives for "), silence
+        silence, back = the_silence(transport, within_s=20)
+        assert back - silence.at >= 7, silence
         assert [line.split()[0] for line in leftovers(marker)] not in ([], [watchdog])  # started again
         assert transport.loss is None and transport.run(["true"], timeout=10).ok
 
@@ -640,11 +650,7 @@ def test_a_blip_over_a_slower_link_is_waited_for_on_its_own_retransmission_timeo
         nodes.link_down("node1")
         time.sleep(16)
         nodes.link_up("node1")
-        deadline = time.monotonic() + 30
-        while not transport.came_back() and transport.loss is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert transport.loss is None, transport.loss
-        [(silence, back)] = transport.came_back()
+        silence, back = the_silence(transport, within_s=30)
         assert back - silence.at > LINK_DEAD_AFTER_S, (silence, back)  # the fixed limit would have lost it
         assert transport.run(["true"], timeout=10).ok
     finally:
@@ -700,11 +706,7 @@ def test_a_silence_between_commands_is_recorded_and_a_long_one_still_loses_the_n
         nodes.link_down("node1")
         time.sleep(7)
         nodes.link_up("node1")
-        deadline = time.monotonic() + 10
-        while not transport.came_back() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        [(silence, back)] = transport.came_back()
-        assert silence.reason.startswith("no answer to SSH keepalives for "), silence
+        silence, back = the_silence(transport, within_s=10)
         assert 7 <= back - silence.at < LINK_DEAD_AFTER_S, (silence, back)
         assert transport.loss is None and transport.run(["true"], timeout=10).ok
         nodes.link_down("node1")
