@@ -47,8 +47,9 @@ KILL_BOUND_S = 60
 KILL_WAIT_S = 15
 HEARTBEAT_S = 3  # the harness sends a heartbeat this often
 # The lease kills its work after this long without a heartbeat: longer than the harness waits
-# for an echo (runners.ssh.LINK_DEAD_AFTER_S), so that a link the harness still takes for sound
-# (a blip, answered late by TCP's resends) never has the node kill what the harness waits on.
+# for an echo (runners.ssh.LINK_DEAD_AFTER_S, and as much longer as the harness waits longer on a
+# slower link: runners.ssh.link_dead_after), so that a link the harness still takes for sound (a
+# blip, answered late by TCP's resends) never has the node kill what the harness waits on.
 NODE_PATIENCE_S = 25
 # A node lost (a dead link, a refused or timed-out connect) is tried again by the first command
 # after each of these intervals, counted from the loss and then from each try: a blip costs the
