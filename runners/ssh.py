@@ -755,6 +755,9 @@ class SshTransport(Transport):
                     cause = exc.__cause__ or exc  # ChannelNotOpened: paramiko's own error
                     return Result(self.node.name, display, None, "", "", time.monotonic() - started,
                                   failure="error", detail=f"{type(cause).__name__}: {cause}")
+                # Decided while `exc` is held: its traceback keeps the channel whose open timed
+                # out, which the node opens once the link is back; paramiko closes it when it
+                # goes, where, forgotten, it would hold one of sshd's MaxSessions.
                 if tries > 1 or not isinstance(exc, ChannelNotOpened) or not lease.answers_again():
                     return self._cut_off(display, "", "", time.monotonic() - started, silence)
                 log.warning("%s: `%s` did not start while the link was silent (%s); running it again",

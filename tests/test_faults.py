@@ -697,6 +697,35 @@ def test_a_harness_that_was_stopped_records_no_silence_of_a_sound_link(ns_cluste
             harness.kill()
 
 
+def test_blips_under_channel_opens_leave_no_session_open_on_the_node(ns_cluster_factory, tmp_path):
+    """A blip under a command's channel open: the open timed out here, and the node opens the
+    session once the link is back. Had paramiko forgotten the channel by then (it keeps it only
+    while something refers to it), the session would stay open there for the connection's life,
+    one of sshd's MaxSessions per blip, and with 3 the second blip's run again would be refused.
+    The channel is still referred to when the node's answer comes (the run again is decided
+    while the failed open's exception is held), so it is closed, and every blip's command runs."""
+    nodes = ns_cluster_factory(1)
+    config = nodes.node_dir("node1") / "sshd_config"
+    nodes.stop_sshd("node1")
+    config.write_text(config.read_text().replace("MaxSessions 100", "MaxSessions 3"))
+    nodes.start_sshd("node1")
+    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
+    transport = make_transport(node)
+    try:
+        assert transport.run(["true"], timeout=10).ok
+        for blip in range(3):
+            nodes.link_down("node1")
+            up = threading.Timer(node.ssh.connect_timeout + 0.3, nodes.link_up, ("node1",))
+            up.start()
+            result = transport.run(["echo", "ran"], timeout=10)
+            up.join()
+            assert result.ok and result.stdout == "ran\n", (blip, result.explain())
+        assert transport.loss is None and len(transport.came_back()) == 3
+    finally:
+        nodes.link_up("node1")
+        transport.close()
+
+
 def test_a_silence_between_commands_is_recorded_and_a_long_one_still_loses_the_node(ns_cluster_factory, tmp_path):
     """A link silent for 7 s while the node ran nothing of ours failed nothing and left no trace:
     the heartbeat, which gives a link up after LINK_DEAD_AFTER_S, now records a silence of more
