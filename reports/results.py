@@ -20,7 +20,8 @@ Keys (a public interface; add, never rename; reports/schemas/results.schema.json
             pair[a, b]? (tests between two nodes), rail? (perftest: HCA index),
             pair_state?, pair_median? (the pair's heatmap state, judged against its campaign),
             series[{name, x_label, x_unit, y_label, y_unit, x_scale, lines[{label, points[[x, y]]}]}]?
-            (curves such as busbw against message size or loss against step)}],
+            (curves such as busbw against message size or loss against step),
+            unreached[]? (a cluster-wide check: the nodes it judged the cluster without)}],
     outliers[{check, metric, node, value, unit, median, deviation, rule, robust_z, severity, rail?}]
     (per-node figures far from their peers: warnings, or failures for the profile's outliers.fail),
     soak{nodes[{node, status, failed[], reasons[], cpu_retained_pct, net_retained_pct, ib_retained_pct,
