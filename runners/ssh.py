@@ -296,6 +296,9 @@ class SshLease(Lease):
         if isinstance(transport, AeadFirstTransport):
             transport.settle()
         self._root, self._timeout = root, timeout
+        # Read once, while the link is sound: read again after a silence, the timeout could
+        # still be the one TCP doubled for each resend.
+        self._dead_after = link_dead_after(transport.sock)
         self._watch(transport)
         return self
 
@@ -303,7 +306,6 @@ class SshLease(Lease):
         """Start the node-side watchdog on its own channel, and the heartbeat that feeds it. The
         node waits for heartbeats as much longer than NODE_PATIENCE_S as the harness waits for
         echoes longer than LINK_DEAD_AFTER_S: it never gives the harness up first."""
-        self._dead_after = link_dead_after(transport.sock)
         patience = NODE_PATIENCE_S + self._dead_after - LINK_DEAD_AFTER_S
         channel = transport.open_session(timeout=self._timeout)
         _exec_within(channel, login_shell_line(lease_argv(self.tag, patience_s=patience, root=self._root)),
