@@ -14,7 +14,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import pytest
 from netns import NamespaceCluster
@@ -45,13 +45,13 @@ def cluster_run_of(cluster) -> ClusterRun:
     return ClusterRun(cluster, list(cluster.nodes), save_raw=lambda step, result: [])
 
 
-def when_running(marker: str, then, within_s: float = 20) -> threading.Thread:
-    """Call then() once a process with `marker` in its command line runs (the nodes share our
-    PID namespace), from a thread; the caller joins it."""
+def when(ready: Callable[[], object], then: Callable[[], object], within_s: float = 20) -> threading.Thread:
+    """Call then() once ready() is true (or within_s has passed), from a thread; the caller joins
+    it. ready() looks at the nodes' processes: they share our PID namespace."""
     def watch():
         deadline = time.monotonic() + within_s
-        while not leftovers(marker) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
         then()
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -101,7 +101,7 @@ def test_a_link_cut_mid_command_is_unreachable_within_30_s_and_later_steps_fail_
             long = transport.node.name == "node2"
             return transport.run(["sh", "-c", marker if long else "sleep 1"], timeout=300)
 
-        cutter = when_running(marker, cut)
+        cutter = when(lambda: leftovers(marker), cut)
         results = run.gather("long", step)
         noticed = time.monotonic()
         cutter.join(5)
@@ -162,7 +162,7 @@ def test_sshd_and_its_session_killed_mid_command_is_unreachable_not_sanity(ns_cl
             os.kill(pid, signal.SIGKILL)
 
     try:
-        killer = when_running(marker, kill_sshd)
+        killer = when(lambda: leftovers(marker), kill_sshd)
         started = time.monotonic()
         result = transport.run(["sh", "-c", marker], timeout=300)
         killer.join(5)
@@ -417,15 +417,11 @@ def test_an_acceptance_run_with_a_link_cut_during_hpl_goes_on_and_says_what_was_
     namespace = nodes.node("node2").namespace
     cut = threading.Event()
 
-    def cut_during_hpl():
-        deadline = time.monotonic() + 240
-        while not processes_named("hpcc", namespace) and time.monotonic() < deadline:
-            time.sleep(0.2)
+    def cut_link():
         nodes.link_down("node2")
         cut.set()
 
-    cutter = threading.Thread(target=cut_during_hpl, daemon=True)
-    cutter.start()
+    cutter = when(lambda: processes_named("hpcc", namespace), cut_link, within_s=240)
     try:
         done = run_suites(inventory, tmp_path / "out", sign_key, "-m", "system or (hpc and quick)",
                           "-k", "not hpl_cluster", timeout=400)

@@ -9,7 +9,6 @@ median they were judged against, as the suite judged them once.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -234,24 +233,24 @@ def test_a_node_lost_between_its_pairs_fails_them_as_unreachable_and_its_partner
     """node2's link cut once its first ring pair has run: that pair measured well, its second
     measured nothing. Its check is unreachable (a resume measures its links again), where it
     failed as performance on attribution's words; node3, its partner after the cut, passes."""
-    from test_faults import processes_named
+    from test_faults import processes_named, when
 
     nodes = ns_cluster_factory(4)
     inventory = nodes.write_inventory(tmp_path / "cluster.yaml")
     namespace = nodes.node("node2").namespace
     cut = threading.Event()
+    iperf3_seen: list[bool] = []
 
-    def cut_after_first_pair():
-        deadline = time.monotonic() + 240
-        while not processes_named("iperf3", namespace) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        while processes_named("iperf3", namespace) and time.monotonic() < deadline:
-            time.sleep(0.05)
+    def first_pair_done() -> bool:
+        running = bool(processes_named("iperf3", namespace))
+        iperf3_seen.append(running)
+        return any(iperf3_seen) and not running
+
+    def cut_link():
         nodes.link_down("node2")
         cut.set()
 
-    cutter = threading.Thread(target=cut_after_first_pair, daemon=True)
-    cutter.start()
+    cutter = when(first_pair_done, cut_link, within_s=240)
     try:
         done = run_suites(inventory, tmp_path / "out", sign_key, SUITE, "-m", "quick", "-k", "iperf3 or attribution")
     finally:
