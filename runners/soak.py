@@ -5,8 +5,8 @@ The harness starts the supervisor on every node at once through the transport, t
 node's new sample lines are appended to the run directory's raw/soak/<node>.jsonl as they come.
 The run directory's soak.json holds the plan (soak id, tag, end, each node's folder and peer), so
 a harness killed mid-soak re-attaches by reading it and carrying on from what raw/ already has.
-A node that stops answering is polled again with a fresh connection; one still silent after the
-end is named as dropped out. Everything about a node's samples is decided by the pure functions
+A node that stops answering is polled again with a fresh connection; one silent for DROP_GRACE_S
+once the end has passed is named as dropped out. Everything about a node's samples is decided by the pure functions
 at the end of this module, from the lines alone.
 """
 from __future__ import annotations
@@ -48,7 +48,10 @@ START_TIMEOUT_S = 60
 COMMAND_TIMEOUT_S = 30
 COLLECT_LIMIT = 8 * 2**20  # bytes of new samples one poll takes from a node; the rest comes next poll
 LINGER_S = 24 * 3600  # a supervisor keeps its samples this long after the end for the harness
-DROP_GRACE_S = 60  # after the end, how long a silent node is waited for before it dropped out
+# How long a node must have been silent, once the end has passed, before it dropped out: one that
+# went quiet just before the end has this long to come back with its last samples; one silent for
+# longer already is named at the end.
+DROP_GRACE_S = 60
 STOP_WAIT_S = 30  # --soak-stop: how long each supervisor has to end and clean up
 EXIT_NO_SOAK = 3
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
@@ -288,6 +291,19 @@ class NodeState:
     ended: bool = False  # its end line is in raw/
     done: Optional[str] = None  # why polling it is over: ended, gone, dropped out, no soak
     unreachable: str = ""  # the last transport failure, while it does not answer
+    silent_since: Optional[float] = None  # time.time() of the first poll it did not answer, in a row
+
+    def answered(self, seen: str) -> None:
+        self.state, self.unreachable, self.silent_since = seen, "", None
+
+    def unanswered(self, why: str, now: float, end: float) -> None:
+        """A poll the node did not answer (at `now`, time.time()); it dropped out once the soak's
+        end has passed and it has been silent for DROP_GRACE_S."""
+        self.unreachable = why
+        if self.silent_since is None:
+            self.silent_since = now
+        if now > end and now - self.silent_since > DROP_GRACE_S:
+            self.done = "dropped out"
 
 
 @dataclass
@@ -393,11 +409,9 @@ class SoakRun:
     def _take(self, state: NodeState, result: Result, now: float) -> None:
         seen = supervisor_state(result)
         if seen is None:
-            state.unreachable = result.explain()
-            if now > self.plan.end + DROP_GRACE_S:
-                state.done = "dropped out"
+            state.unanswered(result.explain(), now, self.plan.end)
             return
-        state.state, state.unreachable = seen, ""
+        state.answered(seen)
         text = result.stdout
         whole = text[:text.rfind("\n") + 1]
         if whole and not self.sealed:

@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 from netns import NamespaceCluster, netns_available
+
+# Started where SIGINT is ignored (a background job of a script without job control), the tests
+# would hand that on to every harness they start, and Python installs no KeyboardInterrupt in a
+# process that inherits it: the tests that stop a harness with Ctrl-C need SIGINT back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _require_netns() -> None:

@@ -87,6 +87,29 @@ def test_a_node_cut_off_mid_soak_is_dropped_out_and_its_torn_last_line_left_out(
     assert soak.dropped_out(log, plan_end, 2, stopped=True) is None  # --soak-stop ended it early
 
 
+def test_a_silent_node_drops_out_a_grace_after_it_fell_silent_once_the_end_has_passed():
+    """A node that went quiet just before the end has DROP_GRACE_S to come back with its last
+    samples; one silent that long already is named at the end, not waited for again."""
+    end, grace = 1000.0, soak.DROP_GRACE_S
+    late = soak.NodeState("node1")
+    for now in (end - 5, end + grace - 10):
+        late.unanswered("node1 unreachable", now, end)
+        assert late.done is None
+    late.unanswered("node1 unreachable", end + grace - 4, end)
+    assert late.done == "dropped out"
+    early = soak.NodeState("node2")
+    early.unanswered("node2 unreachable", end - grace - 8, end)
+    early.unanswered("node2 unreachable", end - 1, end)
+    assert early.done is None  # silent long enough, but the soak still runs: it may come back
+    early.unanswered("node2 unreachable", end + 4, end)
+    assert early.done == "dropped out"
+    back = soak.NodeState("node3")
+    back.unanswered("node3 unreachable", end - grace - 8, end)
+    back.answered("alive")
+    back.unanswered("node3 unreachable", end + 4, end)
+    assert back.done is None
+
+
 @pytest.mark.parametrize("ended_after_s", [0, 3600], ids=["at-once", "an-hour-late"])
 def test_a_supervisor_that_ended_early_did_not_soak_to_the_end(ended_after_s):
     """DERIVED from the real CPU soak: its lines up to its fifth sample, then an end line as the
