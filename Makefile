@@ -10,9 +10,10 @@ STAMP   := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 DEBS    := openssh-server openssh-client iproute2 procps sudo tcsh stress-ng fio iperf3 hpcc openmpi-bin perftest ibverbs-utils rdma-core infiniband-diags munge slurmctld slurmd slurm-client chromium libpmix-dev
 INVENTORY ?= inventory/local.yaml
 PYTEST_ARGS ?=
-# The harness's own tests, two at a time: most wait on namespace nodes, SSH and sleeps, not on
-# CPU. Modules that must not share the machine run in one group (tests/conftest.py).
-TEST_WORKERS ?= 2
+# The harness's own tests, three at a time: most wait on namespace nodes, SSH and sleeps, not on
+# CPU (three kept 2 cores about 80 % busy). Modules that must not share the machine run in
+# one group (tests/conftest.py).
+TEST_WORKERS ?= 3
 # make accept runs the quick depth; a real delivery runs the full one too (-m full).
 ACCEPT_ARGS ?= -m quick
 # The scratch path inventory/local.yaml declares: storage (fio) and HPL (hpcc) write only there.

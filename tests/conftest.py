@@ -85,12 +85,13 @@ def trusted_signers(sign_key, tmp_path_factory):
 
 
 
-# `make test` runs two tests at a time (pytest-xdist). The modules of a group run one after another
+# `make test` runs three tests at a time (pytest-xdist). The modules of a group run one after another
 # on one worker, never beside each other:
 # - this-machine: they run the suites (or a tool on a fixed port) on this machine itself; a run
 #   takes the machine's one node lock and scratch path, so two at once refuse each other;
 # - performance: they judge timed figures on namespace nodes (a slow node named among healthy
-#   ones); two at once on two cores would slow healthy nodes into the figures too.
+#   ones); two at once on two cores would slow healthy nodes into the figures too. The group is
+#   the run's longest unit of work: about 12 of its 14 minutes.
 SERIAL_GROUPS = {
     "this-machine": ["test_bundle", "test_disk_faults", "test_e2e", "test_entry_points", "test_gemm_fft",
                      "test_hardware_suite", "test_hpc_suite", "test_retest", "test_schema", "test_waivers",
