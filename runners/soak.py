@@ -582,7 +582,7 @@ class SoakLog:
     xids: list[dict]
     events: list[dict]
     end: Optional[dict]
-    torn: int = 0  # lines that were not JSON (a torn last line)
+    torn: int = 0  # lines that were not JSON: a write cut short (unreadable() says so)
     times: list[float] = field(default_factory=list)
     last: Optional[dict] = None
     peaks: dict[str, float] = field(default_factory=dict)
@@ -839,6 +839,16 @@ def dropped_out(log: SoakLog, plan_end: float, interval_s: float, stopped: bool 
         return (f"its samples stop at {clock_utc(last)}, {plan_end - last:.0f} s before the end; "
                 f"its supervisor ended at {clock_utc(ended)}: {reason}")
     return f"its samples stop at {clock_utc(last)}, {plan_end - last:.0f} s before the end, with no end line"
+
+
+def unreadable(log: SoakLog) -> Optional[str]:
+    """Why the node's record of its soak is not whole (None when every line read): a line that is
+    not JSON is a write the supervisor began and the node never finished. The harness collects
+    whole lines only, so such a line was cut short on the node itself."""
+    if not log.torn:
+        return None
+    return (f"{log.torn} line(s) of its samples are not whole: a write cut short on the node (its scratch "
+            f"full, or the node down mid-write), and the samples in them lost")
 
 
 def clock_utc(epoch: float) -> str:

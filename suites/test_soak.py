@@ -157,7 +157,8 @@ def log_of(soak: SoakOutcome, node: str) -> soaking.SoakLog:
 
 @pytest.mark.hardware
 def test_soak_heartbeat(soak, node, record, metrics: Metrics):
-    """The node's supervisor reported throughout: no heartbeat gap, and samples to the end."""
+    """The node's supervisor reported throughout: no heartbeat gap, samples to the end, every
+    line of them whole."""
     log = log_of(soak, node)
     record.raw([str(soak.run_dir.joinpath("raw", soaking.RAW_STEP, f"{node}.jsonl").relative_to(soak.run_dir))])
     times = log.times
@@ -179,6 +180,9 @@ def test_soak_heartbeat(soak, node, record, metrics: Metrics):
         shown = ", ".join(f"{soaking.clock_utc(a)}..{soaking.clock_utc(b)} ({b - a:.0f} s)" for a, b in gaps[:5])
         judge_despite(metrics, figures, SanityFailure(f"{node}: {len(gaps)} heartbeat gap(s) over {allowed:.0f} s: "
                                                       f"{shown} (the node hung, rebooted or its supervisor stalled)"))
+    unread = soaking.unreadable(log)
+    if unread:
+        judge_despite(metrics, figures, SanityFailure(f"{node}: {unread}"))
     metrics.judge(**figures)
 
 

@@ -87,6 +87,17 @@ def test_a_node_cut_off_mid_soak_is_dropped_out_and_its_torn_last_line_left_out(
     assert soak.dropped_out(log, plan_end, 2, stopped=True) is None  # --soak-stop ended it early
 
 
+def test_a_line_cut_short_on_the_node_is_named_and_a_whole_record_is_not():
+    """A sample line the supervisor's write did not finish, followed by whole ones (its scratch was
+    full a moment): the record is not whole, and the heartbeat check says so."""
+    lines = (DATA / "local_cpu_soak_node4_cut.jsonl").read_text().splitlines(keepends=True)
+    assert soak.unreadable(soak.parse_soak("".join(lines))) is None
+    sample = next(i for i, line in enumerate(lines) if '"kind":"sample"' in line)
+    cut = lines[:sample] + [lines[sample][:40] + "\n"] + lines[sample + 1:]
+    why = soak.unreadable(soak.parse_soak("".join(cut)))
+    assert why is not None and why.startswith("1 line(s) of its samples are not whole"), why
+
+
 def test_a_silent_node_drops_out_a_grace_after_it_fell_silent_once_the_end_has_passed():
     """A node that went quiet just before the end has DROP_GRACE_S to come back with its last
     samples; one silent that long already is named at the end, not waited for again."""
