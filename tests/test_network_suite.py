@@ -8,6 +8,7 @@ median they were judged against, as the suite judged them once.
 """
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -259,5 +260,8 @@ def test_a_node_lost_between_its_pairs_fails_them_as_unreachable_and_its_partner
     assert cut.is_set() and done.returncode == 1, done.stdout[-3000:]
     found = checks(results_of(run_dir_of(tmp_path / "out", "nscluster")), "iperf3")
     assert found["node2"]["kind"] == "unreachable", found["node2"]
-    assert "not reached during its pairs" in found["node2"]["message"]
+    # The cut falls between node2's pairs (attribution's words), or, on a busy machine, just after
+    # its second pair's command started (the transport's): either way it measured nothing.
+    assert re.search(r"not reached during its pairs|^node2 unreachable: no answer to SSH keepalives",
+                     found["node2"]["message"]), found["node2"]
     assert peers(found["node2"], "ok") and found["node3"]["outcome"] == "passed", found
