@@ -4,9 +4,11 @@ timeouts, a heartbeat that finds a dead link within seconds, remote kill."""
 from __future__ import annotations
 
 import base64
+import errno
 import logging
 import os
 import select
+import selectors
 import shlex
 import socket
 import struct
@@ -14,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import paramiko
 from fabric import Config, Connection
@@ -27,6 +29,7 @@ from runners.transport import (
     NODE_PATIENCE_S,
     SYSTEM_DIRS,
     Lease,
+    Loss,
     Result,
     Transport,
     Unavailable,
@@ -65,6 +68,11 @@ IDLE_POLL_S = 5.0  # how often an idle connection's paramiko thread wakes (AeadF
 # every parser. Each command's stdout begins with this line; what comes before it is dropped.
 OUTPUT_BEGINS = "handover-output-begins"
 WATCHDOG_RESTARTS = 3  # a watchdog that keeps ending (sudo refusing it) is not started for ever
+# A lost node's SSH port is knocked on (a TCP connect, closed at once) this often; one round waits
+# KNOCK_WAIT_S for every port to answer, KNOCKS_AT_ONCE sockets open at a time.
+KNOCK_S = 3.0
+KNOCK_WAIT_S = 2.0
+KNOCKS_AT_ONCE = 256
 
 log = logging.getLogger("handover.ssh")
 
@@ -254,6 +262,102 @@ def direct_host(node: Node) -> Optional[str]:
     if jump.lower() != "none" and not _is_own_hop(jump, {host, node.address}):
         return None
     return host if config.get("proxycommand", "none").lower() == "none" else None
+
+
+def ssh_port(node: Node) -> int:
+    """The port this machine connects to for the node: the inventory's, else ssh_config's, else 22."""
+    return node.ssh.port or int(_ssh_config().lookup(node.address).get("port", 22))
+
+
+def knock(addresses: Iterable[tuple], wait_s: float) -> set[tuple]:
+    """The socket addresses (getaddrinfo's) whose TCP port accepted a connection within wait_s,
+    every connect at once; each is closed as soon as it is made, before a byte is sent."""
+    selector = selectors.DefaultSelector()
+    pending: dict[int, tuple[socket.socket, tuple]] = {}  # by file descriptor
+    answered: set[tuple] = set()
+    try:
+        for address in addresses:
+            sock = socket.socket(socket.AF_INET6 if len(address) == 4 else socket.AF_INET, socket.SOCK_STREAM)
+            pending[sock.fileno()] = (sock, address)
+            sock.setblocking(False)
+            if sock.connect_ex(address) in (0, errno.EINPROGRESS):
+                selector.register(sock, selectors.EVENT_WRITE)
+        deadline = time.monotonic() + wait_s
+        while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                sock, address = pending[key.fd]
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    answered.add(address)
+                selector.unregister(sock)
+    finally:
+        selector.close()
+        for sock, _ in pending.values():
+            sock.close()
+    return answered
+
+
+class Knocker:
+    """Knocks on the SSH port of every lost node this machine reaches directly, every KNOCK_S, and
+    tells its transport once the port answers (Transport.heard): its next command tries the node
+    then, not at its next blind try (RECONNECT_AFTER_S), so a node whose switch rebooted is used
+    again within seconds of its link rather than minutes, and its recovery's time on the record
+    is close to the link's. A port only answers while the node's sshd listens and its link is up,
+    so a dead node still costs no command a connect timeout. One thread knocks for every node:
+    started with the first loss, ended when no lost node is left to knock on."""
+
+    def __init__(self) -> None:
+        self._lost: dict[Transport, Optional[tuple]] = {}  # -> its socket address, once resolved
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+
+    def watch(self, transport: Transport) -> None:
+        with self._lock:
+            self._lost.setdefault(transport, None)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True, name="knocker")
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(KNOCK_S)
+            with self._lock:
+                for transport in [t for t in self._lost if t.retriable_loss() is None]:
+                    del self._lost[transport]  # back, closed, or its tries spent
+                if not self._lost:
+                    self._thread = None
+                    return
+                lost = dict(self._lost)
+            losses = {transport: transport.retriable_loss() for transport in lost}
+            unheard = {transport: address or self._resolve(transport) for transport, address in lost.items()
+                       if (loss := losses[transport]) is not None and loss.heard_at is None}
+            knocked = [address for address in unheard.values() if address is not None]
+            answered: set[tuple] = set()
+            for start in range(0, len(knocked), KNOCKS_AT_ONCE):
+                answered |= knock(knocked[start:start + KNOCKS_AT_ONCE], KNOCK_WAIT_S)
+            for transport, address in unheard.items():
+                loss = losses[transport]
+                if address in answered and loss is not None:
+                    transport.heard(loss)
+
+    def _resolve(self, transport: Transport) -> Optional[tuple]:
+        """The node's socket address, kept once known. A name that does not resolve is not
+        knocked on again (each try could wait for the resolver): its blind tries stand."""
+        host = direct_host(transport.node)
+        address = None
+        try:
+            if host is not None:
+                address = socket.getaddrinfo(host, ssh_port(transport.node), type=socket.SOCK_STREAM)[0][4]
+        except (OSError, UnicodeError):
+            pass
+        with self._lock:
+            if address is None:
+                self._lost.pop(transport, None)
+            elif transport in self._lost:
+                self._lost[transport] = address
+        return address
+
+
+_knocker = Knocker()
 
 
 def _config() -> Config:
@@ -628,6 +732,14 @@ class SshTransport(Transport):
     def __init__(self, node: Node):
         super().__init__(node)
         self._connect_lock = threading.Lock()
+
+    def lose(self, reason: str) -> Loss:
+        """Transport.lose; the node's SSH port is knocked on from now (Knocker) where this
+        machine connects to it directly."""
+        loss = super().lose(reason)
+        if direct_host(self.node) is not None:
+            _knocker.watch(self)
+        return loss
 
     def _open(self) -> Lease:
         with self._connect_lock:

@@ -55,6 +55,7 @@ NODE_PATIENCE_S = 25
 # after each of these intervals, counted from the loss and then from each try: a blip costs the
 # checks that fall inside it, where a loss kept for good cost all of a node's later ones; a node
 # that stays dead costs a few connect timeouts in all, then fails at once for the rest of the run.
+# Sooner where its SSH port is seen to answer again (runners.ssh.Knocker: `heard`).
 RECONNECT_AFTER_S = (15, 45, 240)
 SILENCES_KEPT = 5  # a node's link silences on the run's record one by one; the rest as one entry
 # A command that needs a temporary directory names it OWN_TEMP_PREFIX + its lease (or its tag,
@@ -176,6 +177,7 @@ class Loss:
     last_try: Optional[float] = None
     earlier: int = 0  # losses before this one that the node came back from: a link that keeps
     # dropping spends RECONNECT_AFTER_S as a dead node does, and then stays lost
+    heard_at: Optional[float] = None  # its SSH port answered since the loss or its last try
 
     @property
     def clock(self) -> str:
@@ -190,11 +192,12 @@ class Loss:
         return (self.last_try or self.at) + RECONNECT_AFTER_S[spent]
 
     def due(self) -> bool:
+        """A try is left, and its time has come or the node was heard since."""
         next_try = self.next_try
-        return next_try is not None and time.time() >= next_try
+        return next_try is not None and (self.heard_at is not None or time.time() >= next_try)
 
     def tried(self, when: float) -> "Loss":
-        return dataclasses.replace(self, tries=self.tries + 1, last_try=when)
+        return dataclasses.replace(self, tries=self.tries + 1, last_try=when, heard_at=None)
 
     def result(self, node: str, command: str) -> Result:
         """What a command of the lost node gives: the loss's time and reason only, the same for
@@ -447,6 +450,23 @@ class Transport(ABC):
             self.silences.note(since, back, reason)
         log.warning("%s: no answer from %s to %s (%s); it answers again", self.node.name, clock(since),
                     clock(back), reason)
+
+    def retriable_loss(self) -> Optional[Loss]:
+        """The node's loss while a try of it is left (and the run has not closed the node): a sign
+        of the node (`heard`) can bring that try forward."""
+        loss = self.loss
+        if self._closed or loss is None or loss.next_try is None:
+            return None
+        return loss
+
+    def heard(self, loss: Loss) -> None:
+        """The node's SSH port answered since `loss`: its next command tries it at once, rather
+        than at the loss's next try. A try that came first has made it another loss."""
+        with self._lock:
+            if self.loss is not loss:
+                return
+            self.loss = dataclasses.replace(loss, heard_at=time.time())
+        log.warning("%s: its SSH port answers again; its next command tries it", self.node.name)
 
     def came_back(self) -> list[tuple[Loss, float]]:
         """Every loss and silence the node answered again after, with when it did."""

@@ -18,14 +18,14 @@ from typing import Callable, Iterator, Optional
 
 import pytest
 from netns import NamespaceCluster
-from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers
+from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers, wait_until
 
 from handover.failures import HostKeyRefused, NodeUnreachable, SanityFailure
 from inventory.model import Node, ScratchPath
 from runners import hpl, payloads, system
 from runners import transport as transport_module
 from runners.cluster import ClusterRun
-from runners.ssh import LINK_DEAD_AFTER_S, link_dead_after
+from runners.ssh import KNOCK_S, KNOCK_WAIT_S, LINK_DEAD_AFTER_S, link_dead_after
 from runners.transport import (
     LEASE_VARIABLE,
     NODE_PATIENCE_S,
@@ -333,6 +333,37 @@ def test_a_node_that_stays_down_fails_at_once_between_its_few_tries_then_for_goo
         assert (last.duration_s, last.detail) == (0.0, again.detail) and transport.loss.tries == 2
         assert not transport.may_answer and transport.recovered == []
     finally:
+        transport.close()
+
+
+def test_a_lost_node_is_tried_as_soon_as_its_ssh_port_answers_again(ns_cluster_factory, tmp_path, monkeypatch):
+    """A link down at the node's first connect (a flap, a switch rebooting): the node is lost, and
+    its SSH port is knocked on. Knocks on the dead link hear nothing, so its commands still fail
+    at once; once the link is back, a knock hears the port and the next command reaches the node,
+    long before its next blind try (set to a minute here; 15 s by default, after a short run
+    had ended)."""
+    monkeypatch.setattr(transport_module, "RECONNECT_AFTER_S", (60.0, 60.0))
+    nodes = ns_cluster_factory(1)
+    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
+    transport = make_transport(node)
+    nodes.link_down("node1")
+    try:
+        first = transport.run(["true"], timeout=10)
+        loss = transport.loss
+        assert first.failure == "unreachable" and loss is not None, first
+        time.sleep(KNOCK_S + KNOCK_WAIT_S + 1)  # a round of knocks at least, on the dead link
+        assert transport.loss is loss and loss.heard_at is None
+        assert transport.run(["true"], timeout=10).duration_s == 0.0
+        nodes.link_up("node1")
+        assert wait_until(lambda: transport.loss is not None and transport.loss.heard_at is not None,
+                          within_s=3 * (KNOCK_S + KNOCK_WAIT_S))
+        assert loss.next_try is not None and time.time() < loss.next_try
+        back = transport.run(["hostname"], timeout=10)
+        assert back.ok and transport.loss is None, back.explain()
+        [(recovered, _)] = transport.came_back()
+        assert (recovered.at, recovered.reason) == (loss.at, loss.reason)
+    finally:
+        nodes.link_up("node1")
         transport.close()
 
 

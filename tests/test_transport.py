@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,8 +27,10 @@ from runners.parsing import ParseError
 from runners.transport import (
     LEASE_VARIABLE,
     OWN_TEMP_PREFIX,
+    RECONNECT_AFTER_S,
     SILENCES_KEPT,
     LocalTransport,
+    Loss,
     Silences,
     kill_argv,
     make_transport,
@@ -292,6 +295,37 @@ def test_dead_link_is_unreachable_within_the_connect_timeout(ns_cluster_factory,
     result = make_transport(node).run(["true"], timeout=5)
     assert result.failure == "unreachable"
     assert time.monotonic() - started < 6
+
+
+def test_a_loss_heard_since_is_due_at_once_until_its_try_and_never_once_its_tries_are_spent():
+    now = time.time()
+    loss = Loss(now, "no answer within the connect timeout (5 s)")
+    assert not loss.due() and loss.next_try == now + RECONNECT_AFTER_S[0]
+    heard = dataclasses.replace(loss, heard_at=now + 1)
+    assert heard.due()
+    tried = heard.tried(now + 2)  # the try failed: the next needs its time, or another knock
+    assert tried.heard_at is None and not tried.due()
+    spent = dataclasses.replace(loss, earlier=len(RECONNECT_AFTER_S), heard_at=now + 1)
+    assert spent.next_try is None and not spent.due()
+
+
+def test_a_knock_hears_a_listening_port_and_not_a_refused_or_silent_one(ns_cluster_factory):
+    """runners.ssh.knock: a TCP connect to each address at once, closed once made; a port nothing
+    listens on refuses it, and one behind a dead link is silent for the whole wait."""
+    from runners.ssh import knock
+
+    nodes = ns_cluster_factory(2)
+    nodes.link_down("node2")
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: a connect is refused
+        heard, refused = listening.getsockname(), closed.getsockname()
+        up, down = (nodes.node("node1").address, SSH_PORT), (nodes.node("node2").address, SSH_PORT)
+        try:
+            assert knock([heard, refused, up, down], wait_s=2.0) == {heard, up}
+        finally:
+            nodes.link_up("node2")
 
 
 def test_wrong_key_is_an_auth_failure(ns_cluster, tmp_path):
