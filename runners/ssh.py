@@ -69,10 +69,11 @@ IDLE_POLL_S = 5.0  # how often an idle connection's paramiko thread wakes (AeadF
 OUTPUT_BEGINS = "handover-output-begins"
 WATCHDOG_RESTARTS = 3  # a watchdog that keeps ending (sudo refusing it) is not started for ever
 # A lost node's SSH port is knocked on (a TCP connect, closed at once) this often; one round waits
-# KNOCK_WAIT_S for every port to answer, KNOCKS_AT_ONCE sockets open at a time.
+# KNOCK_WAIT_S for every port to answer, KNOCKS_AT_ONCE sockets open at a time (within the files
+# a session opens per node, handover.session.FILES_PER_NODE: a lost node's connection is closed).
 KNOCK_S = 3.0
 KNOCK_WAIT_S = 2.0
-KNOCKS_AT_ONCE = 256
+KNOCKS_AT_ONCE = 1024
 
 log = logging.getLogger("handover.ssh")
 
