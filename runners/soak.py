@@ -6,8 +6,8 @@ node's new sample lines are appended to the run directory's raw/soak/<node>.json
 The run directory's soak.json holds the plan (soak id, tag, end, each node's folder and peer), so
 a harness killed mid-soak re-attaches by reading it and carrying on from what raw/ already has.
 A node that stops answering is polled again with a fresh connection; one silent for DROP_GRACE_S
-once the end has passed is named as dropped out. Everything about a node's samples is decided by the pure functions
-at the end of this module, from the lines alone.
+once the end has passed is named as dropped out. Everything about a node's samples is decided by
+the pure functions at the end of this module, from the lines alone.
 """
 from __future__ import annotations
 
