@@ -17,6 +17,7 @@ PAIR_SECONDS = 2  # how long each pair test sends
 CONNECT_TIMEOUT_S = 3
 REFUSED_RETRY_S = 5  # how long a client retries "connection refused" while the server starts
 REFUSED = "Connection refused"
+LISTEN_ERROR = "unable to start listener"  # iperf3's IELISTEN: its server could not listen on the port
 # iperf3's own node failing before any traffic: each stream's buffer is a file it makes in TMPDIR
 # (IECREATESTREAM), so a missing or full TMPDIR fails the pair whatever the link.
 OWN_NODE_ERROR = "unable to create a new stream"
@@ -99,11 +100,24 @@ def failed_on_its_own_node(report: Iperf3Report) -> bool:
     return (report.error or "").startswith(OWN_NODE_ERROR)
 
 
+def listen_error(run: PairRun) -> Optional[str]:
+    """The server's own reason it could not listen (LISTEN_ERROR: "... Address already in use"),
+    or None: such a server leaves its client only "connection refused"."""
+    if run.server_result is None:
+        return None
+    try:
+        error = parse_iperf3(run.server_result.stdout).error or ""
+    except ParseError:
+        return None
+    return error.removeprefix("error - ") if LISTEN_ERROR in error else None
+
+
 def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
     """(report, '') when the client measured; (report or None, why) when it did not.
 
     Sanity before figures: an unreachable node, a timeout, a non-zero exit, unparseable output
-    and the "error" key each fail the pair, whatever the exit code said.
+    and the "error" key each fail the pair, whatever the exit code said. A client refused by a
+    server that could not listen is said with the server's reason, which is where the fix is.
     """
     result = run.client_result
     where = f"{run.client} -> {run.server}:{run.port}"
@@ -120,6 +134,8 @@ def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
     if failed_on_its_own_node(report):
         return report, (f"{where}: iperf3 error on {run.client} itself: {report.error} (it makes each "
                         f"stream's buffer file in {run.client}'s TMPDIR)")
+    if report.error and REFUSED in report.error and (refused_by := listen_error(run)):
+        return report, f"{where}: the iperf3 server on {run.server} could not listen: {refused_by}"
     if report.error:
         return report, f"{where}: iperf3 error: {report.error}"
     if result.exit_code != 0:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -97,8 +98,13 @@ def local() -> LocalTransport:
     return LocalTransport(Node("localhost", "localhost", "local"))
 
 
+# The tests' ports lie below the ephemeral range (ip_local_port_range, 32768-60999 by default):
+# an outgoing connection of a test beside them may hold a port of that range, and a server
+# cannot listen on a port an established connection holds.
+
+
 def test_pair_on_this_machine_measures_and_leaves_no_server():
-    port = random.randint(42000, 42999)
+    port = random.randint(28000, 28999)
     run = iperf3.run_pair(local(), local(), "127.0.0.1", port, seconds=1)
     report, why = iperf3.judge(run)
     assert why == "" and report.ok and report.bits_per_second > 0, run.client_result.stdout[-500:]
@@ -106,9 +112,44 @@ def test_pair_on_this_machine_measures_and_leaves_no_server():
     assert not wait_for_no_leftovers(f"--port {port}")
 
 
+def test_a_server_that_cannot_listen_is_named_rather_than_its_refused_client():
+    """An established connection holds the port, so the server cannot listen (exit 1, "Address
+    already in use") and the client is refused; the pair says the server's reason."""
+    holder = socket.create_server(("127.0.0.1", 0))
+    outgoing = socket.create_connection(holder.getsockname())
+    accepted, _ = holder.accept()
+    port = outgoing.getsockname()[1]
+    try:
+        run = iperf3.run_pair(local(), local(), "127.0.0.1", port, seconds=1)
+    finally:
+        for sock in (outgoing, accepted, holder):
+            sock.close()
+    report, why = iperf3.judge(run)
+    assert report is not None and iperf3.REFUSED in (report.error or ""), run.client_result.stdout
+    assert why == (f"localhost -> localhost:{port}: the iperf3 server on localhost could not listen: "
+                   "unable to start listener for connections: Address already in use"), why
+    assert not wait_for_no_leftovers(f"--port {port}")
+
+
+def test_a_refused_client_with_a_server_that_listened_says_the_clients_error():
+    """The real refused client beside the real server output of a run that listened: no server
+    error to name, so the client's stands."""
+    def output(node: str, exit_code: int, name: str) -> Result:
+        return Result(node, "iperf3", exit_code, (DATA / name).read_text(), "", 0.1)
+
+    refused = output("b", 0, "local_iperf312_error_connection_refused.json")
+    served = output("a", 0, "local_iperf312_tcp_server.json")
+    in_use = output("a", 1, "local_iperf312_error_server_address_in_use.json")
+    assert iperf3.judge(pairs.PairRun("a", "b", 5301, refused, served))[1] == (
+        "b -> a:5301: iperf3 error: unable to connect to server: Connection refused")
+    assert iperf3.judge(pairs.PairRun("a", "b", 5301, refused, in_use))[1] == (
+        "b -> a:5301: the iperf3 server on a could not listen: unable to start listener for connections: "
+        "Address already in use")
+
+
 def test_client_that_cannot_reach_the_server_fails_and_the_waiting_server_is_killed():
     """192.0.2.1 (TEST-NET-1) is never reachable: the client fails, the server waits in vain."""
-    port = random.randint(43000, 43999)
+    port = random.randint(29000, 29999)
     run = iperf3.run_pair(local(), local(), "192.0.2.1", port, seconds=1)
     report, why = iperf3.judge(run)
     assert "iperf3 error: unable to connect to server" in why and report is not None
@@ -122,7 +163,7 @@ def test_client_that_times_out_gets_its_waiting_server_killed(ns_cluster_factory
     address on a namespace bridge that no node holds, so connect() waits for ARP (about 3 s)
     past the client's 1 s limit; the server, still waiting, is killed when the pair returns."""
     silent = str(ns_cluster_factory(1).subnet[200])
-    port = random.randint(45000, 45999)
+    port = random.randint(30000, 30999)
     run = pairs.run_server_client(
         local(), local(), iperf3.server_argv(port),
         ["iperf3", "--client", silent, "--port", str(port), "--time", "1", "--json"],
@@ -145,7 +186,7 @@ def test_all_pairs_in_rounds_on_namespace_nodes_with_a_link_cut_mid_round(ns_clu
     cluster = ns_inventory(nodes, tmp_path / "cluster.yaml")
     transports = {node.name: make_transport(node) for node in cluster.nodes}
     address = {node.name: node.address for node in cluster.nodes}
-    base_port = random.randint(44000, 44900)
+    base_port = random.randint(31000, 31900)
     rounds = pairs.circle_rounds(list(transports))
     cut = threading.Timer(0.7, nodes.link_down, args=("node3",))
 
