@@ -32,6 +32,8 @@ SCREEN, BISECT, CONFIRM, PAIR, CLUSTER = "screen", "bisect", "confirm", "pair", 
 DEFAULT_BUDGET_S = 600.0  # unless the profile sets isolation_budget_s
 CONFIRM_ALL_AT = 3  # a failing group this small: every node paired with a known-good one at once
 PAIR_ROUNDS = 2  # with no node known good, rounds of suspects paired with each other, at most
+HANG_FACTOR = 5  # a run still going at this many times the longest run that gave a figure is hung
+HANG_FLOOR_S = 60.0  # ... and never before this: a launch across nodes takes tens of seconds to start
 NAMED_AT_MOST = 8  # nodes listed in a summary before "and N more"
 LISTED_GROUP_AT_MOST = 4  # a larger group is described by its ends and size
 
@@ -55,6 +57,16 @@ def describe_nodes(nodes: Sequence[str], joiner: str = ",") -> str:
     if len(nodes) <= LISTED_GROUP_AT_MOST:
         return joiner.join(nodes)
     return f"{nodes[0]}..{nodes[-1]} ({len(nodes)} nodes)"
+
+
+def hang_cut_s(finished_s: Sequence[float], floor_s: float = HANG_FLOOR_S) -> Optional[float]:
+    """How long into a round a run still going is called hung and cut: HANG_FACTOR times the
+    longest run of the isolation that gave a figure, at least floor_s; None while none has.
+
+    A collective waiting on a dead rank waits forever (NCCL has no timeout of its own), so one
+    hung group would otherwise hold its round, and the isolation's budget, for its whole timeout.
+    """
+    return max(HANG_FACTOR * max(finished_s), floor_s) if finished_s else None
 
 
 def listed(nodes: Sequence[str]) -> str:
@@ -106,8 +118,10 @@ class Step:
     outcome: Outcome
     unit: Unit
 
-    def met(self, low_bound: float) -> bool:
-        return self.outcome.figure is not None and self.outcome.figure >= low_bound
+    def met(self, low_bound: Optional[float]) -> bool:
+        """It gave a figure within the band; any figure where there is no band (a run that failed)."""
+        figure = self.outcome.figure
+        return figure is not None and (low_bound is None or figure >= low_bound)
 
     def describe(self) -> str:
         figure = (self.unit.format(self.outcome.figure) if self.outcome.figure is not None
@@ -124,7 +138,7 @@ class Verdict:
     rounds: int
     spent_s: float
     budget_s: float
-    low_bound: float
+    low_bound: Optional[float]  # None: a run passes by giving a figure (the run isolated failed)
     unit: Unit
     findings: tuple[str, ...] = ()  # what the steps say beyond single nodes (the fabric)
 
@@ -152,7 +166,9 @@ class Verdict:
             parts.append("no single node isolated")
         parts += self.findings
         total = len(self.culprits) + len(self.cleared) + len(self.unresolved)
-        parts.append(f"band >= {self.low_bound:g} {self.unit.name}; cleared {len(self.cleared)} of {total} node(s); "
+        passing = (f"band >= {self.low_bound:g} {self.unit.name}" if self.low_bound is not None
+                   else "a run passes by giving a figure")
+        parts.append(f"{passing}; cleared {len(self.cleared)} of {total} node(s); "
                      f"{self.rounds} round(s) in {self.spent_s:.0f} s of a {self.budget_s:g} s budget")
         by_reason: dict[str, list[str]] = {}
         for node, why in self.unresolved.items():
@@ -162,7 +178,8 @@ class Verdict:
 
 
 class Isolation:
-    """The isolation of a run across nodes that missed its band, one round of concurrent runs at a time.
+    """The isolation of a run across nodes that missed its band (or, low_bound None, gave no
+    figure at all), one round of concurrent runs at a time.
 
     next_round(spent_s) gives the runs to start now (disjoint node sets), record() takes each
     run's outcome, and verdict() says what was found once next_round gives nothing more.
@@ -171,7 +188,7 @@ class Isolation:
     of it is to be stopped after timeout_s(spent_s).
     """
 
-    def __init__(self, nodes: Sequence[str], low_bound: float, *, unit: Unit = BUSBW,
+    def __init__(self, nodes: Sequence[str], low_bound: Optional[float], *, unit: Unit = BUSBW,
                  budget_s: float = DEFAULT_BUDGET_S, cluster: Optional[Outcome] = None):
         if len(set(nodes)) != len(nodes):
             raise ValueError(f"node names must be distinct: {list(nodes)}")
@@ -297,13 +314,15 @@ class Isolation:
                                 else "awaiting confirmation: no node was cleared to pair it with")
         findings = []
         screened = [step for step in self.steps if step.run.phase == SCREEN]
+        met, trouble, fabric = (("met the band", "slowdown", "slow") if self.low_bound is not None
+                                else ("gave a figure", "failure", "failing"))
         if screened and all(step.met(self.low_bound) for step in screened):
-            findings.append(f"every group of about {group_size(len(self.nodes))} node(s) met the band "
-                            "while all nodes together did not: the slowdown is between the groups "
+            findings.append(f"every group of about {group_size(len(self.nodes))} node(s) {met} "
+                            f"while all nodes together did not: the {trouble} is between the groups "
                             "(spine or fabric), not in one node")
         elif not self._good and self._rounds:
-            findings.append("no run met the band, so no node could be cleared: the whole fabric is "
-                            "slow, or more nodes are bad than the groups can separate")
+            findings.append(f"no run {met}, so no node could be cleared: the whole fabric is "
+                            f"{fabric}, or more nodes are bad than the groups can separate")
         good = set(self._good)  # looked up once per node: the list would cost nodes x cleared
         cleared = tuple(node for node in self.nodes if node in good)
         return Verdict(tuple(self._culprits), cleared, unresolved, tuple(self.steps), self._rounds,

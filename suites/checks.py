@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import time
 from collections import Counter
 from datetime import datetime
-from typing import Callable, NoReturn, Optional, Sequence, TypeVar
+from typing import Callable, Generic, NoReturn, Optional, Sequence, TypeVar
 
 import pytest
 from _pytest.mark.expression import Expression  # how -m is evaluated; pytest has no public API for it
@@ -220,13 +221,45 @@ def first_line(failure: BaseException) -> str:
     return str(failure).splitlines()[0][:200] if str(failure) else type(failure).__name__
 
 
-def at_once(groups: Sequence[K], measure: Callable[[K], T], name: str) -> dict[K, T]:
+class HangWatch(Generic[K, T]):
+    """Cuts the runs of a round that are still going long after the others finished
+    (runners.isolation.hang_cut_s), across the rounds of one isolation: `cut(group)` kills the
+    group's work on its nodes, and `hung` keeps why for each group cut."""
+
+    def __init__(self, cut: Callable[[K], None], gave_figure: Callable[[T], bool], *,
+                 floor_s: float = isolation.HANG_FLOOR_S):
+        self._cut = cut
+        self._gave_figure = gave_figure
+        self._floor_s = floor_s
+        self._finished_s: list[float] = []  # how long each run that gave a figure took
+        self.hung: dict[K, str] = {}
+
+    def finished(self, value: T, seconds: float) -> None:
+        if self._gave_figure(value):
+            self._finished_s.append(seconds)
+
+    def cut_overdue(self, running: Sequence[K], seconds: float) -> None:
+        """Cut each run still going `seconds` into its round once that is past the hang cut."""
+        limit = isolation.hang_cut_s(self._finished_s, self._floor_s)
+        if limit is None or seconds < limit:
+            return
+        for group in running:
+            if group not in self.hung:
+                self.hung[group] = (f"hung: still running after {seconds:.0f} s, while the longest run "
+                                    f"that gave a figure took {max(self._finished_s):.0f} s")
+                self._cut(group)
+
+
+def at_once(groups: Sequence[K], measure: Callable[[K], T], name: str,
+            hangs: Optional[HangWatch[K, T]] = None) -> dict[K, T]:
     """measure(group) for every group at once (disjoint node sets: one thread each); the first
     group's exception, if any, once every group has ended. A Ctrl-C does not wait for them (an
     executor would wait out each group's run across nodes, up to its timeout, before the
-    interrupt reached the session, whose end kills their remote work): daemon threads."""
+    interrupt reached the session, whose end kills their remote work): daemon threads.
+    With `hangs`, a group still running long after the others is cut (HangWatch)."""
     ended: queue.SimpleQueue = queue.SimpleQueue()
     outcomes: dict[int, tuple[Optional[T], Optional[BaseException]]] = {}
+    started = time.monotonic()
 
     def work(index: int, group: K) -> None:
         try:
@@ -240,8 +273,13 @@ def at_once(groups: Sequence[K], measure: Callable[[K], T], name: str) -> dict[K
         try:
             index, value, error = ended.get(timeout=1.0)
         except queue.Empty:
+            if hangs is not None:
+                hangs.cut_overdue([group for i, group in enumerate(groups) if i not in outcomes],
+                                  time.monotonic() - started)
             continue
         outcomes[index] = (value, error)
+        if hangs is not None and error is None:
+            hangs.finished(value, time.monotonic() - started)
     failed = next((outcomes[i][1] for i in range(len(groups)) if outcomes[i][1] is not None), None)
     if failed is not None:
         raise failed
@@ -267,6 +305,11 @@ def isolation_outcome(figure: Optional[float], failure: Optional[CheckFailure], 
     return isolation.Outcome(None, first_line(failure) if failure else "", cut)
 
 
+def isolation_budget(profile: Profile) -> float:
+    budget = profile.expect.isolation_budget_s
+    return isolation.DEFAULT_BUDGET_S if budget is None else budget
+
+
 def isolate_below_band(profile: Profile, record, nodes: Sequence[Node], metric: str, figure: float,
                        unit: isolation.Unit, series: tuple[str, str],
                        measure: isolation.MeasureAtOnce) -> Optional[isolation.Verdict]:
@@ -275,15 +318,39 @@ def isolate_below_band(profile: Profile, record, nodes: Sequence[Node], metric: 
     steps' figures go into the report as `series` (its name, the figure's label). None when the
     figure (rounded as judged) is within the band, no band is set in `unit`, or the budget is 0."""
     low = band_low(profile, metric, unit.name)
-    budget = profile.expect.isolation_budget_s
-    budget = isolation.DEFAULT_BUDGET_S if budget is None else budget
-    if low is None or round(figure, unit.decimals) >= low or budget <= 0:
+    if low is None or round(figure, unit.decimals) >= low or isolation_budget(profile) <= 0:
         return None
+    return _isolated(profile, record, nodes, low, isolation.Outcome(figure), unit, series, measure)
+
+
+def isolate_failed_run(profile: Profile, record, nodes: Sequence[Node], metric: str, failure: CheckFailure,
+                       unit: isolation.Unit, series: tuple[str, str],
+                       measure: isolation.MeasureAtOnce) -> Optional[isolation.Verdict]:
+    """A run across all nodes that hung or broke (a timeout or a sanity failure: one node's dead
+    rank or link stops every rank), isolated like a figure below its band: a run passes where it
+    gives a figure within the band, or any figure where there is none. None where the failure
+    already names its node (unreachable, host key, a busy node), or the budget is 0."""
+    if failure.kind not in (CommandTimedOut.kind, SanityFailure.kind) or isolation_budget(profile) <= 0:
+        return None
+    low = band_low(profile, metric, unit.name)
+    return _isolated(profile, record, nodes, low, isolation.Outcome(None, failure.kind), unit, series, measure)
+
+
+def _isolated(profile: Profile, record, nodes: Sequence[Node], low: Optional[float], cluster: isolation.Outcome,
+              unit: isolation.Unit, series: tuple[str, str], measure: isolation.MeasureAtOnce) -> isolation.Verdict:
     plan = isolation.Isolation([node.name for node in isolation.placement_order(nodes)], low, unit=unit,
-                               budget_s=budget, cluster=isolation.Outcome(figure))
+                               budget_s=isolation_budget(profile), cluster=cluster)
     verdict = isolation.run_rounds(plan, measure)
     record.series(series[0], x=("round", ""), y=(series[1], unit.name), lines=verdict.figures_by_phase())
     return verdict
+
+
+def isolated_action(verdict: isolation.Verdict) -> str:
+    """What to do about the isolated nodes; '' when none was isolated (the kind's default stands)."""
+    if not verdict.culprits:
+        return ""
+    return (f"take {isolation.listed(verdict.culprits)} out of the cluster's jobs and check each on its own "
+            "(its node checks, its network pairs: GPUs, NICs, cables), then run the checks across the rest again")
 
 
 def judge_isolated(metrics: Metrics, verdict: Optional[isolation.Verdict],
@@ -298,4 +365,5 @@ def judge_isolated(metrics: Metrics, verdict: Optional[isolation.Verdict],
     except PerformanceFailure as miss:
         if verdict is None:
             raise
-        raise PerformanceFailure(f"{miss}; {verdict.summary()}") from None
+        raise PerformanceFailure(f"{miss}; {verdict.summary()}", miss.log,
+                                 isolated_action(verdict) or miss.action) from None

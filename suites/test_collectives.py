@@ -12,10 +12,12 @@ environment go beside every figure, and busbw against message size goes into the
 curve (every row of the run). Without torch (and nccl-tests) on a node the checks skip on
 cpu-only and fail where the profile expects GPUs.
 
-An all-reduce across nodes below its band does not just fail the cluster: the node(s) behind it
-are isolated (runners/isolation.py plans it: disjoint groups of about sqrt(N) nodes at once, the
-failing ones bisected, each suspect confirmed beside a known-good node, within the profile's
-isolation_budget_s) and named in the check's message with every step's figure. At full depth
+An all-reduce across nodes below its band, or with no figure at all (it hung, or a rank died:
+one dead rank or link stops every rank), does not just fail the cluster or name the launching
+node: the node(s) behind it are isolated (runners/isolation.py plans it: disjoint groups of
+about sqrt(N) nodes at once, the failing ones bisected, each suspect confirmed beside a
+known-good node, within the profile's isolation_budget_s; a group still running long after the
+others is cut as hung) and named in the check's message with every step's figure. At full depth
 allreduce_scales runs the collective at every scale (within each node, pairs, each leaf's and
 rack's nodes, the cluster), so a slow spine is told from a bad node; every such run is linear
 in the nodes.
@@ -36,13 +38,17 @@ from handover.failures import (
 )
 from runners import collectives, isolation, nccl_tests
 from runners.collectives import Figure, Plan, plan_for
+from runners.fanout import kill_everywhere
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 from suites.checks import (
+    HangWatch,
     at_once,
     band_low,
     first_line,
     isolate_below_band,
+    isolate_failed_run,
+    isolated_action,
     isolation_outcome,
     judge_isolated,
     launch_failure,
@@ -370,14 +376,15 @@ def measure_across(cluster_run, across: Across, nodes: Sequence[str], acceptance
 
 
 def measure_at_once(cluster_run, across: Across, groups: Sequence[tuple[str, ...]], acceptance, step: str,
-                    timeout: float) -> dict[tuple[str, ...], Measured]:
+                    timeout: float, hangs: Optional[HangWatch] = None) -> dict[tuple[str, ...], Measured]:
     """One all-reduce per group (disjoint node sets), all at once, each its own launch and
-    rendezvous (on its own first node); the largest size only, the one a figure is judged at."""
+    rendezvous (on its own first node); the largest size only, the one a figure is judged at.
+    With `hangs`, a group still running long after the others is cut (suites.checks.HangWatch)."""
     def measure(group: tuple[str, ...]) -> Measured:
         return measure_across(cluster_run, across, group, acceptance, step, timeout=timeout,
                               sizes=across.sizes()[-1:], iters=PROBE_ITERS)
 
-    return at_once(groups, measure, step)
+    return at_once(groups, measure, step, hangs)
 
 
 _cluster_allreduce: dict[tuple[str, ...], Measured] = {}  # nodes -> the one run every check reads
@@ -399,19 +406,31 @@ def cluster_band(profile) -> Optional[float]:
     return band_low(profile, CLUSTER_METRIC, isolation.BUSBW.name)
 
 
-def isolate(cluster_run, profile, across: Across, figure: Figure, acceptance, record) -> Optional[isolation.Verdict]:
-    """Below its band: find the node(s) behind it (suites.checks.isolate_below_band: each round's
-    all-reduces at once, the largest size only), within the profile's budget. None when the figure
-    is within the band, or the profile's isolation_budget_s is 0."""
+def isolate(cluster_run, profile, across: Across, measured: Measured, acceptance,
+            record) -> Optional[isolation.Verdict]:
+    """Below its band, or with no figure at all (it hung or broke): find the node(s) behind it
+    (suites.checks.isolate_below_band, isolate_failed_run: each round's all-reduces at once, the
+    largest size only, a hung one cut), within the profile's budget. None when the figure is
+    within the band, the failure names its node already, or the profile's isolation_budget_s is 0."""
+    hangs: HangWatch[tuple[str, ...], Measured] = HangWatch(
+        cut=lambda group: kill_everywhere(cluster_run.transport(node) for node in group),
+        gave_figure=lambda run: run.figure is not None)
+
     def measure(groups: list[tuple[str, ...]], round_: int, timeout: float) -> dict[tuple[str, ...], isolation.Outcome]:
         measured = measure_at_once(cluster_run, across, groups, acceptance, f"{ISOLATION_STEP}_round{round_}",
-                                   min(NODE_TIMEOUT_S, timeout))
+                                   min(NODE_TIMEOUT_S, timeout), hangs)
         for result in measured.values():
             record.raw(result.raw)
-        return {group: result.outcome() for group, result in measured.items()}
+        return {group: isolation.Outcome(None, hangs.hung[group]) if group in hangs.hung else result.outcome()
+                for group, result in measured.items()}
 
-    return isolate_below_band(profile, record, cluster_run.nodes, CLUSTER_METRIC, figure.busbw, isolation.BUSBW,
-                              ("allreduce isolation busbw", "busbw"), measure)
+    series = ("allreduce isolation busbw", "busbw")
+    if measured.failure is not None:
+        return isolate_failed_run(profile, record, cluster_run.nodes, CLUSTER_METRIC, measured.failure,
+                                  isolation.BUSBW, series, measure)
+    assert measured.figure is not None
+    return isolate_below_band(profile, record, cluster_run.nodes, CLUSTER_METRIC, measured.figure.busbw,
+                              isolation.BUSBW, series, measure)
 
 
 @pytest.mark.quick
@@ -423,12 +442,18 @@ def test_allreduce_cluster(cluster_run, profile, acceptance, metrics, record):
     across, measured = cluster_allreduce(cluster_run, profile, acceptance)
     record.raw(measured.raw)
     if measured.failure is not None:
-        raise measured.failure
+        failure = measured.failure
+        verdict = isolate(cluster_run, profile, across, measured, acceptance, record)
+        if verdict is None:
+            raise failure
+        raise type(failure)(f"the all-reduce across {len(cluster_run.nodes)} nodes gave no figure "
+                            f"({first_line(failure)}); {verdict.summary()}", failure.log,
+                            isolated_action(verdict) or failure.action)
     figure = measured.figure
     assert figure is not None
     record_curve(record, "all_reduce", figure)
     record.note(f"{len(cluster_run.nodes)} node(s): " + figure.describe())
-    verdict = isolate(cluster_run, profile, across, figure, acceptance, record)
+    verdict = isolate(cluster_run, profile, across, measured, acceptance, record)
     judge_isolated(metrics, verdict, **{CLUSTER_METRIC: (round(figure.busbw, 3), "GB/s")})
 
 

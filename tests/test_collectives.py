@@ -290,3 +290,41 @@ def test_a_slow_node_is_isolated_inside_the_cluster_all_reduce(six_nodes_one_slo
     assert SLOW_NODE in named.split(", ") and not {"node1", "node2", "node3"} & set(named.split(", "))
     assert re.search(r"pair: 6 run\(s\), median 0\.\d+, min 0\.0\d\d GB/s \((node4-node5|node5-node6)\)", table)
     assert "min 0.0" in table.split("leaf: ")[1].split(";")[0] and "(leaf-b)" in table
+
+
+DEAD_NODE = "node5"
+
+
+@pytest.fixture
+def six_nodes_one_dead_to_all_but_ssh(ns_cluster_factory):
+    """Six namespace nodes; every TCP segment node5 sends but its sshd's is dropped at the bridge.
+    SSH to it works, so its checks run, while its ranks can neither join a rendezvous nor answer
+    one: the classic node that stops a collective across nodes without being unreachable."""
+    cluster = ns_cluster_factory(6)
+    veth = cluster.node(DEAD_NODE).veth_host
+    for command in (["qdisc", "add", "dev", veth, "ingress"],
+                    ["filter", "add", "dev", veth, "parent", "ffff:", "protocol", "ip", "prio", "1", "u32",
+                     "match", "ip", "protocol", "6", "0xff", "match", "ip", "sport", "22", "0xffff", "action", "ok"],
+                    ["filter", "add", "dev", veth, "parent", "ffff:", "protocol", "ip", "prio", "2", "u32",
+                     "match", "ip", "protocol", "6", "0xff", "action", "drop"]):
+        subprocess.run(["tc", *command], check=True)
+    return cluster
+
+
+def test_a_node_that_breaks_the_cluster_all_reduce_is_isolated_rather_than_the_launch_named(
+        six_nodes_one_dead_to_all_but_ssh, sign_key, tmp_path):
+    """No band: the all-reduce across the six nodes gives no figure (node5 never joins), and the
+    isolation finds node5 by the runs that give one without it."""
+    inventory = six_nodes_one_dead_to_all_but_ssh.write_inventory(tmp_path / "cluster.yaml")
+    run_suites(inventory, tmp_path / "out", sign_key, "suites/test_collectives.py", "-m", "training",
+               "-k", "allreduce_cluster", timeout=1500)
+    cluster = checks_of(results_of(run_dir_of(tmp_path / "out", "nscluster")))[("allreduce_cluster", None)]
+    message = cluster["message"]
+    assert cluster["outcome"] == "failed" and cluster["kind"] in ("sanity", "timeout"), message
+    assert message.startswith("the all-reduce across 6 nodes gave no figure ("), message
+    assert re.findall(r"isolated (\w+)", message) == [DEAD_NODE], message
+    assert re.search(r"isolated node5 \(cluster node1\.\.node6 \(6 nodes\) no figure \((sanity|timeout)\); "
+                     r"screen node4,node5,node6 no figure \(.+\); .*confirm node5 with node\d no figure",
+                     message), message
+    assert "a run passes by giving a figure; cleared 5 of 6 node(s)" in message and "not finished" not in message
+    assert cluster["action"].startswith("take node5 out of the cluster's jobs and check each on its own")

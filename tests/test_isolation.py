@@ -7,15 +7,19 @@ round takes the same time. The suite runs the same plan on real nodes (test_coll
 from __future__ import annotations
 
 import math
+import random
+import re
 import signal
 import threading
 
 import pytest
+from nodes import wait_for_no_leftovers
 
 from inventory.model import Node
 from runners import isolation
 from runners.isolation import BISECT, CONFIRM, SCREEN, Isolation, Outcome, ScaleRun
-from suites.checks import at_once
+from runners.transport import LocalTransport, Result
+from suites.checks import HangWatch, at_once
 
 GOOD, BAD, BAND = 1.0, 0.1, 0.5
 ROUND_S = 10.0
@@ -305,3 +309,63 @@ def test_a_pair_round_takes_its_suspects_off_the_wait_and_the_cleared_keep_inven
         "confirm n0003 with n0005", "confirm n0001 with n0002"]
     assert verdict.culprits == ("n0003", "n0001", "n0004") and not verdict.unresolved
     assert verdict.cleared == ("n0002", "n0005")
+
+
+def test_a_hang_is_cut_at_five_times_the_longest_run_with_a_figure_and_never_before_the_floor():
+    assert isolation.hang_cut_s([]) is None  # nothing finished: nothing to compare with
+    assert isolation.hang_cut_s([4.0, 20.0, 9.0]) == 100.0
+    assert isolation.hang_cut_s([3.0]) == isolation.HANG_FLOOR_S
+    assert isolation.hang_cut_s([3.0], floor_s=2.0) == 15.0
+
+
+@pytest.mark.parametrize("count", [4, 17, 1024])
+def test_a_run_that_gave_no_figure_is_isolated_with_any_figure_passing(count):
+    """No band: the cluster run failed (a dead rank), every run with the bad node fails, and any
+    figure clears a run's nodes, however low."""
+    nodes = names(count)
+    bad = nodes[count // 3]
+    plan = Isolation(nodes, None, cluster=Outcome(None, "timeout"))
+    spent = 0.0
+    while runs := plan.next_round(spent):
+        for run in runs:
+            plan.record(run, Outcome(None, "hung") if bad in run.nodes else Outcome(0.001))
+        spent += ROUND_S
+    verdict = plan.verdict()
+    assert verdict.culprits == (bad,) and len(verdict.cleared) == count - 1, verdict.summary()
+    summary = verdict.summary()
+    assert summary.startswith(f"isolated {bad} (cluster ") and "no figure (timeout)" in summary
+    assert "a run passes by giving a figure; cleared" in summary and "band >=" not in summary
+
+
+def test_with_no_band_the_findings_speak_of_figures_not_of_the_band():
+    every_group = Isolation(names(9), None, cluster=Outcome(None, "sanity"))
+    for run in every_group.next_round(0.0):
+        every_group.record(run, Outcome(0.2))
+    assert "every group of about 3 node(s) gave a figure while all nodes together did not: the failure " \
+           "is between the groups" in every_group.verdict().summary()
+    none = Isolation(names(4), None, cluster=Outcome(None, "sanity"))
+    while runs := none.next_round(0.0):
+        for run in runs:
+            none.record(run, Outcome(None, "exit 1"))
+    assert "no run gave a figure, so no node could be cleared: the whole fabric is failing" in none.verdict().summary()
+
+
+def test_a_group_still_running_long_after_the_others_is_cut_on_its_node_and_named_hung():
+    """Real commands on this machine: two groups sleep 1 s, the third sleeps 300 s. Once it has run
+    five times the longest finished run (at least the floor, 2 s here), the watch kills its
+    command on its node, and the round ends with it named hung."""
+    transports = {name: LocalTransport(Node(name, "localhost", "local")) for name in ("a", "b", "c")}
+    marker = f"{random.randint(300, 899)}.{random.randint(1, 10**6)}"
+    seconds = {"a": "1", "b": "1.2", "c": marker}
+    watch: HangWatch[str, Result] = HangWatch(cut=lambda group: transports[group].kill_running(),
+                                             gave_figure=lambda result: result.ok, floor_s=2.0)
+    try:
+        results = at_once(list(transports), lambda group: transports[group].run(["sleep", seconds[group]],
+                                                                                  timeout=600), "hangs", watch)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    assert results["a"].ok and results["b"].ok and not results["c"].ok, results
+    assert list(watch.hung) == ["c"] and watch.hung["c"].startswith("hung: still running after "), watch.hung
+    assert re.search(r"while the longest run that gave a figure took \d+ s$", watch.hung["c"]), watch.hung
+    assert not wait_for_no_leftovers(f"sleep {marker}")
