@@ -7,7 +7,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 # Debian packages the suites use now or soon.
-DEBS    := openssh-server openssh-client iproute2 procps sudo tcsh stress-ng fio iperf3 hpcc openmpi-bin perftest ibverbs-utils rdma-core infiniband-diags munge slurmctld slurmd slurm-client chromium libpmix-dev
+DEBS    := openssh-server openssh-client iproute2 nftables procps sudo tcsh stress-ng fio iperf3 hpcc openmpi-bin perftest ibverbs-utils rdma-core infiniband-diags munge slurmctld slurmd slurm-client chromium libpmix-dev
 INVENTORY ?= inventory/local.yaml
 PYTEST_ARGS ?=
 # The harness's own tests, three at a time: most wait on namespace nodes, SSH and sleeps, not on

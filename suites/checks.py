@@ -353,13 +353,30 @@ def isolated_action(verdict: isolation.Verdict) -> str:
             "(its node checks, its network pairs: GPUs, NICs, cables), then run the checks across the rest again")
 
 
+def isolation_figures(verdict: isolation.Verdict) -> dict[str, tuple[Optional[float], str]]:
+    """The isolation's time, rounds and culprit count, as metrics beside the figure it isolated."""
+    return {"isolation_time": (round(verdict.spent_s, 1), "s"), "isolation_rounds": (verdict.rounds, "rounds"),
+            "isolated_nodes": (len(verdict.culprits), "nodes")}
+
+
+def fail_isolated(metrics: Metrics, verdict: isolation.Verdict, failure: CheckFailure, headline: str) -> NoReturn:
+    """Raise the failure of a run across nodes that gave no figure with what its isolation found:
+    the headline and the verdict's summary, the run's own failure first in the log, the isolation's
+    figures recorded (the run's own figure as not measured)."""
+    try:
+        metrics.judge(**isolation_figures(verdict))
+    except PerformanceFailure:
+        pass  # the figure it misses is the run's own, whose failure this is
+    raise type(failure)(f"{headline}; {verdict.summary()}", f"{failure}\n{failure.log}".strip(),
+                        isolated_action(verdict) or failure.action)
+
+
 def judge_isolated(metrics: Metrics, verdict: Optional[isolation.Verdict],
                    **figures: tuple[Optional[float], str]) -> None:
     """metrics.judge(**figures) with the isolation's time, rounds and culprit count beside them;
     a miss carries the verdict's summary (the culprits and their evidence)."""
     if verdict is not None:
-        figures.update(isolation_time=(round(verdict.spent_s, 1), "s"), isolation_rounds=(verdict.rounds, "rounds"),
-                       isolated_nodes=(len(verdict.culprits), "nodes"))
+        figures.update(isolation_figures(verdict))
     try:
         metrics.judge(**figures)
     except PerformanceFailure as miss:

@@ -45,10 +45,10 @@ from suites.checks import (
     HangWatch,
     at_once,
     band_low,
+    fail_isolated,
     first_line,
     isolate_below_band,
     isolate_failed_run,
-    isolated_action,
     isolation_outcome,
     judge_isolated,
     launch_failure,
@@ -446,9 +446,7 @@ def test_allreduce_cluster(cluster_run, profile, acceptance, metrics, record):
         verdict = isolate(cluster_run, profile, across, measured, acceptance, record)
         if verdict is None:
             raise failure
-        raise type(failure)(f"the all-reduce across {len(cluster_run.nodes)} nodes gave no figure "
-                            f"({first_line(failure)}); {verdict.summary()}", failure.log,
-                            isolated_action(verdict) or failure.action)
+        fail_isolated(metrics, verdict, failure, f"the all-reduce across {len(cluster_run.nodes)} nodes gave no figure")
     figure = measured.figure
     assert figure is not None
     record_curve(record, "all_reduce", figure)

@@ -1,0 +1,69 @@
+"""A cluster all-reduce that gives no figure, isolated on six real namespace nodes (torchrun,
+gloo): one node's firewall lets SSH through and nothing else, so every run with it hangs.
+
+Apart from tests/test_collectives.py's timed group: its band admits any figure, so the healthy
+runs pass however loaded the machine is, and most of its minutes are spent waiting.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+from test_collectives import checks_of
+from test_e2e import results_of, run_dir_of, run_suites
+
+pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
+
+ANY_FIGURE = {"value": 0.002, "lower": -0.5, "source": "test: any figure the gloo all-reduce gives"}
+
+
+DEAD_NODE = "node5"
+
+
+# node5's firewall drops every TCP segment to it but its sshd's (nftables, in its namespace only)
+FENCE = """table inet handover_test_fence {
+  chain input { type filter hook input priority 0; policy accept; tcp dport != 22 drop; }
+}
+"""
+
+
+@pytest.fixture
+def six_nodes_one_dead_to_all_but_ssh(ns_cluster_factory):
+    """Six namespace nodes; node5 answers SSH, so its checks run, while its ranks can neither
+    join a rendezvous nor answer one (FENCE): the classic node that stops a collective across
+    nodes without being unreachable."""
+    if shutil.which("nft") is None:
+        pytest.skip("`nft` is not installed (apt-get install nftables; make setup does)")
+    cluster = ns_cluster_factory(6)
+    subprocess.run(["ip", "netns", "exec", cluster.node(DEAD_NODE).namespace, "nft", "-f", "-"], input=FENCE,
+                   text=True, check=True)
+    return cluster
+
+
+def test_a_node_that_breaks_the_cluster_all_reduce_is_isolated_rather_than_the_launch_named(
+        six_nodes_one_dead_to_all_but_ssh, sign_key, tmp_path):
+    """The all-reduce across the six nodes gives no figure (node5 never joins), and the isolation
+    finds node5 by the runs that give one without it; the runs with it hang at the rendezvous
+    and are cut (or give up there first, as long)."""
+    inventory = six_nodes_one_dead_to_all_but_ssh.write_inventory(tmp_path / "cluster.yaml", extra={
+        "references": {"allreduce_busbw_cluster": ANY_FIGURE}})
+    run_suites(inventory, tmp_path / "out", sign_key, "suites/test_collectives.py", "-m", "training",
+               "-k", "allreduce_cluster", timeout=1500)
+    cluster = checks_of(results_of(run_dir_of(tmp_path / "out", "nscluster")))[("allreduce_cluster", None)]
+    message = cluster["message"]
+    assert cluster["outcome"] == "failed" and cluster["kind"] in ("sanity", "timeout"), message
+    assert message.startswith("the all-reduce across 6 nodes gave no figure; isolated node5 (cluster "
+                              "node1..node6 (6 nodes) no figure (sanity); screen node4,node5,node6 no figure ("), \
+        message
+    assert re.findall(r"isolated (\w+)", message) == [DEAD_NODE], message
+    # Each run with node5 waits for it at the rendezvous, and is cut as hung at the floor (60 s)
+    # unless the rendezvous gives up first (also 60 s); healthy groups took 10 s here.
+    assert re.search(r"; confirm node5 with node\d no figure \((hung: still running after \d+ s|.*rendezvous)",
+                     message), message
+    assert "band >= 0.001 GB/s; cleared 5 of 6 node(s)" in message and "not finished" not in message
+    assert cluster["action"].startswith("take node5 out of the cluster's jobs and check each on its own")
+    figures = {m["name"]: m["value"] for m in cluster["metrics"]}
+    assert figures["isolated_nodes"] == 1 and figures["isolation_rounds"] >= 2
+    assert re.match(r"node\d: ", cluster["log_excerpt"]), cluster["log_excerpt"][:300]  # the launch's own failure
