@@ -12,8 +12,9 @@ directory where tensorboard is installed.
 A scaling efficiency below its band does not just fail the cluster: the node(s) behind it are
 isolated as the collectives' are (runners/isolation.py; suites.checks.isolate_below_band), each
 run a DDP run of a few steps on a group of nodes, all of a round's groups at once, its figure the
-group's own efficiency against its nodes' own runs; the culprits and every step's figure go into
-the check's message, within the profile's isolation_budget_s.
+group's own efficiency against its nodes' own runs, a group still running long after the others
+cut as hung (suites.checks.HangWatch); the culprits and every step's figure go into the check's
+message, within the profile's isolation_budget_s.
 """
 from __future__ import annotations
 
@@ -34,10 +35,12 @@ from handover.failures import (
 )
 from reports import tensorboard
 from runners import collectives, isolation, training
+from runners.fanout import kill_everywhere
 from runners.parsing import ParseError
 from runners.torchrun import Launch
 from runners.transport import Result, Transport
 from suites.checks import (
+    HangWatch,
     at_once,
     isolate_below_band,
     isolation_outcome,
@@ -331,6 +334,9 @@ def measure_groups(cluster_run, cluster, plan: Plan, single: dict[str, float], a
     """The isolation's runs: per group a DDP run of ISOLATION_STEPS steps, its efficiency (tokens/s
     over the group's size times the median of its nodes' own runs) the figure."""
     model = plan.model.with_steps(ISOLATION_STEPS)
+    hangs: HangWatch[tuple[str, ...], tuple[list[str], isolation.Outcome]] = HangWatch(
+        cut=lambda group: kill_everywhere(cluster_run.transport(node) for node in group),
+        gave_figure=lambda done: done[1].figure is not None)
 
     def measure(groups: list[tuple[str, ...]], round_: int, timeout: float) -> dict[tuple[str, ...], isolation.Outcome]:
         step, timeout = f"{ISOLATION_STEP}_round{round_}", min(TIMEOUT_S["quick"], timeout)
@@ -345,10 +351,11 @@ def measure_groups(cluster_run, cluster, plan: Plan, single: dict[str, float], a
             own = {node: single[node] for node in group}
             return raw, isolation.Outcome(training.scaling_efficiency(report.tokens_per_s, own))
 
-        done = at_once(groups, run, step)
+        done = at_once(groups, run, step, hangs)
         for raw, _ in done.values():
             record.raw(raw)
-        return {group: outcome for group, (_, outcome) in done.items()}
+        return {group: isolation.Outcome(None, hangs.hung[group]) if group in hangs.hung else outcome
+                for group, (_, outcome) in done.items()}
 
     return measure
 
