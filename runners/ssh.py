@@ -74,6 +74,7 @@ WATCHDOG_RESTARTS = 3  # a watchdog that keeps ending (sudo refusing it) is not 
 KNOCK_S = 3.0
 KNOCK_WAIT_S = 2.0
 KNOCKS_AT_ONCE = 1024
+KNOCKS_THROUGH_AT_ONCE = 64  # channel opens through jump chains at a time, each a thread's wait
 
 log = logging.getLogger("handover.ssh")
 
@@ -297,21 +298,43 @@ def knock(addresses: Iterable[tuple], wait_s: float) -> set[tuple]:
     return answered
 
 
+def knock_through(transports: Sequence[SshTransport], wait_s: float) -> set[SshTransport]:
+    """The transports whose node's SSH port answered a channel of its open jump chain within
+    wait_s, KNOCKS_THROUGH_AT_ONCE at a time (each channel open waits for its own answer)."""
+    answered: set[SshTransport] = set()
+
+    def knock_one(transport: SshTransport) -> None:
+        if transport.knock_through_jump(wait_s):
+            answered.add(transport)
+
+    for start in range(0, len(transports), KNOCKS_THROUGH_AT_ONCE):
+        threads = [threading.Thread(target=knock_one, args=(transport,), daemon=True, name="knock-through")
+                   for transport in transports[start:start + KNOCKS_THROUGH_AT_ONCE]]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(wait_s + 1)
+    return answered
+
+
 class Knocker:
-    """Knocks on the SSH port of every lost node this machine reaches directly, every KNOCK_S, and
-    tells its transport once the port answers (Transport.heard): its next command tries the node
-    then, not at its next blind try (RECONNECT_AFTER_S), so a node whose switch rebooted is used
-    again within seconds of its link rather than minutes, and its recovery's time on the record
-    is close to the link's. A port only answers while the node's sshd listens and its link is up,
-    so a dead node still costs no command a connect timeout. One thread knocks for every node:
-    started with the first loss, ended when no lost node is left to knock on."""
+    """Knocks on the SSH port of every lost node, every KNOCK_S, and tells its transport once the
+    port answers (Transport.heard): its next command tries the node then, not at its next blind
+    try (RECONNECT_AFTER_S), so a node whose switch rebooted is used again within seconds of its
+    link rather than minutes, and its recovery's time on the record is close to the link's. A
+    port only answers while the node's sshd listens and its link is up, so a dead node still
+    costs no command a connect timeout. A node this machine reaches directly is knocked on with
+    a TCP connect (knock); one behind a jump chain with a direct-tcpip channel of that chain,
+    while the chain is open for other nodes (knock_through): the jump host connects, and a knock
+    never opens a chain. One thread knocks for every node: started with the first loss, ended
+    when no lost node is left to knock on."""
 
     def __init__(self) -> None:
-        self._lost: dict[Transport, Optional[tuple]] = {}  # -> its socket address, once resolved
+        self._lost: dict[SshTransport, Optional[tuple]] = {}  # -> its socket address, once resolved
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
 
-    def watch(self, transport: Transport) -> None:
+    def watch(self, transport: SshTransport) -> None:
         with self._lock:
             self._lost.setdefault(transport, None)
             if self._thread is None:
@@ -329,18 +352,22 @@ class Knocker:
                     return
                 lost = dict(self._lost)
             losses = {transport: transport.retriable_loss() for transport in lost}
-            unheard = {transport: address or self._resolve(transport) for transport, address in lost.items()
-                       if (loss := losses[transport]) is not None and loss.heard_at is None}
-            knocked = [address for address in unheard.values() if address is not None]
+            unheard = [transport for transport in lost
+                       if (loss := losses[transport]) is not None and loss.heard_at is None]
+            direct = {transport: lost[transport] or self._resolve(transport) for transport in unheard
+                      if transport.jump_target is None}
+            knocked = [address for address in direct.values() if address is not None]
             answered: set[tuple] = set()
             for start in range(0, len(knocked), KNOCKS_AT_ONCE):
                 answered |= knock(knocked[start:start + KNOCKS_AT_ONCE], KNOCK_WAIT_S)
-            for transport, address in unheard.items():
+            heard = {transport for transport, address in direct.items() if address in answered}
+            heard |= knock_through([t for t in unheard if t.jump_target is not None], KNOCK_WAIT_S)
+            for transport in heard:
                 loss = losses[transport]
-                if address in answered and loss is not None:
+                if loss is not None:
                     transport.heard(loss)
 
-    def _resolve(self, transport: Transport) -> Optional[tuple]:
+    def _resolve(self, transport: SshTransport) -> Optional[tuple]:
         """The node's socket address, kept once known. A name that does not resolve is not
         knocked on again (each try could wait for the resolver): its blind tries stand."""
         host = direct_host(transport.node)
@@ -681,6 +708,12 @@ class JumpChains:
         self._lock = threading.Lock()
         self._chains: dict[SshSettings, _Chain] = {}
 
+    def peek(self, key: SshSettings) -> Optional[Connection]:
+        """The chain's last hop while it is open for the nodes behind it; None, never opened, if not."""
+        with self._lock:
+            chain = self._chains.get(key)
+        return chain.gateway if chain is not None and chain.gateway.is_connected else None
+
     def take(self, key: SshSettings, build: Callable[[], Connection]) -> Connection:
         """The chain's last hop, open; opened once for all the nodes that asked at once: those
         waiting while it failed get its error, not a connect timeout each, one after another."""
@@ -733,14 +766,34 @@ class SshTransport(Transport):
     def __init__(self, node: Node):
         super().__init__(node)
         self._connect_lock = threading.Lock()
+        # where a jump chain reaches the node: the chain, and the host and port its last hop
+        # connects to (ssh_config applied); set by the first connect
+        self.jump_target: Optional[tuple[SshSettings, str, int]] = None
 
     def lose(self, reason: str) -> Loss:
         """Transport.lose; the node's SSH port is knocked on from now (Knocker) where this
-        machine connects to it directly."""
+        machine connects to it directly or through a jump chain (not a ProxyCommand)."""
         loss = super().lose(reason)
-        if direct_host(self.node) is not None:
+        if direct_host(self.node) is not None or self.jump_target is not None:
             _knocker.watch(self)
         return loss
+
+    def knock_through_jump(self, wait_s: float) -> bool:
+        """Whether the node's SSH port answers a direct-tcpip channel of its jump chain within
+        wait_s; False where the chain is not open (a knock opens none). The channel is closed
+        at once: the jump host's connection to the node ends before a byte of SSH."""
+        if self.jump_target is None:
+            return False
+        chain, host, port = self.jump_target
+        gateway = _jump_chains.peek(chain)
+        if gateway is None or gateway.transport is None:
+            return False
+        try:
+            channel = gateway.transport.open_channel("direct-tcpip", (host, port), ("", 0), timeout=wait_s)
+        except Exception:  # refused, unreachable, no answer in time, the chain closed meanwhile
+            return False
+        channel.close()
+        return True
 
     def _open(self) -> Lease:
         with self._connect_lock:
@@ -772,6 +825,7 @@ class SshTransport(Transport):
             chain = _jump_chain_key(self.node.ssh, connection)
             if chain is not None:
                 connection.gateway = None  # reached through the shared chain's channel instead
+                self.jump_target = (chain, connection.host, int(connection.port))
             self._secure(connection)
             try:
                 if chain is None:

@@ -367,6 +367,41 @@ def test_a_lost_node_is_tried_as_soon_as_its_ssh_port_answers_again(ns_cluster_f
         transport.close()
 
 
+def test_a_lost_node_behind_a_jump_host_is_knocked_on_through_the_open_chain(ns_cluster_factory, tmp_path,
+                                                                             monkeypatch):
+    """node2 and node3 behind the bastion node1; node2's link is down at its first connect. The
+    chain stays open for node3, so node2's port is knocked on through it (a channel the bastion
+    opens to node2:22): nothing is heard while the link is down, and once it is back the loss
+    is heard and the next command reaches node2, long before its blind try."""
+    from inventory.loader import load_inventory
+
+    monkeypatch.setattr(transport_module, "RECONNECT_AFTER_S", (60.0, 60.0))
+    nodes = ns_cluster_factory(3)
+    inventory = nodes.write_inventory(tmp_path / "inv.yaml", nodes=["node2", "node3"])
+    inventory.write_text(inventory.read_text().replace(
+        "connect_timeout: 5", f"connect_timeout: 5\n  jump: root@{nodes.node('node1').address}"))
+    transports = {node.name: make_transport(node) for node in load_inventory(inventory).nodes}
+    node2 = transports["node2"]
+    nodes.link_down("node2")
+    try:
+        assert transports["node3"].run(["true"], timeout=10).ok  # the chain, open for node3
+        first = node2.run(["true"], timeout=10)
+        loss = node2.loss
+        assert first.failure == "unreachable" and loss is not None, first
+        time.sleep(KNOCK_S + KNOCK_WAIT_S + 1)  # a round of knocks at least, on the dead link
+        assert node2.loss is loss and loss.heard_at is None
+        nodes.link_up("node2")
+        assert wait_until(lambda: node2.loss is not None and node2.loss.heard_at is not None,
+                          within_s=3 * (KNOCK_S + KNOCK_WAIT_S))
+        assert loss.next_try is not None and time.time() < loss.next_try
+        back = node2.run(["hostname"], timeout=10)
+        assert back.ok and back.stdout.strip() == "node2" and node2.loss is None, back.explain()
+    finally:
+        nodes.link_up("node2")
+        for transport in transports.values():
+            transport.close()
+
+
 def test_a_node_back_after_an_outage_is_used_again_and_its_loss_is_kept(ns_cluster_factory, tmp_path, monkeypatch):
     """node2's link down at the first step: lost, and left out of the steps until its next try;
     its link back, the step after that try reaches it and its loss stays on record. A node lost
