@@ -306,6 +306,7 @@ def isolation_outcome(figure: Optional[float], failure: Optional[CheckFailure], 
 
 
 def isolation_budget(profile: Profile) -> float:
+    """The profile's isolation_budget_s, DEFAULT_BUDGET_S where it sets none."""
     budget = profile.expect.isolation_budget_s
     return isolation.DEFAULT_BUDGET_S if budget is None else budget
 

@@ -9,12 +9,13 @@ NVML, stragglers, the scaling from one node to all, and a checkpoint's round tri
 shared filesystem. Loss curves go into the report, and into TensorBoard event files in the run
 directory where tensorboard is installed.
 
-A scaling efficiency below its band does not just fail the cluster: the node(s) behind it are
-isolated as the collectives' are (runners/isolation.py; suites.checks.isolate_below_band), each
-run a DDP run of a few steps on a group of nodes, all of a round's groups at once, its figure the
-group's own efficiency against its nodes' own runs, a group still running long after the others
-cut as hung (suites.checks.HangWatch); the culprits and every step's figure go into the check's
-message, within the profile's isolation_budget_s.
+A scaling efficiency below its band, or a run on all nodes that gives none (it hung or broke),
+does not just fail the cluster: the node(s) behind it are isolated as the collectives' are
+(runners/isolation.py; suites.checks.isolate_below_band, isolate_failed_run), each run a DDP run
+of a few steps on a group of nodes, all of a round's groups at once, its figure the group's own
+efficiency against its nodes' own runs, a group still running long after the others cut as hung
+(suites.checks.HangWatch); the culprits and every step's figure go into the check's message,
+within the profile's isolation_budget_s.
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ from runners.transport import Result, Transport
 from suites.checks import (
     HangWatch,
     at_once,
+    fail_isolated,
     isolate_below_band,
+    isolate_failed_run,
     isolation_outcome,
     judge_isolated,
     launch_failure,
@@ -360,22 +363,40 @@ def measure_groups(cluster_run, cluster, plan: Plan, single: dict[str, float], a
     return measure
 
 
-@pytest.mark.quick
-@pytest.mark.cluster
-def test_training_scaling(request, cluster_run, cluster, profile, metrics, record, acceptance):
-    """Tokens/s on all nodes over N times one node (the median node's own run). Below its band,
-    the node(s) behind it are isolated (screened, bisected, confirmed) and named with the evidence."""
-    nodes = [n.name for n in cluster_run.nodes]
-    if len(nodes) < 2:
-        pytest.skip("scaling needs at least two nodes")
-    run = run_on_all_nodes(request, cluster_run, cluster, profile, acceptance, record)
+def own_runs(cluster_run, profile, nodes: list[str], ranks: int) -> dict[str, float]:
+    """Each node's tokens/s in its own quick run: the baseline of the scaling efficiency."""
     single = {}
     for node in nodes:
         result = cluster_run.gather("training_node_quick", node_step(cluster_run, profile, "quick", None))[node]
         try:
-            single[node] = sane_report(result, run.report.ranks // len(nodes)).tokens_per_s
+            single[node] = sane_report(result, ranks).tokens_per_s
         except AssertionError as failure:
             raise SanityFailure(f"{node}'s own run, the baseline, failed: {failure}") from None
+    return single
+
+
+@pytest.mark.quick
+@pytest.mark.cluster
+def test_training_scaling(request, cluster_run, cluster, profile, metrics, record, acceptance):
+    """Tokens/s on all nodes over N times one node (the median node's own run). Below its band,
+    or with no figure (the run on all nodes hung or broke), the node(s) behind it are isolated
+    (screened, bisected, confirmed) and named with the evidence."""
+    nodes = [n.name for n in cluster_run.nodes]
+    if len(nodes) < 2:
+        pytest.skip("scaling needs at least two nodes")
+    plan = node_plan(cluster_run, profile, nodes[0], "quick")
+    series = ("training isolation efficiency", "efficiency")
+    try:
+        run = run_on_all_nodes(request, cluster_run, cluster, profile, acceptance, record)
+    except CheckFailure as failure:  # it hung or broke: isolated like a low figure
+        verdict = isolate_failed_run(profile, record, cluster_run.nodes, SCALING_METRIC, failure, EFFICIENCY, series,
+                                     measure_groups(cluster_run, cluster, plan,
+                                                    own_runs(cluster_run, profile, nodes, plan.ranks), acceptance,
+                                                    record))
+        if verdict is None:
+            raise
+        fail_isolated(metrics, verdict, failure, f"the training across {len(nodes)} nodes gave no figure")
+    single = own_runs(cluster_run, profile, nodes, plan.ranks)
     efficiency = training.scaling_efficiency(run.report.tokens_per_s, single)
     record.series("training tokens/s against nodes", x=("nodes", ""), y=("throughput", "tokens/s"),
                   lines={"measured": [(1, statistics.median(single.values())), (len(nodes), run.report.tokens_per_s)],
@@ -384,10 +405,8 @@ def test_training_scaling(request, cluster_run, cluster, profile, metrics, recor
     record.note(f"{len(nodes)} nodes: {run.report.tokens_per_s:,.0f} tokens/s; one node (median of "
                 f"{len(single)}): {statistics.median(single.values()):,.0f} tokens/s; "
                 f"efficiency {efficiency:.1f}%")
-    plan = node_plan(cluster_run, profile, nodes[0], "quick")
     verdict = isolate_below_band(profile, record, cluster_run.nodes, SCALING_METRIC, efficiency, EFFICIENCY,
-                                 ("training isolation efficiency", "efficiency"),
-                                 measure_groups(cluster_run, cluster, plan, single, acceptance, record))
+                                 series, measure_groups(cluster_run, cluster, plan, single, acceptance, record))
     judge_isolated(metrics, verdict,  # the scaling table's three rows
                    scaling_efficiency=(round(efficiency, EFFICIENCY.decimals), EFFICIENCY.name),
                    tokens_per_s_one_node=(round(statistics.median(single.values()), 1), "tokens/s"),
