@@ -100,11 +100,16 @@ SERIAL_GROUPS = {
                     "test_slurm_cluster"],
 }
 GROUP_OF_MODULE = {module: group for group, modules in SERIAL_GROUPS.items() for module in modules}
+# Units that start first, in this order, whatever their number of tests (xdist otherwise starts
+# the units with the most tests first): the longest, so that none is left for the end. Its
+# failed-run isolations spend about 7 minutes mostly waiting on hung rendezvous.
+START_FIRST = ("performance", "tests/test_failed_run_isolation.py")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Each group one unit of work, every other module one unit (its module fixtures set up once).
+    """Each group one unit of work, every other module one unit (its module fixtures set up once);
+    the units of START_FIRST first.
 
     xdist's own `--dist loadgroup` marks do not reach its scheduler under pytest 9: it renames
     `item._nodeid`, which pytest 9 no longer reads.
@@ -115,6 +120,18 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0].rpartition("/")[2].removesuffix(".py")
             return GROUP_OF_MODULE.get(module, nodeid.split("::", 1)[0])
+
+        def __init__(self, config, log=None) -> None:
+            super().__init__(config, log)
+            self._ordered = False
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:  # the queue is whole before its first unit is handed out
+                for scope in reversed(START_FIRST):
+                    if scope in self.workqueue:
+                        self.workqueue.move_to_end(scope, last=False)
+                self._ordered = True
+            super()._assign_work_unit(node)
 
     return SerialGroups(config, log)
 
