@@ -12,7 +12,7 @@ import threading
 import time
 from collections import Counter
 from datetime import datetime
-from typing import Callable, Generic, NoReturn, Optional, Sequence, TypeVar
+from typing import Callable, Generic, NoReturn, Optional, Sequence, TypeVar, cast
 
 import pytest
 from _pytest.mark.expression import Expression  # how -m is evaluated; pytest has no public API for it
@@ -29,10 +29,11 @@ from handover.failures import (
 )
 from inventory.model import Node, Profile
 from runners import isolation, kernel_log
+from runners.fanout import kill_everywhere
 from runners.parsing import ParseError
 from runners.scratch import missing_tool, refusal
 from runners.torchrun import Launch
-from runners.transport import Result
+from runners.transport import Result, Transport
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -221,24 +222,28 @@ def first_line(failure: BaseException) -> str:
     return str(failure).splitlines()[0][:200] if str(failure) else type(failure).__name__
 
 
-class HangWatch(Generic[K, T]):
+class HangWatch(Generic[T]):
     """Cuts the runs of a round that are still going long after the others finished
-    (runners.isolation.hang_cut_s), across the rounds of one isolation: `cut(group)` kills the
-    group's work on its nodes, and `hung` keeps why for each group cut."""
+    (runners.isolation.hang_cut_s), across the rounds of one isolation: a group's work is killed
+    on its nodes (`transport_of(node)`), and `hung` keeps why for each group cut."""
 
-    def __init__(self, cut: Callable[[K], None], gave_figure: Callable[[T], bool], *,
+    def __init__(self, transport_of: Callable[[str], Transport], gave_figure: Callable[[T], bool], *,
                  floor_s: float = isolation.HANG_FLOOR_S):
-        self._cut = cut
+        self._transport_of = transport_of
         self._gave_figure = gave_figure
         self._floor_s = floor_s
         self._finished_s: list[float] = []  # how long each run that gave a figure took
-        self.hung: dict[K, str] = {}
+        self.hung: dict[tuple[str, ...], str] = {}
 
     def finished(self, value: T, seconds: float) -> None:
         if self._gave_figure(value):
             self._finished_s.append(seconds)
 
-    def cut_overdue(self, running: Sequence[K], seconds: float) -> None:
+    def outcome(self, group: tuple[str, ...], outcome: isolation.Outcome) -> isolation.Outcome:
+        """The group's outcome as the isolation reads it: no figure, and why, where it was cut."""
+        return isolation.Outcome(None, self.hung[group]) if group in self.hung else outcome
+
+    def cut_overdue(self, running: Sequence[tuple[str, ...]], seconds: float) -> None:
         """Cut each run still going `seconds` into its round once that is past the hang cut."""
         limit = isolation.hang_cut_s(self._finished_s, self._floor_s)
         if limit is None or seconds < limit:
@@ -247,11 +252,11 @@ class HangWatch(Generic[K, T]):
             if group not in self.hung:
                 self.hung[group] = (f"hung: still running after {seconds:.0f} s, while the longest run "
                                     f"that gave a figure took {max(self._finished_s):.0f} s")
-                self._cut(group)
+                kill_everywhere(self._transport_of(node) for node in group)
 
 
 def at_once(groups: Sequence[K], measure: Callable[[K], T], name: str,
-            hangs: Optional[HangWatch[K, T]] = None) -> dict[K, T]:
+            hangs: Optional[HangWatch[T]] = None) -> dict[K, T]:
     """measure(group) for every group at once (disjoint node sets: one thread each); the first
     group's exception, if any, once every group has ended. A Ctrl-C does not wait for them (an
     executor would wait out each group's run across nodes, up to its timeout, before the
@@ -274,7 +279,8 @@ def at_once(groups: Sequence[K], measure: Callable[[K], T], name: str,
             index, value, error = ended.get(timeout=1.0)
         except queue.Empty:
             if hangs is not None:
-                hangs.cut_overdue([group for i, group in enumerate(groups) if i not in outcomes],
+                running = [group for i, group in enumerate(groups) if i not in outcomes]
+                hangs.cut_overdue(cast(list[tuple[str, ...]], running),  # a watch's groups are node names
                                   time.monotonic() - started)
             continue
         outcomes[index] = (value, error)

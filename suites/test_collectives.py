@@ -38,7 +38,6 @@ from handover.failures import (
 )
 from runners import collectives, isolation, nccl_tests
 from runners.collectives import Figure, Plan, plan_for
-from runners.fanout import kill_everywhere
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 from suites.checks import (
@@ -412,17 +411,14 @@ def isolate(cluster_run, profile, across: Across, measured: Measured, acceptance
     (suites.checks.isolate_below_band, isolate_failed_run: each round's all-reduces at once, the
     largest size only, a hung one cut), within the profile's budget. None when the figure is
     within the band, the failure names its node already, or the profile's isolation_budget_s is 0."""
-    hangs: HangWatch[tuple[str, ...], Measured] = HangWatch(
-        cut=lambda group: kill_everywhere(cluster_run.transport(node) for node in group),
-        gave_figure=lambda run: run.figure is not None)
+    hangs: HangWatch[Measured] = HangWatch(cluster_run.transport, gave_figure=lambda run: run.figure is not None)
 
     def measure(groups: list[tuple[str, ...]], round_: int, timeout: float) -> dict[tuple[str, ...], isolation.Outcome]:
         measured = measure_at_once(cluster_run, across, groups, acceptance, f"{ISOLATION_STEP}_round{round_}",
                                    min(NODE_TIMEOUT_S, timeout), hangs)
         for result in measured.values():
             record.raw(result.raw)
-        return {group: isolation.Outcome(None, hangs.hung[group]) if group in hangs.hung else result.outcome()
-                for group, result in measured.items()}
+        return {group: hangs.outcome(group, result.outcome()) for group, result in measured.items()}
 
     series = ("allreduce isolation busbw", "busbw")
     if measured.failure is not None:

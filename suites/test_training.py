@@ -36,7 +36,6 @@ from handover.failures import (
 )
 from reports import tensorboard
 from runners import collectives, isolation, training
-from runners.fanout import kill_everywhere
 from runners.parsing import ParseError
 from runners.torchrun import Launch
 from runners.transport import Result, Transport
@@ -337,9 +336,8 @@ def measure_groups(cluster_run, cluster, plan: Plan, single: dict[str, float], a
     """The isolation's runs: per group a DDP run of ISOLATION_STEPS steps, its efficiency (tokens/s
     over the group's size times the median of its nodes' own runs) the figure."""
     model = plan.model.with_steps(ISOLATION_STEPS)
-    hangs: HangWatch[tuple[str, ...], tuple[list[str], isolation.Outcome]] = HangWatch(
-        cut=lambda group: kill_everywhere(cluster_run.transport(node) for node in group),
-        gave_figure=lambda done: done[1].figure is not None)
+    hangs: HangWatch[tuple[list[str], isolation.Outcome]] = HangWatch(
+        cluster_run.transport, gave_figure=lambda done: done[1].figure is not None)
 
     def measure(groups: list[tuple[str, ...]], round_: int, timeout: float) -> dict[tuple[str, ...], isolation.Outcome]:
         step, timeout = f"{ISOLATION_STEP}_round{round_}", min(TIMEOUT_S["quick"], timeout)
@@ -357,8 +355,7 @@ def measure_groups(cluster_run, cluster, plan: Plan, single: dict[str, float], a
         done = at_once(groups, run, step, hangs)
         for raw, _ in done.values():
             record.raw(raw)
-        return {group: isolation.Outcome(None, hangs.hung[group]) if group in hangs.hung else outcome
-                for group, (_, outcome) in done.items()}
+        return {group: hangs.outcome(group, outcome) for group, (_, outcome) in done.items()}
 
     return measure
 

@@ -290,4 +290,3 @@ def test_a_slow_node_is_isolated_inside_the_cluster_all_reduce(six_nodes_one_slo
     assert SLOW_NODE in named.split(", ") and not {"node1", "node2", "node3"} & set(named.split(", "))
     assert re.search(r"pair: 6 run\(s\), median 0\.\d+, min 0\.0\d\d GB/s \((node4-node5|node5-node6)\)", table)
     assert "min 0.0" in table.split("leaf: ")[1].split(";")[0] and "(leaf-b)" in table
-

@@ -357,15 +357,17 @@ def test_a_group_still_running_long_after_the_others_is_cut_on_its_node_and_name
     transports = {name: LocalTransport(Node(name, "localhost", "local")) for name in ("a", "b", "c")}
     marker = f"{random.randint(300, 899)}.{random.randint(1, 10**6)}"
     seconds = {"a": "1", "b": "1.2", "c": marker}
-    watch: HangWatch[str, Result] = HangWatch(cut=lambda group: transports[group].kill_running(),
-                                             gave_figure=lambda result: result.ok, floor_s=2.0)
+    watch: HangWatch[Result] = HangWatch(transports.__getitem__, gave_figure=lambda result: result.ok, floor_s=2.0)
     try:
-        results = at_once(list(transports), lambda group: transports[group].run(["sleep", seconds[group]],
-                                                                                  timeout=600), "hangs", watch)
+        results = at_once([(name,) for name in transports],
+                          lambda group: transports[group[0]].run(["sleep", seconds[group[0]]], timeout=600),
+                          "hangs", watch)
     finally:
         for transport in transports.values():
             transport.close()
-    assert results["a"].ok and results["b"].ok and not results["c"].ok, results
-    assert list(watch.hung) == ["c"] and watch.hung["c"].startswith("hung: still running after "), watch.hung
-    assert re.search(r"while the longest run that gave a figure took \d+ s$", watch.hung["c"]), watch.hung
+    assert results[("a",)].ok and results[("b",)].ok and not results[("c",)].ok, results
+    assert list(watch.hung) == [("c",)] and watch.hung[("c",)].startswith("hung: still running after "), watch.hung
+    assert re.search(r"while the longest run that gave a figure took \d+ s$", watch.hung[("c",)]), watch.hung
+    assert watch.outcome(("c",), Outcome(1.0)) == Outcome(None, watch.hung[("c",)])
+    assert watch.outcome(("a",), Outcome(1.0)) == Outcome(1.0)
     assert not wait_for_no_leftovers(f"sleep {marker}")
