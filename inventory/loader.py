@@ -500,6 +500,7 @@ EXPECT_READERS: dict[str, Callable[[_At], Any]] = {
     "fp64_peak_tflops": _positive_number,
     "training_straggler_fraction": _positive_number,
     "isolation_budget_s": _positive_number,
+    "isolation_hang_floor_s": _positive_number,
     "ib_symbol_errors_max": _count,
     "ib_link_downed_max": _count,
     "ib_port_rcv_errors_max": _count,

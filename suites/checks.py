@@ -228,7 +228,7 @@ class HangWatch(Generic[T]):
     on its nodes (`transport_of(node)`), and `hung` keeps why for each group cut."""
 
     def __init__(self, transport_of: Callable[[str], Transport], gave_figure: Callable[[T], bool], *,
-                 floor_s: float = isolation.HANG_FLOOR_S):
+                 floor_s: float):
         self._transport_of = transport_of
         self._gave_figure = gave_figure
         self._floor_s = floor_s
@@ -315,6 +315,13 @@ def isolation_budget(profile: Profile) -> float:
     """The profile's isolation_budget_s, DEFAULT_BUDGET_S where it sets none."""
     budget = profile.expect.isolation_budget_s
     return isolation.DEFAULT_BUDGET_S if budget is None else budget
+
+
+def hang_floor(profile: Profile) -> float:
+    """The profile's isolation_hang_floor_s, HANG_FLOOR_S where it sets none: how long a run of
+    an isolation round goes on, at least, before it can be called hung and cut."""
+    floor = profile.expect.isolation_hang_floor_s
+    return isolation.HANG_FLOOR_S if floor is None else floor
 
 
 def isolate_below_band(profile: Profile, record, nodes: Sequence[Node], metric: str, figure: float,

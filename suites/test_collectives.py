@@ -46,6 +46,7 @@ from suites.checks import (
     band_low,
     fail_isolated,
     first_line,
+    hang_floor,
     isolate_below_band,
     isolate_failed_run,
     isolation_outcome,
@@ -411,7 +412,8 @@ def isolate(cluster_run, profile, across: Across, measured: Measured, acceptance
     (suites.checks.isolate_below_band, isolate_failed_run: each round's all-reduces at once, the
     largest size only, a hung one cut), within the profile's budget. None when the figure is
     within the band, the failure names its node already, or the profile's isolation_budget_s is 0."""
-    hangs: HangWatch[Measured] = HangWatch(cluster_run.transport, gave_figure=lambda run: run.figure is not None)
+    hangs: HangWatch[Measured] = HangWatch(cluster_run.transport, gave_figure=lambda run: run.figure is not None,
+                                           floor_s=hang_floor(profile))
 
     def measure(groups: list[tuple[str, ...]], round_: int, timeout: float) -> dict[tuple[str, ...], isolation.Outcome]:
         measured = measure_at_once(cluster_run, across, groups, acceptance, f"{ISOLATION_STEP}_round{round_}",

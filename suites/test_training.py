@@ -43,6 +43,7 @@ from suites.checks import (
     HangWatch,
     at_once,
     fail_isolated,
+    hang_floor,
     isolate_below_band,
     isolate_failed_run,
     isolation_outcome,
@@ -337,7 +338,8 @@ def measure_groups(cluster_run, cluster, plan: Plan, single: dict[str, float], a
     over the group's size times the median of its nodes' own runs) the figure."""
     model = plan.model.with_steps(ISOLATION_STEPS)
     hangs: HangWatch[tuple[list[str], isolation.Outcome]] = HangWatch(
-        cluster_run.transport, gave_figure=lambda done: done[1].figure is not None)
+        cluster_run.transport, gave_figure=lambda done: done[1].figure is not None,
+        floor_s=hang_floor(cluster.profile))
 
     def measure(groups: list[tuple[str, ...]], round_: int, timeout: float) -> dict[tuple[str, ...], isolation.Outcome]:
         step, timeout = f"{ISOLATION_STEP}_round{round_}", min(TIMEOUT_S["quick"], timeout)

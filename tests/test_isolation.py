@@ -15,11 +15,12 @@ import threading
 import pytest
 from nodes import wait_for_no_leftovers
 
+from inventory.loader import load_inventory
 from inventory.model import Node
 from runners import isolation
 from runners.isolation import BISECT, CONFIRM, SCREEN, Isolation, Outcome, ScaleRun
 from runners.transport import LocalTransport, Result
-from suites.checks import HangWatch, at_once
+from suites.checks import HangWatch, at_once, hang_floor
 
 GOOD, BAD, BAND = 1.0, 0.1, 0.5
 ROUND_S = 10.0
@@ -316,6 +317,17 @@ def test_a_hang_is_cut_at_five_times_the_longest_run_with_a_figure_and_never_bef
     assert isolation.hang_cut_s([4.0, 20.0, 9.0]) == 100.0
     assert isolation.hang_cut_s([3.0]) == isolation.HANG_FLOOR_S
     assert isolation.hang_cut_s([3.0], floor_s=2.0) == 15.0
+
+
+def test_the_hang_floor_is_the_profiles_where_it_sets_one(tmp_path):
+    """isolation_hang_floor_s, overridden with its reason by an inventory: the watch's floor."""
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("cluster: lab\nprofile: cpu-only\ntransport: local\nnodes: [n1]\n")
+    assert hang_floor(load_inventory(plain).profile) == isolation.HANG_FLOOR_S
+    patient = tmp_path / "patient.yaml"
+    patient.write_text(plain.read_text() + "expect:\n  isolation_hang_floor_s: "
+                       "{value: 300, reason: \"srun starts the groups in minutes here\"}\n")
+    assert hang_floor(load_inventory(patient).profile) == 300.0
 
 
 @pytest.mark.parametrize("count", [4, 17, 1024])
