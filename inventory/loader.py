@@ -29,6 +29,7 @@ import hostlist
 import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 
+from inventory.metrics import checks_recording, known_metrics
 from inventory.model import (
     ENGINES,
     HOST_KEY_POLICIES,
@@ -536,7 +537,7 @@ def _outlier_rule(at: _At) -> OutlierRule:
         if key in given:
             names: list[str] = []
             for item in _list(given[key]):
-                metric = _name(item, "metric name")
+                metric = _recorded_metric(item)
                 if metric in names:
                     raise item.error(f"metric {metric!r} listed twice")
                 if key == "ignore" and metric in values.get("fail", ()):
@@ -627,7 +628,7 @@ def _read_profile(path: Path) -> tuple[Profile, dict[str, _RawReference]]:
     metrics: dict[str, _At] = {}
     if "references" in fields:
         for metric, key_at, value_at in _read_mapping(fields["references"]):
-            _name(key_at, "metric name")
+            _recorded_metric(key_at)
             raw[metric] = _reference_fields(value_at)
             metrics[metric] = value_at
     references = {}
@@ -664,14 +665,33 @@ def _reference_fields(at: _At) -> _RawReference:
     }
 
 
+def _recorded_metric(at: _At) -> str:
+    """A metric name that a suite records (inventory/metrics.py): a misspelt one would leave a
+    band, or an outlier rule, that never judges anything."""
+    metric = _name(at, "metric name")
+    if not checks_recording(metric):
+        close = difflib.get_close_matches(metric, known_metrics(), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "inventory/metrics.py lists those the suites record"
+        raise at.error(f"no check records a metric {metric!r}; {hint}")
+    return metric
+
+
 def _build_reference(metric: str, merged: _RawReference, override: _RawReference) -> Reference:
-    """A Reference with its band checked; a bad band is blamed on the override if it made it so."""
+    """A Reference with its band checked, for a check that records the metric in the reference's
+    unit; a bad band, check or unit is blamed on the override if it made it so."""
 
     def blame(key: str) -> _At:
         if key in override:
             return override[key].at
         return override["value"].at if "value" in override else merged[key].at
 
+    recording = checks_recording(metric)
+    check, unit = merged["check"], merged["unit"]
+    if check.value not in recording:
+        raise blame("check").error(
+            f"{metric!r} is recorded by check {' and '.join(map(repr, recording))}, not {check.value!r}")
+    if unit.value != recording[check.value]:
+        raise blame("unit").error(f"{check.value} records {metric!r} in {recording[check.value]}, not {unit.value!r}")
     value = merged["value"].value
     lower = merged["lower"].value if "lower" in merged else None
     upper = merged["upper"].value if "upper" in merged else None
@@ -707,7 +727,7 @@ def _apply_reference_overrides(
     """Merge the inventory's `references:` into the profile's, field by field."""
     references = dict(profile.references)
     for metric, key_at, value_at in _read_mapping(at):
-        _name(key_at, "metric name")
+        _recorded_metric(key_at)
         override = _reference_fields(value_at)
         if metric not in raw:
             missing = [key for key in REFERENCE_REQUIRED if key not in override]

@@ -27,6 +27,7 @@ from handover.failures import (
     excerpt,
     transport_failure,
 )
+from inventory.metrics import unrecorded
 from inventory.model import Node, Profile
 from runners import isolation, kernel_log
 from runners.fanout import kill_everywhere
@@ -154,6 +155,9 @@ class Metrics:
         for name in sorted(expected - measured.keys()):
             measured[name] = (None, self.profile.references[name].unit)
         for name, (value, unit) in measured.items():
+            unlisted = unrecorded(self.check, name, unit)
+            if unlisted:  # the harness's own mistake: the profiles could not name the metric
+                raise LookupError(unlisted)
             if value is not None and not math.isfinite(value):
                 value = None  # NaN or infinity is no measurement (and no JSON)
             reference = self.profile.references.get(name)

@@ -86,14 +86,14 @@ WAIVER = {"reason": "CPU swap booked", "owner": "ops@example.com", "expires": No
 def runs(cluster, tmp_path_factory):
     """An old run rendered to results.json and a newer one only in its ledger: gpu002 lost
     memory, gpu003 became reachable again, gpu004 is gone, gpu005 is new with a waived failure,
-    and gpu001's CPU rate fell by 35% inside its band while its thread count moved."""
+    and gpu001's CPU rate fell by 35% inside its band while its GPU memory moved."""
     old = write_run(tmp_path_factory.mktemp("old"), cluster, ["gpu001", "gpu002", "gpu003", "gpu004"], [
         entry(cluster, "gpu001", "memory", memory_total=(23.5, "GiB")),
         entry(cluster, "gpu002", "memory", memory_total=(23.5, "GiB")),
         entry(cluster, "gpu003", "reachable", "failed", kind="unreachable", message="gpu003 unreachable"),
         entry(cluster, "gpu004", "memory", memory_total=(23.5, "GiB")),
         entry(cluster, "gpu001", "stress_ng", stress_cpu=(100.0, "bogo-ops/s")),
-        entry(cluster, "gpu001", "cpu", cpu_cores=(8, "cores"), cpu_threads=(16, "threads")),
+        entry(cluster, "gpu001", "gpu_inventory", gpu_memory=(80.0, "GiB")),
     ])
     write_results(build_results(read_ledger(old))[0], old)
     new = write_run(tmp_path_factory.mktemp("new"), cluster, ["gpu001", "gpu002", "gpu003", "gpu005"], [
@@ -102,7 +102,7 @@ def runs(cluster, tmp_path_factory):
         entry(cluster, "gpu003", "reachable"),
         entry(cluster, "gpu005", "cpu", "failed", kind="expectation", message="wrong CPU model", waived=WAIVER),
         entry(cluster, "gpu001", "stress_ng", stress_cpu=(65.0, "bogo-ops/s")),
-        entry(cluster, "gpu001", "cpu", cpu_cores=(8, "cores"), cpu_threads=(12, "threads")),
+        entry(cluster, "gpu001", "gpu_inventory", gpu_memory=(60.0, "GiB")),
     ])
     return old, new
 
@@ -135,13 +135,13 @@ def test_what_got_worse_and_what_got_better(runs):
         ("gpu003", "reachable", "failed", "unreachable")]
     assert found["nodes"] == {"failed": ["gpu002"], "fixed": [], "added": ["gpu005"], "missing": ["gpu004"]}
     moved = {(m["node"], m["metric"]): m for m in found["metrics"]}
-    assert set(moved) == {("gpu002", "memory_total"), ("gpu001", "stress_cpu"), ("gpu001", "cpu_threads")}
+    assert set(moved) == {("gpu002", "memory_total"), ("gpu001", "stress_cpu"), ("gpu001", "gpu_memory")}
     assert (moved["gpu002", "memory_total"]["why"], moved["gpu002", "memory_total"]["worse"]) == ("left its band", True)
     cpu = moved["gpu001", "stress_cpu"]
     assert (cpu["old"], cpu["new"], cpu["change"], cpu["direction"]) == (100.0, 65.0, -0.35, "worse")
     assert cpu["why"] == "moved more than 10%"
-    assert moved["gpu001", "cpu_threads"]["direction"] == "unknown"  # no band: listed, not judged
-    assert not moved["gpu001", "cpu_threads"]["worse"]
+    assert moved["gpu001", "gpu_memory"]["direction"] == "unknown"  # no band: listed, not judged
+    assert not moved["gpu001", "gpu_memory"]["worse"]
 
 
 def test_a_threshold_above_the_change_leaves_it_out(runs):

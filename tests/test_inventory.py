@@ -339,7 +339,7 @@ def test_reference_overrides_merge_per_field(tmp_path, key):
         references:
           memory_total: {value: 2048, lower: -0.02, upper: 0.01, source: "customer contract 2026-11"}
           cpu_cores: {value: 112}
-          hbm_total: {check: gpu, value: 0, lower: 80, unit: GB}
+          hbm_copy_bandwidth: {check: hbm_bandwidth, value: 0, lower: 2.4, unit: TB/s}
         """))
     references = load_inventory(path).profile.references
     assert references["memory_total"] == Reference(
@@ -349,9 +349,9 @@ def test_reference_overrides_merge_per_field(tmp_path, key):
     assert references["memory_total"].criterion() == "2007.04 .. 2068.48 GiB"
     cores = references["cpu_cores"]
     assert (cores.value, cores.lower, cores.unit, cores.source) == (112, -0.5, "cores", "inventory inv.yaml")
-    hbm = references["hbm_total"]
-    assert (hbm.low_bound, hbm.high_bound, hbm.source) == (80, None, "inventory inv.yaml")
-    assert hbm.admits(80) and not hbm.admits(79)
+    hbm = references["hbm_copy_bandwidth"]
+    assert (hbm.low_bound, hbm.high_bound, hbm.source) == (2.4, None, "inventory inv.yaml")
+    assert hbm.admits(2.4) and not hbm.admits(2.3)
     assert load_profile("cpu-only").references["memory_total"].value == 4
 
 
@@ -709,13 +709,17 @@ def test_load_profile_errors_without_an_inventory(tmp_path):
      "lower is a fraction of value and must be <= 0, got 0.1"),
     ("{check: cpu, value: 2, upper: -0.1, unit: cores, source: s}", 5, "references.cpu_cores.upper",
      "upper is a fraction of value and must be >= 0, got -0.1"),
-    ("{check: cpu, value: 0, lower: 5, upper: 1, unit: errors, source: s}", 5,
+    ("{check: cpu, value: 0, lower: 5, upper: 1, unit: cores, source: s}", 5,
      "references.cpu_cores.lower",
      "with value 0 the bounds are absolute, and lower 5 is above upper 1"),
     ("{check: cpu, value: many, unit: cores, source: s}", 5, "references.cpu_cores.value",
      "expected a number, got 'many'"),
     ("{check: cpu, value: -1, lower: -0.02, unit: cores, source: s}", 5, "references.cpu_cores.value",
      "value must be 0 or more (with 0 the bounds are absolute), got -1"),
+    ("{check: memory, value: 2, unit: cores, source: s}", 5, "references.cpu_cores.check",
+     "'cpu_cores' is recorded by check 'cpu', not 'memory'"),
+    ("{check: cpu, value: 2, unit: threads, source: s}", 5, "references.cpu_cores.unit",
+     "cpu records 'cpu_cores' in cores, not 'threads'"),
 ])
 def test_bad_profile_references(tmp_path, reference, line, field, problem):
     profile = write(tmp_path, f"""
@@ -735,9 +739,20 @@ def test_bad_reference_overrides(tmp_path, key):
     path = write(tmp_path, minimal(key, "references:\n  memory_total: {lower: 0.5}\n"))
     assert_error(path, 6, "references.memory_total.lower",
                  "lower is a fraction of value and must be <= 0, got 0.5")
-    write(tmp_path, minimal(key, "references:\n  gpu_count: {value: 8}\n"))
-    assert_error(path, 6, "references.gpu_count",
+    write(tmp_path, minimal(key, "references:\n  gpu_memory: {value: 8}\n"))
+    assert_error(path, 6, "references.gpu_memory",
                  "metric not in profile 'cpu-only', so it needs check, unit as well")
+    write(tmp_path, minimal(key, "references:\n  memory_totl: {value: 8}\n"))
+    assert_error(path, 6, "references.memory_totl",
+                 "no check records a metric 'memory_totl'; did you mean 'memory_total'?")
+    write(tmp_path, minimal(key, "references:\n  gpu_count: {check: gpu_inventory, value: 8, unit: GPUs}\n"))
+    assert_error(path, 6, "references.gpu_count",
+                 "no check records a metric 'gpu_count'; inventory/metrics.py lists those the suites record")
+    write(tmp_path, minimal(key, "references:\n  memory_total: {unit: GB}\n"))
+    assert_error(path, 6, "references.memory_total.unit", "memory records 'memory_total' in GiB, not 'GB'")
+    write(tmp_path, minimal(key, "references:\n  gpu_memory: {check: gpu, value: 80, unit: GiB}\n"))
+    assert_error(path, 6, "references.gpu_memory.check",
+                 "'gpu_memory' is recorded by check 'gpu_inventory', not 'gpu'")
     write(tmp_path, minimal(key, "references:\n  memory_total: 2048\n"))
     assert_error(path, 6, "references.memory_total", "expected a mapping, got 2048")
 

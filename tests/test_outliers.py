@@ -221,11 +221,13 @@ def test_the_profile_key_is_read_typed_and_reaches_the_run_header(tmp_path):
     ("outliers: {min_deviation: -0.1}", "outliers.min_deviation: a fraction of the median, must be >= 0, got -0.1"),
     ("outliers: {min_nodes: 2}", "outliers.min_nodes: 2 is too few; a median and its MAD need at least 3 nodes"),
     ("outliers: {min_nodes: 4.5}", "outliers.min_nodes: expected an integer, got 4.5"),
-    ("outliers: {fail: [a, a]}", "outliers.fail[1]: metric 'a' listed twice"),
-    ("outliers: {fail: [a], ignore: [a]}",
-     "outliers.ignore[0]: metric 'a' is in fail too; an ignored metric cannot fail"),
-    ("outliers: {fails: [a]}", "outliers.fails: unknown key; did you mean 'fail'?"),
-], ids=["z", "deviation", "nodes", "integer", "twice", "both", "typo"])
+    ("outliers: {fail: [stress_cpu, stress_cpu]}", "outliers.fail[1]: metric 'stress_cpu' listed twice"),
+    ("outliers: {fail: [stress_cpu], ignore: [stress_cpu]}",
+     "outliers.ignore[0]: metric 'stress_cpu' is in fail too; an ignored metric cannot fail"),
+    ("outliers: {fails: [stress_cpu]}", "outliers.fails: unknown key; did you mean 'fail'?"),
+    ("outliers: {fail: [allreduce_bsbw]}",
+     "outliers.fail[0]: no check records a metric 'allreduce_bsbw'; did you mean 'allreduce_busbw'?"),
+], ids=["z", "deviation", "nodes", "integer", "twice", "both", "typo", "unknown-metric"])
 def test_a_wrong_outliers_key_is_one_line_naming_the_field(tmp_path, written, problem):
     path = profile_with(tmp_path, written)
     with pytest.raises(InventoryError) as raised:

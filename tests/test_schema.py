@@ -81,7 +81,7 @@ def varied_entries() -> list[dict]:
               metrics=judged("memory", memory_total=(23.5, "GiB"))),
         entry("suites/test_system.py::test_cpu[localhost]", "cpu", "failed", kind="performance",
               message="cpu_cores = 0 cores, expected >= 1 cores",
-              metrics=judged("cpu", cpu_cores=(0, "cores"), cpu_threads=(4, "threads"))),
+              metrics=judged("cpu", cpu_cores=(0, "cores"))),
         entry("suites/test_storage.py::test_scratch_throughput[s-quick-localhost]", "scratch_throughput",
               "failed", kind="performance",
               metrics=judged("scratch_throughput", scratch_seq_read=(1.2, "GB/s"))),
@@ -94,6 +94,8 @@ def varied_entries() -> list[dict]:
         entry("suites/test_network.py::test_ib_write_bw[localhost-rail1]", "ib_write_bw", rail=1,
               pairs=[{"peer": "b", "state": "low", "figure": 180.5, "pass": 1},
                      {"peer": "c", "state": "failed", "figure": None, "pass": 2}], pair_median=390.0),
+        entry("suites/test_network.py::test_iperf3[localhost]", "iperf3",
+              metrics=judged("iperf3", iperf3_bandwidth=(20.0, "Gb/s"), iperf3_retransmits=(4, "count"))),
     ]
 
 
@@ -214,7 +216,7 @@ def test_results_and_ledger_of_a_varied_run_validate(tmp_path):
     assert results["verdict"]["status"] == NOT_CERTIFIED
     metrics = {m["name"]: m for c in results["checks"] for m in c["metrics"]}
     assert metrics["memory_total"]["ok"] is True
-    assert metrics["cpu_cores"]["ok"] is False and metrics["cpu_threads"]["reference"] is None
+    assert metrics["cpu_cores"]["ok"] is False and metrics["iperf3_retransmits"]["reference"] is None
     assert metrics["scratch_seq_write"]["value"] is None  # referenced but not measured
     validate_results(results)
     lines = ledger_lines(run_dir)
