@@ -112,6 +112,10 @@ LARGE_MESSAGE_BYTES = 8388608  # 8 MiB: the size where HDR/NDR ports reach line 
 LATENCY_MESSAGE_BYTES = 2  # perftest's default latency size
 RUN_TIMEOUT_S = 60
 NOT_LISTENING = "Couldn't connect to"  # the client started before its server listened
+# Both sides of a pair on IPv6 addresses need this flag (perftest 23.07 and later); an older
+# perftest refuses it with the getopt line below.
+IPV6_FLAG = "--ipv6-addr"
+IPV6_FLAG_UNKNOWN = f"unrecognized option '{IPV6_FLAG}'"
 RETRY_S = 5
 
 
@@ -126,9 +130,11 @@ class PerftestMode:
 
 
 def server_argv(mode: PerftestMode, device: Optional[str], port: int,
-                gpu: Optional[int] = None) -> list[str]:
-    """The server side; device None lets perftest take the first RDMA device it finds."""
-    argv = [mode.tool, "--port", str(port), "--size", str(mode.size)]
+                gpu: Optional[int] = None, *, ipv6: bool = False) -> list[str]:
+    """The server side; device None lets perftest take the first RDMA device it finds. ipv6: the
+    server's address is an IPv6 one, so both sides exchange their parameters over IPv6
+    (--ipv6-addr; perftest takes IPv4 otherwise)."""
+    argv = [mode.tool, "--port", str(port), "--size", str(mode.size)] + ([IPV6_FLAG] if ipv6 else [])
     if device:
         argv += ["--ib-dev", device]
     if mode.tool.endswith("_bw"):
@@ -142,7 +148,12 @@ def server_argv(mode: PerftestMode, device: Optional[str], port: int,
 
 def client_argv(mode: PerftestMode, device: Optional[str], port: int, server: str,
                 gpu: Optional[int] = None) -> list[str]:
-    return [*server_argv(mode, device, port, gpu), server]
+    return [*server_argv(mode, device, port, gpu, ipv6=is_ipv6(server)), server]
+
+
+def is_ipv6(address: str) -> bool:
+    """An IPv6 literal, as the inventory keeps it (a host name never holds a colon)."""
+    return ":" in address
 
 
 def write_bw_server_argv(device: str, port: int, *, size: int = LARGE_MESSAGE_BYTES) -> list[str]:
@@ -159,7 +170,7 @@ def run_pair(server: Transport, client: Transport, server_address: str, port: in
              gpu: Optional[int] = None) -> PairRun:
     """One rail between two nodes: server HCA on one, client HCA on the other, torn down always."""
     return run_server_client(
-        server, client, server_argv(mode, server_device, port, gpu),
+        server, client, server_argv(mode, server_device, port, gpu, ipv6=is_ipv6(server_address)),
         client_argv(mode, client_device, port, server_address, gpu), port=port,
         server_timeout=RUN_TIMEOUT_S + RETRY_S + 5, client_timeout=RUN_TIMEOUT_S,
         retry_while=lambda result: NOT_LISTENING in result.stdout + result.stderr, retry_s=RETRY_S)
@@ -175,6 +186,11 @@ def judge(run: PairRun) -> tuple[Optional[PerftestReport], str]:
     where = f"{run.client} -> {run.server}:{run.port}"
     if result.failure:
         return None, result.explain()
+    too_old = dict.fromkeys(node for node, side in ((run.client, result), (run.server, run.server_result))
+                            if side is not None and IPV6_FLAG_UNKNOWN in side.stderr)
+    if too_old:  # the client may have waited for a server that refused the flag at once
+        return None, (f"{where}: the perftest on {' and '.join(too_old)} predates {IPV6_FLAG} (perftest 23.07), "
+                      "which a pair on IPv6 addresses needs: update perftest there, or give the nodes IPv4 addresses")
     if result.timed_out:
         return None, f"{where}: `{result.command}` timed out after {result.duration_s:.0f} s"
     try:

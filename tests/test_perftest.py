@@ -107,6 +107,52 @@ def test_rail_argv_for_bandwidth_latency_bidirectional_and_gpudirect():
         "ib_write_lat", "--port", "19515", "--size", "2"]
 
 
+def test_a_pair_on_ipv6_addresses_exchanges_its_parameters_over_ipv6_on_both_sides():
+    """perftest takes IPv4 for its parameter exchange unless both sides say --ipv6-addr."""
+    from runners.perftest import PerftestMode, client_argv, server_argv
+
+    assert client_argv(PerftestMode(), "mlx5_0", 18600, "fd00:77::2") == [
+        "ib_write_bw", "--port", "18600", "--size", "8388608", "--ipv6-addr", "--ib-dev", "mlx5_0",
+        "--report_gbits", "fd00:77::2"]
+    assert "--ipv6-addr" in server_argv(PerftestMode(), "mlx5_0", 18600, ipv6=True)
+    assert "--ipv6-addr" not in client_argv(PerftestMode(), "mlx5_0", 18600, "gpu017")
+
+
+def test_a_perftest_without_the_ipv6_flag_is_named_for_what_it_lacks():
+    """The real refusal of Debian's perftest 4.5 (tests/data/perftest/PROVENANCE.md), on either side."""
+    from runners.pairs import PairRun
+    from runners.perftest import judge
+    from runners.transport import Result
+
+    stem = "local_perftest45_ib_write_bw_ERROR_ipv6_addr_unrecognized"
+    refused = Result("n2", "ib_write_bw ...", int((DATA / f"{stem}.rc.txt").read_text()),
+                     (DATA / f"{stem}.stdout.txt").read_text(), (DATA / f"{stem}.stderr.txt").read_text(), 0.01)
+    waited = Result("n2", "ib_write_bw ...", 1, "", " Couldn't connect to fd00:77::1:18515\n", 60.0)
+    lacks = ("predates --ipv6-addr (perftest 23.07), which a pair on IPv6 addresses needs: update perftest "
+             "there, or give the nodes IPv4 addresses")
+    assert judge(PairRun("n1", "n2", 18515, refused, None)) == (
+        None, f"n2 -> n1:18515: the perftest on n2 {lacks}")
+    assert judge(PairRun("n1", "n2", 18515, waited, refused)) == (
+        None, f"n2 -> n1:18515: the perftest on n1 {lacks}")
+
+
+@pytest.mark.skipif(shutil.which("ib_write_bw") is None, reason="perftest is not installed")
+def test_a_pair_on_ipv6_addresses_with_an_old_perftest_ends_at_once_naming_it():
+    """Both sides refuse --ipv6-addr at once, for real, and nothing is left running."""
+    from nodes import wait_for_no_leftovers
+
+    from runners.perftest import PerftestMode, judge, run_pair
+
+    usage = subprocess.run(["ib_write_bw", "--help"], capture_output=True, text=True, timeout=20).stdout
+    if "--ipv6-addr" in usage:
+        pytest.skip("this perftest knows --ipv6-addr (23.07 or later)")
+    transport = LocalTransport(Node("localhost", "localhost", "local"))
+    run = run_pair(transport, transport, "fd00:77::2", 18779, PerftestMode(), None, None)
+    report, why = judge(run)
+    assert report is None and why.startswith("localhost -> localhost:18779: the perftest on localhost predates")
+    assert not wait_for_no_leftovers("--port 18779")
+
+
 @pytest.mark.skipif(shutil.which("ib_write_bw") is None, reason="perftest is not installed")
 def test_pair_without_an_rdma_device_ends_at_once_and_leaves_no_server():
     """The real no-device path through the pair runner: both sides exit 1 at once."""

@@ -392,6 +392,13 @@ def test_each_rails_server_and_client_agree_on_everything_but_the_peer(tmp_path)
     assert server == ["ib_write_bw", "--ib-dev", "mlx5_1", "--ib-port", "1", "--port", "5401", "--size", "8388608",
                       "--iters", str(int(60 * 400e9 / (8 * 8388608))), "--report_gbits"]
     supervisor.out.close()
+    (tmp_path / "config.json").write_text(json.dumps({"mix": {"round_s": 60}, "end": 0, "ib_port": 5400,
+                                                      "peer_address": "fd00:77::2"}))
+    supervisor = Supervisor(str(tmp_path))  # a pair on IPv6 addresses: both sides say so (runners.perftest)
+    supervisor.rails = [("mlx5_0", "1", 400.0)]
+    server, client = supervisor.ib_argv(0), supervisor.ib_argv(0, "fd00:77::2")
+    assert server[-1] == "--ipv6-addr" and client == server + ["fd00:77::2"]
+    supervisor.out.close()
 
 
 def test_the_supervisor_reads_its_rounds_figures_from_real_tool_outputs():

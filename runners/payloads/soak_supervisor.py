@@ -281,6 +281,8 @@ class Supervisor:
         iterations = max(5, int(float(self.mix.get("round_s", 60)) * rate_gbps * 1e9 / (8 * IB_MESSAGE)))
         argv = ["ib_write_bw", "--ib-dev", device, "--ib-port", port, "--port", str(self.config["ib_port"] + index),
                 "--size", str(IB_MESSAGE), "--iters", str(iterations), "--report_gbits"]
+        if ":" in (self.config.get("peer_address") or ""):  # IPv6 pairs exchange parameters over IPv6
+            argv.append("--ipv6-addr")  # on both sides (runners.perftest.IPV6_FLAG)
         return argv + ([peer] if peer else [])
 
     def serve_ib(self, index):
