@@ -735,26 +735,19 @@ def test_bad_profile_references(tmp_path, reference, line, field, problem):
     assert str(caught.value) == f"{profile}:{line}: {field}: {problem}"
 
 
-def test_bad_reference_overrides(tmp_path, key):
-    path = write(tmp_path, minimal(key, "references:\n  memory_total: {lower: 0.5}\n"))
-    assert_error(path, 6, "references.memory_total.lower",
-                 "lower is a fraction of value and must be <= 0, got 0.5")
-    write(tmp_path, minimal(key, "references:\n  gpu_memory: {value: 8}\n"))
-    assert_error(path, 6, "references.gpu_memory",
-                 "metric not in profile 'cpu-only', so it needs check, unit as well")
-    write(tmp_path, minimal(key, "references:\n  memory_totl: {value: 8}\n"))
-    assert_error(path, 6, "references.memory_totl",
-                 "no check records a metric 'memory_totl'; did you mean 'memory_total'?")
-    write(tmp_path, minimal(key, "references:\n  gpu_count: {check: gpu_inventory, value: 8, unit: GPUs}\n"))
-    assert_error(path, 6, "references.gpu_count",
-                 "no check records a metric 'gpu_count'; inventory/metrics.py lists those the suites record")
-    write(tmp_path, minimal(key, "references:\n  memory_total: {unit: GB}\n"))
-    assert_error(path, 6, "references.memory_total.unit", "memory records 'memory_total' in GiB, not 'GB'")
-    write(tmp_path, minimal(key, "references:\n  gpu_memory: {check: gpu, value: 80, unit: GiB}\n"))
-    assert_error(path, 6, "references.gpu_memory.check",
-                 "'gpu_memory' is recorded by check 'gpu_inventory', not 'gpu'")
-    write(tmp_path, minimal(key, "references:\n  memory_total: 2048\n"))
-    assert_error(path, 6, "references.memory_total", "expected a mapping, got 2048")
+@pytest.mark.parametrize("entry, field, problem", [
+    ("memory_total: {lower: 0.5}", "memory_total.lower", "lower is a fraction of value and must be <= 0, got 0.5"),
+    ("gpu_memory: {value: 8}", "gpu_memory", "metric not in profile 'cpu-only', so it needs check, unit as well"),
+    ("memory_totl: {value: 8}", "memory_totl", "no check records a metric 'memory_totl'; did you mean 'memory_total'?"),
+    ("gpu_count: {check: gpu_inventory, value: 8, unit: GPUs}", "gpu_count",
+     "no check records a metric 'gpu_count'; inventory/metrics.py lists those the suites record"),
+    ("memory_total: {unit: GB}", "memory_total.unit", "memory records 'memory_total' in GiB, not 'GB'"),
+    ("gpu_memory: {check: gpu, value: 80, unit: GiB}", "gpu_memory.check",
+     "'gpu_memory' is recorded by check 'gpu_inventory', not 'gpu'"),
+    ("memory_total: 2048", "memory_total", "expected a mapping, got 2048"),
+], ids=["band", "not-in-profile", "misspelt", "unrecorded", "unit", "check", "not-a-mapping"])
+def test_bad_reference_overrides(tmp_path, key, entry, field, problem):
+    assert_error(write(tmp_path, minimal(key, f"references:\n  {entry}\n")), 6, f"references.{field}", problem)
 
 
 # ---------------------------------------------------------------- YAML corner cases
