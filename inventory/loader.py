@@ -615,8 +615,11 @@ def _read_profile(path: Path) -> tuple[Profile, dict[str, _RawReference]]:
             f"profile name {name!r} does not match its file name {path.name!r}"
         )
     mandatory: list[str] = []
+    checks = known_checks()
     for item in _list(fields["mandatory"]):
         check = _name(item, "check name")
+        if check not in checks:  # it would fail every node of every run for want of a result
+            raise item.error(_unknown(f"unknown check {check!r}", check, sorted(checks)))
         if check in mandatory:
             raise item.error(f"check {check!r} listed twice")
         mandatory.append(check)

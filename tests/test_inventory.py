@@ -701,6 +701,10 @@ def test_load_profile_errors_without_an_inventory(tmp_path):
     write(tmp_path, "profile: p\ndescription: x\nmandatory: [reachable, reachable]\n", name="p.yaml")
     with pytest.raises(InventoryError, match=r"p\.yaml:3: mandatory\[1\]: check 'reachable' listed twice"):
         load_profile(profile)
+    write(tmp_path, "profile: p\ndescription: x\nmandatory: [reachable, memroy]\n", name="p.yaml")
+    with pytest.raises(InventoryError) as caught:  # it would fail every node for want of a result
+        load_profile(profile)
+    assert str(caught.value) == f"{profile}:3: mandatory[1]: unknown check 'memroy'; did you mean 'memory'?"
 
 
 @pytest.mark.parametrize("reference, line, field, problem", [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inventory.loader import known_profiles, load_profile
+from inventory.loader import known_checks, known_profiles, load_profile
 from inventory.metrics import RECORDED, checks_recording, known_metrics, unrecorded
 from suites.checks import Metrics
 
@@ -44,6 +44,10 @@ def test_the_table_finds_suites_names_written_out():
     found = set().union(*(written_metric_names(path.read_text()) for path in SUITES.glob("test_*.py")))
     assert {"memory_total", "gpu_burn_tflops", "training_tokens_per_s", "soak_gpu_temp_max",
             "iperf3_retransmits", "checkpoint_read_time"} <= found
+
+
+def test_the_table_names_checks_the_suites_have():
+    assert set(RECORDED) <= set(known_checks())
 
 
 @pytest.mark.parametrize("name", known_profiles())
