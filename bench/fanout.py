@@ -61,7 +61,6 @@ def sizes_up_to(largest: int) -> Callable[[str], list[int]]:
     return sizes
 
 
-sizes_arg = sizes_up_to(MAX_NODES)  # namespace nodes: one /24 each cluster
 FLEET_MAX = 2048  # nodes: eight namespace clusters' worth
 
 

@@ -303,12 +303,9 @@ class _Builder:
     def _ancestors(self, group: str) -> set[str]:
         return self._reachable(group, lambda name: self.groups[name].parents)
 
-    def _descendants(self, group: str) -> set[str]:
-        return self._reachable(group, lambda name: self.groups[name].children)
-
     @staticmethod
     def _reachable(group: str, edges: Callable[[str], Iterable[str]]) -> set[str]:
-        """Every group reached from `group` along `edges` (parents or children), not itself."""
+        """Every group reached from `group` along `edges` (its parents), not itself."""
         found: set[str] = set()
         stack = list(edges(group))
         while stack:
