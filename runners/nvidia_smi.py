@@ -62,10 +62,6 @@ class SmiReport:
     ok: bool
 
 
-def query(transport: Transport) -> Result:
-    return transport.run(["nvidia-smi", "-q", "-x"], timeout=QUERY_TIMEOUT_S)
-
-
 def _text(element: Optional[ET.Element], path: str) -> str:
     found = element.find(path) if element is not None else None
     return (found.text or "").strip() if found is not None else ""

@@ -371,25 +371,18 @@ def beyond_median(value: Optional[float], median: Optional[float], fraction: flo
 
 def off_median(figures: dict[Pair, Optional[float]], median: Optional[float], fraction: float,
                higher_is_better: bool = True) -> dict[Pair, str]:
-    """Pairs whose figure is more than `fraction` on the bad side of `median`, with the words why."""
+    """Pairs whose figure is more than `fraction` on the bad side of `median`, with the words why.
+
+    A band says what a healthy link should reach; the median of all measured pairs says what
+    this fabric does reach. A pair 40% below its peers is a bad cable or port even when the
+    band is generous (or missing), so it counts against its nodes in attribute() as a failure
+    would. Latencies (higher_is_better False) are bad far above the median."""
     found = {}
     for pair, value in figures.items():
         why = beyond_median(value, median, fraction, higher_is_better)
         if why:
             found[pair] = why
     return found
-
-
-def low_pairs(figures: dict[Pair, Optional[float]], fraction: float = LOW_FRACTION,
-              higher_is_better: bool = True) -> dict[Pair, str]:
-    """Pairs whose figure is far on the bad side of the median of all measured pairs.
-
-    A band says what a healthy link should reach; the median says what this fabric does reach.
-    A pair 40% below its peers is a bad cable or port even when the band is generous (or
-    missing), so it counts against its nodes in attribute() as a failure would. Latencies
-    (higher_is_better False) are bad far above the median.
-    """
-    return off_median(figures, median_of(figures), fraction, higher_is_better)
 
 
 def other(pair: Pair, node: str) -> str:

@@ -156,15 +156,6 @@ def is_ipv6(address: str) -> bool:
     return ":" in address
 
 
-def write_bw_server_argv(device: str, port: int, *, size: int = LARGE_MESSAGE_BYTES) -> list[str]:
-    return server_argv(PerftestMode(size=size), device, port)
-
-
-def write_bw_client_argv(device: str, port: int, server: str, *,
-                         size: int = LARGE_MESSAGE_BYTES) -> list[str]:
-    return client_argv(PerftestMode(size=size), device, port, server)
-
-
 def run_pair(server: Transport, client: Transport, server_address: str, port: int,
              mode: PerftestMode, server_device: Optional[str], client_device: Optional[str],
              gpu: Optional[int] = None) -> PairRun:

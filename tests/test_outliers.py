@@ -93,8 +93,8 @@ def test_too_few_nodes_an_ignored_metric_and_a_zero_median_make_no_call():
 
 
 def test_a_metric_the_profile_fails_is_a_failure_and_a_rail_is_kept():
-    found = outliers(fleet([100.0, 101.0, 99.0, 100.0, 40.0], check_name="ib_write_bw", name="ib_write_bw_bandwidth",
-                           unit="Gb/s", band=(50.0, None), rail=3), OutlierRule(fail=("ib_write_bw_bandwidth",)))
+    found = outliers(fleet([100.0, 101.0, 99.0, 100.0, 40.0], check_name="ib_write_bw", name="ib_write_bw",
+                           unit="Gb/s", band=(50.0, None), rail=3), OutlierRule(fail=("ib_write_bw",)))
     assert [(o["node"], o["rail"], o["severity"]) for o in found] == [("n5", 3, "failure")]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from inventory.model import Node
 from runners.pairs import (
+    LOW_FRACTION,
     Attribution,
     Link,
     PairOutcome,
@@ -21,8 +22,8 @@ from runners.pairs import (
     greedy_rounds,
     kinds_by_pair,
     link_action,
-    low_pairs,
     median_of,
+    off_median,
     other,
     pair_id,
     pair_rail_id,
@@ -150,6 +151,11 @@ def test_second_pass_pairs_failing_nodes_with_passing_ones():
     for pair in again:
         assert pair not in passed and len(set(pair) & good) == 1
     assert second_pass_pairs({("a", "b"): False}, ["a", "b"]) == []
+
+
+def low_pairs(figures, fraction=LOW_FRACTION, higher_is_better=True):
+    """Pairs far on the bad side of the median of all measured pairs, as the suites find them."""
+    return off_median(figures, median_of(figures), fraction, higher_is_better)
 
 
 def test_a_pair_far_below_the_median_is_low_even_when_it_passed():

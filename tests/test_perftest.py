@@ -10,7 +10,7 @@ import pytest
 
 from inventory.model import Node
 from runners.parsing import ParseError
-from runners.perftest import MIB_PER_S_IN_GBPS, no_rdma_device, parse_perftest, write_bw_client_argv
+from runners.perftest import MIB_PER_S_IN_GBPS, PerftestMode, client_argv, no_rdma_device, parse_perftest
 from runners.transport import LocalTransport
 
 DATA = Path(__file__).parent / "data" / "perftest"
@@ -76,7 +76,7 @@ def test_completion_error_makes_the_report_not_ok():
 @pytest.mark.skipif(shutil.which("ib_write_bw") is None, reason="perftest is not installed")
 def test_ib_write_bw_without_an_rdma_device_is_recognised_for_real():
     transport = LocalTransport(Node("localhost", "localhost", "local"))
-    result = transport.run(write_bw_client_argv("mlx5_0", 18515, "127.0.0.1"), timeout=20)
+    result = transport.run(client_argv(PerftestMode(), "mlx5_0", 18515, "127.0.0.1"), timeout=20)
     assert result.exit_code == 1 and "Unable to find the Infiniband/RoCE device" in result.stderr
     assert no_rdma_device(result)
     with pytest.raises(ParseError):
