@@ -74,7 +74,14 @@ WATCHDOG_RESTARTS = 3  # a watchdog that keeps ending (sudo refusing it) is not 
 KNOCK_S = 3.0
 KNOCK_WAIT_S = 2.0
 KNOCKS_AT_ONCE = 1024
-KNOCKS_THROUGH_AT_ONCE = 64  # channel opens through jump chains at a time, each a thread's wait
+# A knock through a jump chain is a channel the jump host opens to the node's port: the jump
+# host's connect goes on until the node answers or TCP gives up (about 127 s on Linux), whatever
+# the harness waits, and holds a socket there all that time. So a node has one such knock
+# waiting at a time, the harness KNOCKS_THROUGH_WAITING in all, and the harness waits on each
+# for KNOCK_THROUGH_BOUND_S at most; an answer after the round's wait is heard the round after.
+KNOCKS_THROUGH_WAITING = 256
+KNOCK_THROUGH_BOUND_S = 150.0
+_knock_through_slots = threading.BoundedSemaphore(KNOCKS_THROUGH_WAITING)
 
 log = logging.getLogger("handover.ssh")
 
@@ -299,22 +306,13 @@ def knock(addresses: Iterable[tuple], wait_s: float) -> set[tuple]:
 
 
 def knock_through(transports: Sequence[SshTransport], wait_s: float) -> set[SshTransport]:
-    """The transports whose node's SSH port answered a channel of its open jump chain within
-    wait_s, KNOCKS_THROUGH_AT_ONCE at a time (each channel open waits for its own answer)."""
-    answered: set[SshTransport] = set()
-
-    def knock_one(transport: SshTransport) -> None:
-        if transport.knock_through_jump(wait_s):
-            answered.add(transport)
-
-    for start in range(0, len(transports), KNOCKS_THROUGH_AT_ONCE):
-        threads = [threading.Thread(target=knock_one, args=(transport,), daemon=True, name="knock-through")
-                   for transport in transports[start:start + KNOCKS_THROUGH_AT_ONCE]]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(wait_s + 1)
-    return answered
+    """The transports whose node's SSH port answered a knock through its open jump chain: one
+    started now and answered within wait_s, or an earlier one answered since (knock_through_jump)."""
+    started = [answer for transport in transports if (answer := transport.knock_through_jump()) is not None]
+    deadline = time.monotonic() + wait_s
+    for answer in started:
+        answer.wait(max(0.0, deadline - time.monotonic()))
+    return {transport for transport in transports if transport.knock_heard()}
 
 
 class Knocker:
@@ -769,6 +767,9 @@ class SshTransport(Transport):
         # where a jump chain reaches the node: the chain, and the host and port its last hop
         # connects to (ssh_config applied); set by the first connect
         self.jump_target: Optional[tuple[SshSettings, str, int]] = None
+        self._knock_lock = threading.Lock()
+        self._knock_waiting = False  # a knock through the jump chain waits on the jump host's connect
+        self._knock_heard = False  # ... and one was answered since knock_heard() last said so
 
     def lose(self, reason: str) -> Loss:
         """Transport.lose; the node's SSH port is knocked on from now (Knocker) where this
@@ -778,22 +779,46 @@ class SshTransport(Transport):
             _knocker.watch(self)
         return loss
 
-    def knock_through_jump(self, wait_s: float) -> bool:
-        """Whether the node's SSH port answers a direct-tcpip channel of its jump chain within
-        wait_s; False where the chain is not open (a knock opens none). The channel is closed
-        at once: the jump host's connection to the node ends before a byte of SSH."""
+    def knock_through_jump(self) -> Optional[threading.Event]:
+        """Knock on the node's SSH port with a direct-tcpip channel of its jump chain, on a
+        thread of its own; the event is set when the port answers (the channel is closed at once:
+        the jump host's connection to the node ends before a byte of SSH). None where no knock
+        was started: the chain is not open (a knock opens none), this node's last knock still
+        waits on the jump host's connect, or KNOCKS_THROUGH_WAITING knocks do."""
         if self.jump_target is None:
-            return False
+            return None
         chain, host, port = self.jump_target
         gateway = _jump_chains.peek(chain)
         if gateway is None or gateway.transport is None:
-            return False
+            return None
+        with self._knock_lock:
+            if self._knock_waiting or not _knock_through_slots.acquire(blocking=False):
+                return None
+            self._knock_waiting = True
+        answer = threading.Event()
+        threading.Thread(target=self._knock_channel, args=(gateway.transport, host, port, answer),
+                         daemon=True, name="knock-through").start()
+        return answer
+
+    def _knock_channel(self, through: paramiko.Transport, host: str, port: int, answer: threading.Event) -> None:
         try:
-            channel = gateway.transport.open_channel("direct-tcpip", (host, port), ("", 0), timeout=wait_s)
-        except Exception:  # refused, unreachable, no answer in time, the chain closed meanwhile
-            return False
-        channel.close()
-        return True
+            through.open_channel("direct-tcpip", (host, port), ("", 0), timeout=KNOCK_THROUGH_BOUND_S).close()
+        except Exception:  # refused, unreachable, no answer, the chain closed meanwhile
+            answered = False
+        else:
+            answered = True
+        with self._knock_lock:
+            self._knock_waiting = False
+            self._knock_heard = self._knock_heard or answered
+        _knock_through_slots.release()
+        if answered:
+            answer.set()
+
+    def knock_heard(self) -> bool:
+        """Whether a knock through the jump chain was answered since this was last asked."""
+        with self._knock_lock:
+            heard, self._knock_heard = self._knock_heard, False
+        return heard
 
     def _open(self) -> Lease:
         with self._connect_lock:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from inventory.model import Node, ScratchPath
 from runners import hpl, payloads, system
 from runners import transport as transport_module
 from runners.cluster import ClusterRun
-from runners.ssh import KNOCK_S, KNOCK_WAIT_S, LINK_DEAD_AFTER_S, link_dead_after
+from runners.ssh import CONNECT_TRIES, KNOCK_S, KNOCK_WAIT_S, LINK_DEAD_AFTER_S, link_dead_after
 from runners.transport import (
     LEASE_VARIABLE,
     NODE_PATIENCE_S,
@@ -398,6 +399,57 @@ def test_a_lost_node_behind_a_jump_host_is_knocked_on_through_the_open_chain(ns_
         assert back.ok and back.stdout.strip() == "node2" and node2.loss is None, back.explain()
     finally:
         nodes.link_up("node2")
+        for transport in transports.values():
+            transport.close()
+
+
+# node2's firewall drops every segment to its sshd: connects to it wait for TCP to give up, as
+# behind a black-holed route, where a dead link fails them at the ARP within seconds.
+BLACK_HOLE = """table inet handover_test_black_hole {
+  chain input { type filter hook input priority 0; policy accept; tcp dport 22 drop; }
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("nft") is None, reason="`nft` is not installed (make setup installs nftables)")
+def test_a_node_behind_a_jump_host_and_a_black_hole_holds_one_knock_at_a_time(ns_cluster_factory, tmp_path,
+                                                                             monkeypatch):
+    """node2 behind the bastion node1 and a firewall that drops its SSH port: each knock's
+    channel waits on the bastion's connect for as long as TCP tries, so the bastion holds one
+    knock's connect for node2 however many rounds pass, not one more each round; once the port
+    answers again, that connect's next SYN is heard, and its channel is closed at once."""
+    from inventory.loader import load_inventory
+
+    monkeypatch.setattr(transport_module, "RECONNECT_AFTER_S", (120.0, 120.0))
+    nodes = ns_cluster_factory(3)
+    inventory = nodes.write_inventory(tmp_path / "inv.yaml", nodes=["node2", "node3"])
+    inventory.write_text(inventory.read_text().replace(
+        "connect_timeout: 5", f"connect_timeout: 5\n  jump: root@{nodes.node('node1').address}"))
+    transports = {node.name: make_transport(node) for node in load_inventory(inventory).nodes}
+    node2, address = transports["node2"], nodes.node("node2").address
+
+    def bastion_sockets(state: str) -> list[str]:
+        return nodes.node_exec("node1", ["ss", "-Htn", "state", state, "dst", address]).stdout.splitlines()
+
+    subprocess.run(["ip", "netns", "exec", nodes.node("node2").namespace, "nft", "-f", "-"], input=BLACK_HOLE,
+                   text=True, check=True)
+    try:
+        assert transports["node3"].run(["true"], timeout=10).ok  # the chain, open for node3
+        first = node2.run(["true"], timeout=10)
+        loss = node2.loss
+        assert first.failure == "unreachable" and loss is not None, first
+        time.sleep(5 * (KNOCK_S + KNOCK_WAIT_S))  # five rounds of knocks
+        assert node2.loss is loss and loss.heard_at is None
+        # the knock's, and those of the first connect's tries: each waits on the bastion as long
+        assert len(bastion_sockets("syn-sent")) <= 1 + CONNECT_TRIES, bastion_sockets("syn-sent")
+        subprocess.run(["ip", "netns", "exec", nodes.node("node2").namespace, "nft", "delete", "table", "inet",
+                        "handover_test_black_hole"], check=True)
+        # heard at the waiting connect's next SYN (TCP's backoff: 1, 3, 7, 15, 31 s after its start)
+        assert wait_until(lambda: node2.loss is not None and node2.loss.heard_at is not None, within_s=40)
+        assert time.time() < (loss.next_try or 0)  # well before its blind try
+    finally:
+        subprocess.run(["ip", "netns", "exec", nodes.node("node2").namespace, "nft", "delete", "table", "inet",
+                        "handover_test_black_hole"], capture_output=True)
         for transport in transports.values():
             transport.close()
 
