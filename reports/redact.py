@@ -19,7 +19,9 @@ the shapes tools print:
 A name holds a secret when one of its words (split at _ - .) ends in token, secret(s),
 password, passwd, passphrase, apikey, credential(s), privatekey or authorization; or, in a name
 of several words, is key, pass, pw or pwd (API_KEY, MYSQL_PWD; not PWD, nor a bare key=value),
-or is auth as the last (NPM_CONFIG__AUTH, not SSH_AUTH_SOCK). So TOKENIZERS_PARALLELISM,
+or is auth as the last (NPM_CONFIG__AUTH, not SSH_AUTH_SOCK); unless its last word is path, file,
+dir or directory: it holds where a secret is, not the secret (perftest's --credentials_path,
+PASSWORD_FILE, as a tool's usage lists them). So TOKENIZERS_PARALLELISM,
 tokens_per_s and iperf3's "cookie" stay, and so do a host key and a public key (host-key, the
 kind of a check that failed at SSH's host key check, and public_key: what they hold is public).
 
@@ -37,6 +39,7 @@ _SECRET_ENDINGS = ("token", "secret", "secrets", "password", "passwd", "passphra
                    "credential", "credentials", "privatekey", "authorization")
 _SECRET_WORDS = frozenset({"key", "pass", "pw", "pwd"})  # only as one word of several
 _PUBLIC_KEY_KINDS = frozenset({"host", "public", "pub"})  # a key after one of these is public: host-key
+_LOCATION_WORDS = frozenset({"path", "file", "dir", "directory"})  # a name ending so holds where a secret is
 _WORD_SPLIT = re.compile(r"[_.-]+")
 
 # Every shape below lies within one line, and every secret name holds one of these stems: only
@@ -76,6 +79,8 @@ _BODY_LINE = re.compile(r"[^\r\n]+")
 def secret_name(name: str) -> bool:
     """Whether a variable (or option, or JSON key) of this name holds a secret, by its words."""
     words = [word for word in _WORD_SPLIT.split(name.lower()) if word]
+    if len(words) > 1 and words[-1] in _LOCATION_WORDS:
+        return False
     for position, word in enumerate(words):
         if word.endswith(_SECRET_ENDINGS):
             return True

@@ -169,7 +169,8 @@ def test_names_that_hold_secrets(name):
 @pytest.mark.parametrize("name", ["PWD", "OLDPWD", "SSH_AUTH_SOCK", "TOKENIZERS_PARALLELISM", "MAX_TOKENS",
                                   "tokens_per_s", "train_tokens_per_s", "cookie", "key", "KEYBOARD", "BYPASS",
                                   "NCCL_DEBUG", "NCCL_IB_HCA", "HPL_N", "CUDA_VISIBLE_DEVICES", "PASSES",
-                                  "host-key", "HOST_KEY", "public_key", "ssh_pub_key"])
+                                  "host-key", "HOST_KEY", "public_key", "ssh_pub_key", "--credentials_path",
+                                  "--data_enc_key_app_path", "PASSWORD_FILE", "SSH_KEY_DIR"])
 def test_names_that_do_not(name):
     assert not secret_name(name)
     assert redact(f"{name}=kept") == f"{name}=kept"
