@@ -774,6 +774,9 @@ class SshTransport(Transport):
     def lose(self, reason: str) -> Loss:
         """Transport.lose; the node's SSH port is knocked on from now (Knocker) where this
         machine connects to it directly or through a jump chain (not a ProxyCommand)."""
+        with self._knock_lock:
+            if self.loss is None:
+                self._knock_heard = False  # an answer to a knock of an earlier loss says nothing of this one
         loss = super().lose(reason)
         if direct_host(self.node) is not None or self.jump_target is not None:
             _knocker.watch(self)
