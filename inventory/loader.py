@@ -1069,12 +1069,10 @@ def _inventory_nodes(at: _At, position: dict[str, int], what: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=1)
-@functools.cache
 def known_checks() -> dict[str, bool]:
     """Check name -> whether it runs once for the whole cluster, from the suites' test functions
     (test_<check>, marked `cluster`), read with ast rather than imported: the suites import
-    the harness, and an inventory is checked before any of it runs. Read once a process: every
-    profile's mandatory checks are checked against it."""
+    the harness, and an inventory is checked before any of it runs. Read once a process."""
     checks: dict[str, bool] = {}
     for path in sorted(SUITES_DIR.glob("test_*.py")):
         for function in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
