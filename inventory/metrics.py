@@ -83,10 +83,9 @@ def known_metrics() -> list[str]:
 
 def unrecorded(check: str, metric: str, unit: str) -> Optional[str]:
     """Why `check` may not record `metric` in `unit`: None when the table has it so."""
-    recorded = RECORDED.get(check, {})
-    name = _family(metric)
-    if name not in recorded:
+    recording = checks_recording(metric)
+    if check not in recording:
         return f"check {check!r} records no metric {metric!r} (inventory/metrics.py)"
-    if recorded[name] != unit:
-        return f"check {check!r} records {metric!r} in {recorded[name]}, not {unit}"
+    if recording[check] != unit:
+        return f"check {check!r} records {metric!r} in {recording[check]}, not {unit}"
     return None
