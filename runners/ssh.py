@@ -14,6 +14,8 @@ import socket
 import struct
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Callable, Iterable, Optional, Sequence
@@ -74,13 +76,14 @@ WATCHDOG_RESTARTS = 3  # a watchdog that keeps ending (sudo refusing it) is not 
 KNOCK_S = 3.0
 KNOCK_WAIT_S = 2.0
 KNOCKS_AT_ONCE = 1024
-# A knock through a jump chain is a channel the jump host opens to the node's port: the jump
-# host's connect goes on until the node answers or TCP gives up (about 127 s on Linux), whatever
-# the harness waits, and holds a socket there all that time. So a node has one such knock
-# waiting at a time, the harness KNOCKS_THROUGH_WAITING in all, and the harness waits on each
-# for KNOCK_THROUGH_BOUND_S at most; an answer after the round's wait is heard the round after.
+# A channel through a jump chain (a connect, a knock) is opened by the jump host's own connect
+# to the node, which goes on until the node answers or TCP gives up (about 127 s on Linux),
+# whatever the harness waits, and holds a socket there all that time. The harness follows each
+# such open for JUMP_CONNECT_BOUND_S at most, and closes a channel that opened after it stopped
+# waiting. A node has one knock waiting at a time, the harness KNOCKS_THROUGH_WAITING in all; an
+# answer after a knock round's wait is heard the round after.
+JUMP_CONNECT_BOUND_S = 150.0
 KNOCKS_THROUGH_WAITING = 256
-KNOCK_THROUGH_BOUND_S = 150.0
 _knock_through_slots = threading.BoundedSemaphore(KNOCKS_THROUGH_WAITING)
 
 log = logging.getLogger("handover.ssh")
@@ -748,6 +751,33 @@ class JumpChains:
         _close_hops(chain.gateway)
 
 
+def open_through(through: paramiko.Transport, host: str, port: int, wait_s: float) -> paramiko.Channel:
+    """A direct-tcpip channel of a jump chain to host:port, waited on for wait_s (a timeout is
+    socket.timeout, as a direct connect's). paramiko keeps a channel whose open timed out, and
+    the jump host opens it once its own connect gets through: that late channel is closed as it
+    opens, where it would stay open on the jump host until the node's sshd dropped it."""
+    opened: Future[paramiko.Channel] = Future()
+
+    def open_it() -> None:
+        try:
+            opened.set_result(through.open_channel("direct-tcpip", (host, port), ("", 0),
+                                                   timeout=JUMP_CONNECT_BOUND_S))
+        except Exception as exc:  # refused, unreachable, no answer, the chain closed meanwhile
+            opened.set_exception(exc)
+
+    threading.Thread(target=open_it, daemon=True, name="open-through").start()
+    try:
+        return opened.result(timeout=wait_s)
+    except FutureTimeout:
+        opened.add_done_callback(_close_late_channel)
+        raise socket.timeout(f"no channel to {host}:{port} through the jump chain within {wait_s:g} s") from None
+
+
+def _close_late_channel(opened: Future) -> None:
+    if opened.exception() is None:
+        opened.result().close()
+
+
 def _close_hops(gateway: Optional[Connection]) -> None:
     """Close a chain's hops, last first (fabric closes a connection, never its gateway)."""
     while isinstance(gateway, Connection):
@@ -805,7 +835,7 @@ class SshTransport(Transport):
 
     def _knock_channel(self, through: paramiko.Transport, host: str, port: int, answer: threading.Event) -> None:
         try:
-            through.open_channel("direct-tcpip", (host, port), ("", 0), timeout=KNOCK_THROUGH_BOUND_S).close()
+            through.open_channel("direct-tcpip", (host, port), ("", 0), timeout=JUMP_CONNECT_BOUND_S).close()
         except Exception:  # refused, unreachable, no answer, the chain closed meanwhile
             answered = False
         else:
@@ -877,9 +907,8 @@ class SshTransport(Transport):
         gateway = _jump_chains.take(chain, lambda: self._jump_chain(chain.jump or ""))
         try:
             with _connecting:
-                connection.connect_kwargs["sock"] = gateway.transport.open_channel(
-                    "direct-tcpip", (connection.host, int(connection.port)), ("", 0),
-                    timeout=self.node.ssh.connect_timeout)
+                connection.connect_kwargs["sock"] = open_through(
+                    gateway.transport, connection.host, int(connection.port), self.node.ssh.connect_timeout)
                 connection.open()
         except BaseException:
             _jump_chains.give_back(chain)
