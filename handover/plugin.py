@@ -299,10 +299,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser) -> None:
     """An acceptance run keeps no pytest cache: the run directory is its record, and the
     rootdir pytest picks for an inventory kept elsewhere may be the operator's config tree.
+    For the same reason its rootdir is the suites' (acceptance_root), unless --rootdir says.
     pytest's parser is kept for reading the command line again (_asked_for_report_chars)."""
     early_config.stash[PARSER] = parser
-    if early_config.known_args_namespace.inventory:
+    namespace = early_config.known_args_namespace
+    if namespace.inventory:
         early_config.pluginmanager.consider_pluginarg("no:cacheprovider")
+        if not namespace.rootdir:
+            early_config._rootpath = acceptance_root(namespace.file_or_dir, early_config.invocation_params.dir)
+
+
+def acceptance_root(args: list[str], here: Path) -> Path:
+    """The folder that holds the suites, or the one above it and every test path given.
+
+    pytest picks its rootdir from the paths on its command line (an inventory's, written with a
+    space, is one) or the directory it runs in, names each test by its path from there, and the
+    terminal names each test's file through it. For suites outside that rootdir the names come
+    out wrong: `FAILED ../../etc/handover/test_system.py::test_os[gpu017]`, a file that does not
+    exist, in the very line an operator copies to test that node again."""
+    paths = [SUITES_DIR.parent]
+    for arg in args:
+        path = here / suites_path(arg, here).partition("::")[0]
+        if path.exists():
+            paths.append(path.resolve())
+    return Path(os.path.commonpath(paths))
 
 
 def pytest_configure(config: pytest.Config) -> None:

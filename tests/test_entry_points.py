@@ -57,9 +57,13 @@ def results_of(out: Path) -> dict:
 def test_the_readme_command_with_paths_outside_the_checkout(operator_tree, sign_key, form, where):
     cwd = ROOT if where == "checkout" else operator_tree["elsewhere"]
     done = pytest_in(cwd, *options(form, inventory=operator_tree["inventory"], out=operator_tree["out"],
-                                   sign_key=sign_key), "-m", "system", "-k", "memory or reachable")
+                                   sign_key=sign_key), "-m", "system", "-k", "memory or reachable", "-v")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "verdict: INCOMPLETE" in done.stdout  # the profile's other mandatory checks did not run
+    # Each test's line names its suite's file as it is from here (the inventory's folder, where
+    # pytest would root the run, has none), so the line can be copied to test the node again.
+    [line] = [line for line in done.stdout.splitlines() if "::test_memory[localhost] PASSED" in line]
+    assert (cwd / line.split("::")[0]).resolve() == ROOT / "suites" / "test_system.py", line
     results = results_of(operator_tree["out"])
     # The same ids whichever directory pytest ran from: --resume and JUnit depend on it.
     assert sorted(c["test_id"] for c in results["checks"]) == [
@@ -89,15 +93,15 @@ def test_without_a_test_path_it_runs_the_installed_suites(operator_tree, sign_ke
         "--collect-only", "-q")
     assert done.returncode == 0, done.stdout + done.stderr
     collected = [line for line in done.stdout.splitlines() if "::" in line]
-    areas = {line.split("::")[0] for line in collected}
-    assert {"test_system.py", "test_hardware.py", "test_network.py", "test_storage.py",
-            "test_hpc.py", "test_training.py"} <= areas
+    areas = {line.split("::")[0] for line in collected}  # ids from the suites' folder, pytest's rootdir here
+    assert {"suites/test_system.py", "suites/test_hardware.py", "suites/test_network.py", "suites/test_storage.py",
+            "suites/test_hpc.py", "suites/test_training.py"} <= areas
     assert not any("tests/" in line for line in collected)
-    assert "test_soak.py" not in areas  # the soak runs only when asked for
+    assert "suites/test_soak.py" not in areas  # the soak runs only when asked for
     soak = pytest_in(operator_tree["elsewhere"], *options(
         "space", inventory=operator_tree["inventory"], out=operator_tree["out"], sign_key=sign_key),
         "--collect-only", "-q", "--soak-duration", "1h")
-    assert {line.split("::")[0] for line in soak.stdout.splitlines() if "::" in line} == areas | {"test_soak.py"}
+    assert {line.split("::")[0] for line in soak.stdout.splitlines() if "::" in line} == areas | {"suites/test_soak.py"}
 
 
 def test_markers_mean_the_same_from_any_directory(operator_tree, sign_key):
@@ -106,7 +110,7 @@ def test_markers_mean_the_same_from_any_directory(operator_tree, sign_key):
         "--strict-markers", "-m", "quick and system and not cluster", "--collect-only", "-q")
     assert strict.returncode == 0, strict.stdout + strict.stderr
     listed = [line for line in strict.stdout.splitlines() if "::" in line]
-    assert listed and all(line.startswith(("test_system.py", "test_gpu_config.py")) for line in listed)
+    assert listed and all(line.startswith(("suites/test_system.py", "suites/test_gpu_config.py")) for line in listed)
     described = pytest_in(operator_tree["elsewhere"], "--markers")
     for marker in ("system", "hardware", "network", "storage", "hpc", "training", "quick", "full", "cluster"):
         assert f"@pytest.mark.{marker}:" in described.stdout
