@@ -81,7 +81,7 @@ TOP_LEVEL_KEYS = (
     "cluster", "profile", "transport", "python", "sudo", "ssh", "nodes", "groups", "scratch",
     "references", "launch", "cluster_id", "waivers", "sign_off", "expect",
 )
-LAUNCH_KEYS = ("interface", "engine", "partition", "account", "reservation", "time_limit")
+LAUNCH_KEYS = ("interface", "engine", "rendezvous_timeout_s", "partition", "account", "reservation", "time_limit")
 SLURM_LAUNCH_KEYS = ("partition", "account", "reservation", "time_limit")
 NODE_KEYS = ("name", "address", "data_address") + NODE_SETTING_KEYS
 GROUP_KEYS = ("nodes",) + NODE_SETTING_KEYS
@@ -1227,11 +1227,11 @@ def _time_limit(at: _At) -> int:
 
 
 def _launch(at: _At, transport: str) -> LaunchSettings:
-    """launch: the engine of multi-node jobs and, where Slurm runs them or the per-node checks,
-    the allocation to ask for."""
+    """launch: the engine of multi-node jobs, torchrun's rendezvous timeout and, where Slurm runs
+    them or the per-node checks, the allocation to ask for."""
     fields = _fields(at, LAUNCH_KEYS)
     engine = _choice(fields["engine"], "engine", ENGINES) if "engine" in fields else "default"
-    slurm: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
     for key in SLURM_LAUNCH_KEYS:
         if key not in fields:
             continue
@@ -1239,13 +1239,15 @@ def _launch(at: _At, transport: str) -> LaunchSettings:
             raise fields[key].error(f"launch.{key} is a Slurm setting; it needs engine: slurm "
                                     "or transport: slurm")
         if key == "time_limit":
-            slurm["time_limit_min"] = _time_limit(fields[key])
+            settings["time_limit_min"] = _time_limit(fields[key])
             continue
         value = _string(fields[key])
         if not _SLURM_NAME.fullmatch(value):
             raise fields[key].error(f"{key} {value!r} is not a Slurm {key} name")
-        slurm[key] = value
-    return LaunchSettings(engine=engine, interface=_launch_interface(at), **slurm)
+        settings[key] = value
+    if "rendezvous_timeout_s" in fields:
+        settings["rendezvous_timeout_s"] = _positive_integer(fields["rendezvous_timeout_s"])
+    return LaunchSettings(engine=engine, interface=_launch_interface(at), **settings)
 
 
 def _scratch(at: _At) -> tuple[ScratchPath, ...]:

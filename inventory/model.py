@@ -332,6 +332,11 @@ class SignOff:
     customer: Optional[str] = None  # who accepts the cluster for the customer
 
 
+# torchrun's wait for every node of a run across nodes (its join_timeout, 600 s by default): a
+# minute, so that a node that never joins fails the run soon; more where nodes start slowly.
+RENDEZVOUS_TIMEOUT_S = 60
+
+
 @dataclass(frozen=True)
 class LaunchSettings:
     """The inventory's `launch:`: the engine of multi-node jobs and, for Slurm, the allocation
@@ -339,6 +344,8 @@ class LaunchSettings:
 
     engine: str = "default"  # one of ENGINES
     interface: Optional[str] = None
+    # How long torchrun waits for every node to join a run's rendezvous, and to reach its store.
+    rendezvous_timeout_s: int = RENDEZVOUS_TIMEOUT_S
     partition: Optional[str] = None
     account: Optional[str] = None
     reservation: Optional[str] = None

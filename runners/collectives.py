@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
-from inventory.model import Profile
+from inventory.model import RENDEZVOUS_TIMEOUT_S, Profile
 from runners import nccl_tests, payloads, torchrun
 from runners.nccl_tests import NcclRow, NcclTestsReport
 from runners.parsing import ParseError
@@ -140,7 +140,7 @@ def run_on_node(transport: Transport, ranks: int, *, sizes: Sequence[int] = CPU_
 def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str],
                ranks_per_node: int, *, sizes: Sequence[int] = CPU_SIZES,
                collectives: Sequence[str] = ("all_reduce",), iters: int = ITERS, timeout: float = 300,
-               socket_ifname: Optional[str] = None, join_timeout_s: int = 60) -> Launch:
+               socket_ifname: Optional[str] = None, join_timeout_s: int = RENDEZVOUS_TIMEOUT_S) -> Launch:
     """torchrun on every node, rendezvous on the first; rank 0's node prints the measurement."""
     python = transports[next(iter(transports))].node.python
     return torchrun.run_across(transports, addresses, ranks_per_node, lambda marker: payload_command(

@@ -751,31 +751,43 @@ class JumpChains:
         _close_hops(chain.gateway)
 
 
-def open_through(through: paramiko.Transport, host: str, port: int, wait_s: float) -> paramiko.Channel:
-    """A direct-tcpip channel of a jump chain to host:port, waited on for wait_s (a timeout is
-    socket.timeout, as a direct connect's). paramiko keeps a channel whose open timed out, and
-    the jump host opens it once its own connect gets through: that late channel is closed as it
-    opens, where it would stay open on the jump host until the node's sshd dropped it."""
+def open_later(through: paramiko.Transport, host: str, port: int) -> Future[paramiko.Channel]:
+    """A direct-tcpip channel of a jump chain to host:port, opened on a thread of its own: the jump
+    host's connect ends when the node answers or TCP gives up (JUMP_CONNECT_BOUND_S at most),
+    whatever the caller waits; the Future holds the channel or why there is none (refused,
+    unreachable, no answer, the chain closed meanwhile)."""
     opened: Future[paramiko.Channel] = Future()
 
     def open_it() -> None:
         try:
             opened.set_result(through.open_channel("direct-tcpip", (host, port), ("", 0),
                                                    timeout=JUMP_CONNECT_BOUND_S))
-        except Exception as exc:  # refused, unreachable, no answer, the chain closed meanwhile
+        except Exception as exc:  # the Future's to tell
             opened.set_exception(exc)
 
     threading.Thread(target=open_it, daemon=True, name="open-through").start()
+    return opened
+
+
+def open_through(through: paramiko.Transport, host: str, port: int, wait_s: float) -> paramiko.Channel:
+    """open_later's channel, waited on for wait_s (a timeout is socket.timeout, as a direct
+    connect's). paramiko keeps a channel whose open timed out, and the jump host opens it once its
+    own connect gets through: that late channel is closed as it opens, where it would stay open on
+    the jump host until the node's sshd dropped it."""
+    opened = open_later(through, host, port)
     try:
         return opened.result(timeout=wait_s)
     except FutureTimeout:
-        opened.add_done_callback(_close_late_channel)
+        opened.add_done_callback(_close_if_opened)
         raise socket.timeout(f"no channel to {host}:{port} through the jump chain within {wait_s:g} s") from None
 
 
-def _close_late_channel(opened: Future) -> None:
-    if opened.exception() is None:
-        opened.result().close()
+def _close_if_opened(opened: Future[paramiko.Channel]) -> bool:
+    """Close the channel if there is one; whether there was."""
+    if opened.exception() is not None:
+        return False
+    opened.result().close()
+    return True
 
 
 def _close_hops(gateway: Optional[Connection]) -> None:
@@ -829,17 +841,11 @@ class SshTransport(Transport):
                 return None
             self._knock_waiting = True
         answer = threading.Event()
-        threading.Thread(target=self._knock_channel, args=(gateway.transport, host, port, answer),
-                         daemon=True, name="knock-through").start()
+        open_later(gateway.transport, host, port).add_done_callback(lambda opened: self._knocked(opened, answer))
         return answer
 
-    def _knock_channel(self, through: paramiko.Transport, host: str, port: int, answer: threading.Event) -> None:
-        try:
-            through.open_channel("direct-tcpip", (host, port), ("", 0), timeout=JUMP_CONNECT_BOUND_S).close()
-        except Exception:  # refused, unreachable, no answer, the chain closed meanwhile
-            answered = False
-        else:
-            answered = True
+    def _knocked(self, opened: Future[paramiko.Channel], answer: threading.Event) -> None:
+        answered = _close_if_opened(opened)
         with self._knock_lock:
             self._knock_waiting = False
             self._knock_heard = self._knock_heard or answered

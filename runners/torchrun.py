@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-from inventory.model import LaunchSettings
+from inventory.model import RENDEZVOUS_TIMEOUT_S, LaunchSettings
 from runners.fanout import fan_out, kill_everywhere
 from runners.launchers import Launcher, LaunchError, SrunLauncher, uses_srun
 from runners.slurm import DISPATCH, Frames, last_line, minutes_for, parse_launch_failures, read_frame, run_here
@@ -75,6 +75,47 @@ OWN_LOG_DIR_SCRIPT = (
     "    shutil.rmtree(log_dir, ignore_errors=True)\n")
 
 
+# The last line of torchrun's traceback where its rendezvous failed (torch.distributed.elastic):
+# not every node joined in time (RendezvousTimeoutError), or the node lost the rendezvous store
+# (RendezvousConnectionError): it could not reach it at all, or the store's host ended first.
+RENDEZVOUS_ERRORS = "torch.distributed.elastic.rendezvous.api."
+_STORE_UNREACHED = re.compile(r"timed out after \d+ ?ms while trying to connect to \(([^,]+), (\d+)\)")
+
+
+def rendezvous_failure(stderr: str, timeout_s: int, store_node: str = "") -> Optional[tuple[int, str]]:
+    """Why a torchrun's rendezvous failed, from its stderr (the rendezvous waited timeout_s; the
+    node holding the store, where known, named), with how telling that is: 0 the node could not
+    reach the store (it, or the store's node, is cut off), 1 it waited in vain for the others,
+    2 the store went away under it (its node's torchrun ended first); None where it did not fail."""
+    errors = {line.strip()[len(RENDEZVOUS_ERRORS):].partition(":")[0] for line in stderr.splitlines()
+              if line.strip().startswith(RENDEZVOUS_ERRORS)}
+    within = f"within launch.rendezvous_timeout_s ({timeout_s} s)"
+    store = _STORE_UNREACHED.search(stderr)
+    if "RendezvousConnectionError" in errors and store:
+        held = f"of {store_node} " if store_node else ""
+        return 0, (f"torchrun could not reach the rendezvous store {held}on {_endpoint_host(store[1])}:{store[2]} "
+                   f"{within} (RendezvousConnectionError)")
+    if "RendezvousTimeoutError" in errors:
+        return 1, (f"not every node joined torchrun's rendezvous {within} (RendezvousTimeoutError): one did not "
+                   "start torchrun or could not reach the store; raise it where nodes start slowly")
+    if "RendezvousConnectionError" in errors:
+        return 2, ("torchrun lost the rendezvous store (RendezvousConnectionError): the torchrun that held it "
+                   "ended first")
+    return None
+
+
+def rendezvous_cause(launch: "Launch") -> Optional[tuple[str, str]]:
+    """(node, why) of a launch whose rendezvous failed, the most telling node first: one that
+    could not reach the store (of the launch's first node); None where none failed there."""
+    store_node = next(iter(launch.results), "")
+    failures = {node: failure for node, result in launch.results.items()
+                if (failure := rendezvous_failure(result.stderr, launch.rendezvous_timeout_s, store_node)) is not None}
+    if not failures:
+        return None
+    node = min(failures, key=lambda name: failures[name][0])
+    return node, f"{node}: {failures[node][1]}"
+
+
 def new_run_id() -> str:
     """Run-unique: names the rendezvous and marks the run's processes on every node."""
     return f"{MARKER_PREFIX}{secrets.token_hex(6)}"
@@ -93,7 +134,8 @@ class TorchrunLauncher(Launcher):
     rdzv_id: str = field(default_factory=new_run_id)
     port: int = DEFAULT_PORT
     python: str = "python3"
-    join_timeout_s: int = 60  # how long the rendezvous waits for every node to join
+    # how long the rendezvous waits for every node to join, and each node to reach its store
+    join_timeout_s: int = RENDEZVOUS_TIMEOUT_S
 
     name = "torchrun"
     starts_on = "every"
@@ -109,7 +151,7 @@ class TorchrunLauncher(Launcher):
             raise LaunchError(f"rendezvous id {self.rdzv_id!r}: letters, digits, '_', '.', '-' only")
         if on is not None and on not in hosts:
             raise LaunchError(f"{on} is not one of the hosts: {', '.join(hosts)}")
-        conf, local = f"join_timeout={self.join_timeout_s}", []
+        conf, local = f"join_timeout={self.join_timeout_s},read_timeout={self.join_timeout_s}", []
         if on is not None:
             conf += ",is_host=" + ("true" if on == hosts[0] else "false")
             local = ["--local-addr", on]
@@ -137,6 +179,7 @@ class Launch:
     killed: tuple[str, ...]  # nodes whose launch the harness killed after that failure
     leftovers: dict[str, str]  # node -> processes still carrying the marker afterwards
     marker: str
+    rendezvous_timeout_s: int = RENDEZVOUS_TIMEOUT_S  # what its rendezvous waited (join_timeout)
 
     @property
     def ok(self) -> bool:
@@ -293,7 +336,7 @@ CommandOf = Callable[[str], Sequence[str]]  # the run's marker -> the command ev
 
 
 def run_on_node(transport: Transport, ranks: int, command_of: CommandOf, *, timeout: float,
-                join_timeout_s: int = 60) -> Result:
+                join_timeout_s: int = RENDEZVOUS_TIMEOUT_S) -> Result:
     """torchrun with one node and `ranks` local ranks; the rendezvous on the node's loopback."""
     marker = new_run_id()
     launcher = TorchrunLauncher(rdzv_id=marker, port=free_port(transport),
@@ -305,7 +348,7 @@ def run_on_node(transport: Transport, ranks: int, command_of: CommandOf, *, time
 
 def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str],
                ranks_per_node: int, command_of: CommandOf, *, timeout: float,
-               socket_ifname: Optional[str] = None, join_timeout_s: int = 60) -> Launch:
+               socket_ifname: Optional[str] = None, join_timeout_s: int = RENDEZVOUS_TIMEOUT_S) -> Launch:
     """torchrun on every node, the rendezvous on the first; one node's failure stops them all.
 
     Interfaces for Gloo/NCCL sockets: `socket_ifname` when given, else each node's route
@@ -322,9 +365,11 @@ def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str]
     argv = {node: launcher.argv(hosts, ranks_per_node, command, on=addresses[node]) for node in nodes}
     if uses_srun(first.launch):
         assert first.launch is not None
-        return srun_across(transports, argv, settings=first.launch, marker=marker, timeout=timeout,
-                           env=env[nodes[0]])
-    return launch_every(transports, argv, timeout=timeout, marker=marker, env=env)
+        launch = srun_across(transports, argv, settings=first.launch, marker=marker, timeout=timeout,
+                             env=env[nodes[0]])
+    else:
+        launch = launch_every(transports, argv, timeout=timeout, marker=marker, env=env)
+    return dataclasses.replace(launch, rendezvous_timeout_s=join_timeout_s)
 
 
 def srun_across(transports: Mapping[str, Transport], torchrun_argv: Mapping[str, Sequence[str]], *,

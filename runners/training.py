@@ -14,6 +14,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from typing import Mapping, Optional, Sequence
 
+from inventory.model import RENDEZVOUS_TIMEOUT_S
 from runners import payloads, torchrun
 from runners.parsing import ParseError
 from runners.torchrun import Launch
@@ -318,7 +319,7 @@ def run_on_node(transport: Transport, ranks: int, config: ModelConfig, *, timeou
 def run_across(transports: Mapping[str, Transport], addresses: Mapping[str, str],
                ranks_per_node: int, config: ModelConfig, *, timeout: float,
                checkpoint_dir: Optional[str] = None, socket_ifname: Optional[str] = None,
-               join_timeout_s: int = 60) -> Launch:
+               join_timeout_s: int = RENDEZVOUS_TIMEOUT_S) -> Launch:
     python = transports[next(iter(transports))].node.python
     return torchrun.run_across(transports, addresses, ranks_per_node, lambda marker: payload_command(
         python, config, marker=marker, op_timeout_s=min(timeout, 300), checkpoint_dir=checkpoint_dir),

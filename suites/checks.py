@@ -28,12 +28,12 @@ from handover.failures import (
     transport_failure,
 )
 from inventory.metrics import unrecorded
-from inventory.model import Node, Profile
+from inventory.model import Cluster, Node, Profile
 from runners import isolation, kernel_log
 from runners.fanout import kill_everywhere
 from runners.parsing import ParseError
 from runners.scratch import missing_tool, refusal
-from runners.torchrun import Launch
+from runners.torchrun import Launch, rendezvous_cause
 from runners.transport import Result, Transport
 
 T = TypeVar("T")
@@ -71,8 +71,10 @@ def launch_failure(launch: Launch, cause: Optional[tuple[str, str]] = None) -> N
     """Raise the failure of a launch across nodes (runners.torchrun), naming where it was killed.
 
     An unreachable node first; then `cause`, (node, why) of the rank the others followed as the
-    tool's runner reads it, with that node's stderr; else the first failure's timeout or error.
+    tool's runner reads it, or of a rendezvous that failed, with that node's stderr; else the
+    first failure's timeout or error.
     """
+    cause = cause or rendezvous_cause(launch)
     failed = launch.results.get(launch.first_failure)
     killed = f"; killed the launch on {', '.join(launch.killed)}" if launch.killed else ""
     if failed is None:
@@ -321,11 +323,12 @@ def isolation_budget(profile: Profile) -> float:
     return isolation.DEFAULT_BUDGET_S if budget is None else budget
 
 
-def hang_floor(profile: Profile) -> float:
-    """The profile's isolation_hang_floor_s, HANG_FLOOR_S where it sets none: how long a run of
-    an isolation round goes on, at least, before it can be called hung and cut."""
-    floor = profile.expect.isolation_hang_floor_s
-    return isolation.HANG_FLOOR_S if floor is None else floor
+def hang_floor(cluster: Cluster) -> float:
+    """How long a run of an isolation round goes on, at least, before it can be called hung and
+    cut: the profile's isolation_hang_floor_s, where it sets none HANG_FLOOR_S or, if longer, the
+    rendezvous timeout (a run whose nodes start slowly is not cut before its rendezvous could end)."""
+    floor = cluster.profile.expect.isolation_hang_floor_s
+    return max(isolation.HANG_FLOOR_S, cluster.launch.rendezvous_timeout_s) if floor is None else floor
 
 
 def isolate_below_band(profile: Profile, record, nodes: Sequence[Node], metric: str, figure: float,

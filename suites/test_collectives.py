@@ -344,7 +344,8 @@ def torch_across(cluster_run, nodes: Sequence[str], across: Across, acceptance, 
     transports = {node: cluster_run.transport(node) for node in nodes}
     addresses = {node: cluster_run.cluster.node(node).address for node in nodes}
     launch = collectives.run_across(transports, addresses, ranks, sizes=sizes, iters=iters, timeout=timeout,
-                                    socket_ifname=cluster_run.cluster.launch_interface)
+                                    socket_ifname=cluster_run.cluster.launch_interface,
+                                    join_timeout_s=cluster_run.cluster.launch.rendezvous_timeout_s)
     for result in launch.results.values():
         saved += acceptance.save_result(step, result)
     if launch.first_failure is not None:
@@ -413,7 +414,7 @@ def isolate(cluster_run, profile, across: Across, measured: Measured, acceptance
     largest size only, a hung one cut), within the profile's budget. None when the figure is
     within the band, the failure names its node already, or the profile's isolation_budget_s is 0."""
     hangs: HangWatch[Measured] = HangWatch(cluster_run.transport, gave_figure=lambda run: run.figure is not None,
-                                           floor_s=hang_floor(profile))
+                                           floor_s=hang_floor(cluster_run.cluster))
 
     def measure(groups: list[tuple[str, ...]], round_: int, timeout: float) -> dict[tuple[str, ...], isolation.Outcome]:
         measured = measure_at_once(cluster_run, across, groups, acceptance, f"{ISOLATION_STEP}_round{round_}",

@@ -289,7 +289,8 @@ def launch_across(cluster_run, cluster, acceptance, step: str, nodes, ranks: int
     transports = {node: cluster_run.transport(node) for node in nodes}
     addresses = {node: cluster.node(node).address for node in nodes}
     launch = training.run_across(transports, addresses, ranks, model, timeout=timeout,
-                                 checkpoint_dir=checkpoint_dir, socket_ifname=cluster.launch_interface)
+                                 checkpoint_dir=checkpoint_dir, socket_ifname=cluster.launch_interface,
+                                 join_timeout_s=cluster.launch.rendezvous_timeout_s)
     return launch, [path for result in launch.results.values() for path in acceptance.save_result(step, result)]
 
 
@@ -339,7 +340,7 @@ def measure_groups(cluster_run, cluster, plan: Plan, single: dict[str, float], a
     model = plan.model.with_steps(ISOLATION_STEPS)
     hangs: HangWatch[tuple[list[str], isolation.Outcome]] = HangWatch(
         cluster_run.transport, gave_figure=lambda done: done[1].figure is not None,
-        floor_s=hang_floor(cluster.profile))
+        floor_s=hang_floor(cluster))
 
     def measure(groups: list[tuple[str, ...]], round_: int, timeout: float) -> dict[tuple[str, ...], isolation.Outcome]:
         step, timeout = f"{ISOLATION_STEP}_round{round_}", min(TIMEOUT_S["quick"], timeout)

@@ -24,6 +24,17 @@ ANY_EFFICIENCY = {"check": "training_scaling", "value": 0.2, "lower": -0.5, "uni
 
 
 DEAD_NODE = "node5"
+# The namespace nodes start torchrun within seconds of each other: a rendezvous of 30 s (and runs
+# cut at 30 s at the least) is ample for the healthy groups, and ends each run with the fenced
+# node in half the default's minute.
+QUICK_RENDEZVOUS = {
+    "launch": {"rendezvous_timeout_s": 30},
+    "expect": {"isolation_hang_floor_s": {"value": 30, "reason": "namespace nodes start torchrun in seconds"}}}
+# The run's own failure, first in the log: torchrun's rendezvous, from the most telling node (the
+# fenced one could not reach the store, where it said so before the launch was stopped).
+RENDEZVOUS_FAILED = re.compile(r"node\d: (torchrun could not reach the rendezvous store of node1 on [\d.]+:\d+ within "
+                               r"launch.rendezvous_timeout_s \(30 s\)|not every node joined torchrun's rendezvous "
+                               r"within launch.rendezvous_timeout_s \(30 s\)|torchrun lost the rendezvous store)")
 
 
 # A node's firewall drops every TCP segment from other hosts but its sshd's (nftables, in its
@@ -32,6 +43,14 @@ FENCE = """table inet handover_test_fence {
   chain input { type filter hook input priority 0; policy accept; iifname "lo" accept; tcp dport != 22 drop; }
 }
 """
+
+
+def assert_rendezvous_failed(log: str, fenced_node: str) -> None:
+    """The run's own failure comes first in the log: its rendezvous failed, and a node that could
+    not reach the store is the fenced one."""
+    assert RENDEZVOUS_FAILED.match(log), log[:300]
+    unreached = re.match(r"(node\d): torchrun could not reach", log)
+    assert unreached is None or unreached[1] == fenced_node, log[:300]
 
 
 def fenced(cluster, node: str):
@@ -59,7 +78,7 @@ def test_a_node_that_breaks_the_cluster_all_reduce_is_isolated_rather_than_the_l
     finds node5 by the runs that give one without it; the runs with it hang at the rendezvous
     and are cut (or give up there first, as long)."""
     inventory = six_nodes_one_dead_to_all_but_ssh.write_inventory(tmp_path / "cluster.yaml", extra={
-        "references": {"allreduce_busbw_cluster": ANY_FIGURE}})
+        "references": {"allreduce_busbw_cluster": ANY_FIGURE}, **QUICK_RENDEZVOUS})
     run_suites(inventory, tmp_path / "out", sign_key, "suites/test_collectives.py", "-m", "training",
                "-k", "allreduce_cluster", timeout=1500)
     cluster = checks_of(results_of(run_dir_of(tmp_path / "out", "nscluster")))[("allreduce_cluster", None)]
@@ -69,15 +88,15 @@ def test_a_node_that_breaks_the_cluster_all_reduce_is_isolated_rather_than_the_l
                               "node1..node6 (6 nodes) no figure (sanity); screen node4,node5,node6 no figure ("), \
         message
     assert re.findall(r"isolated (\w+)", message) == [DEAD_NODE], message
-    # Each run with node5 waits for it at the rendezvous, and is cut as hung at the floor (60 s)
-    # unless the rendezvous gives up first (also 60 s, from a few seconds later); healthy groups
+    # Each run with node5 waits for it at the rendezvous, and is cut as hung at the floor (30 s)
+    # unless the rendezvous gives up first (also 30 s, from a few seconds later); healthy groups
     # took 9-10 s here.
     assert re.search(r"; confirm node5 with node\d no figure \(", message), message
     assert "band >= 0.001 GB/s; cleared 5 of 6 node(s)" in message and "not finished" not in message
     assert cluster["action"].startswith("take node5 out of the cluster's jobs and check each on its own")
     figures = {m["name"]: m["value"] for m in cluster["metrics"]}
     assert figures["isolated_nodes"] == 1 and figures["isolation_rounds"] >= 2
-    assert re.match(r"node\d: ", cluster["log_excerpt"]), cluster["log_excerpt"][:300]  # the launch's own failure
+    assert_rendezvous_failed(cluster["log_excerpt"], DEAD_NODE)
 
 
 def test_a_node_that_breaks_the_training_across_nodes_is_isolated_by_the_scaling_check(ns_cluster_factory,
@@ -86,7 +105,7 @@ def test_a_node_that_breaks_the_training_across_nodes_is_isolated_by_the_scaling
     isolates node3 with DDP runs of a few steps on groups of nodes, its own runs the baseline."""
     nodes = fenced(ns_cluster_factory(4), "node3")
     inventory = nodes.write_inventory(tmp_path / "cluster.yaml", extra={
-        "references": {"scaling_efficiency": ANY_EFFICIENCY}})
+        "references": {"scaling_efficiency": ANY_EFFICIENCY}, **QUICK_RENDEZVOUS})
     done = run_suites(inventory, tmp_path / "out", sign_key, "suites/test_training.py", "-m", "not full",
                       "-k", "training_scaling", timeout=1500)
     assert (tmp_path / "out" / "nscluster" / "latest").exists(), done.stdout[-3000:] + done.stderr[-3000:]
@@ -99,3 +118,4 @@ def test_a_node_that_breaks_the_training_across_nodes_is_isolated_by_the_scaling
     assert re.search(r"; confirm node3 with node\d no figure \(", message), message
     assert "band >= 0.1 %; cleared 3 of 4 node(s)" in message and "not finished" not in message
     assert check["action"].startswith("take node3 out of the cluster's jobs")
+    assert_rendezvous_failed(check["log_excerpt"], "node3")

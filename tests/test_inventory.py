@@ -823,8 +823,16 @@ def test_launch_interface_must_be_an_interface_name(tmp_path, key):
     path = write(tmp_path, minimal(key, "launch:\n  interface: 'eth0; reboot'\n"))
     assert_error(path, 6, "launch.interface", "'eth0; reboot' is not a network interface name (e.g. eth0, ib0)")
     write(tmp_path, minimal(key, "launch: {ifname: eth0}\n"))
-    assert_error(path, 5, "launch.ifname",
-                 "unknown key; allowed: interface, engine, partition, account, reservation, time_limit")
+    assert_error(path, 5, "launch.ifname", "unknown key; allowed: interface, engine, rendezvous_timeout_s, "
+                 "partition, account, reservation, time_limit")
+
+
+def test_launch_rendezvous_timeout_is_whole_seconds_and_a_minute_by_default(tmp_path, key):
+    assert load_inventory(write(tmp_path, minimal(key))).launch.rendezvous_timeout_s == 60
+    cluster = load_inventory(write(tmp_path, minimal(key, "launch: {rendezvous_timeout_s: 600}\n")))
+    assert cluster.launch.rendezvous_timeout_s == 600
+    path = write(tmp_path, minimal(key, "launch:\n  rendezvous_timeout_s: 0\n"))
+    assert_error(path, 6, "launch.rendezvous_timeout_s", "expected 1 or more, got 0")
 
 
 # ---------------------------------------------------------------- expect overrides

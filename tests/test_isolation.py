@@ -319,15 +319,22 @@ def test_a_hang_is_cut_at_five_times_the_longest_run_with_a_figure_and_never_bef
     assert isolation.hang_cut_s([3.0], floor_s=2.0) == 15.0
 
 
-def test_the_hang_floor_is_the_profiles_where_it_sets_one(tmp_path):
-    """isolation_hang_floor_s, overridden with its reason by an inventory: the watch's floor."""
+def test_the_hang_floor_is_the_profiles_where_it_sets_one_else_no_shorter_than_the_rendezvous(tmp_path):
+    """isolation_hang_floor_s, overridden with its reason by an inventory: the watch's floor.
+    Unset, a run is not cut before its rendezvous could have ended (launch.rendezvous_timeout_s)."""
     plain = tmp_path / "plain.yaml"
     plain.write_text("cluster: lab\nprofile: cpu-only\ntransport: local\nnodes: [n1]\n")
-    assert hang_floor(load_inventory(plain).profile) == isolation.HANG_FLOOR_S
+    assert hang_floor(load_inventory(plain)) == isolation.HANG_FLOOR_S
     patient = tmp_path / "patient.yaml"
     patient.write_text(plain.read_text() + "expect:\n  isolation_hang_floor_s: "
                        "{value: 300, reason: \"srun starts the groups in minutes here\"}\n")
-    assert hang_floor(load_inventory(patient).profile) == 300.0
+    assert hang_floor(load_inventory(patient)) == 300.0
+    slow_start = tmp_path / "slow_start.yaml"
+    slow_start.write_text(plain.read_text() + "launch: {rendezvous_timeout_s: 240}\n")
+    assert hang_floor(load_inventory(slow_start)) == 240.0
+    quick_start = tmp_path / "quick_start.yaml"
+    quick_start.write_text(plain.read_text() + "launch: {rendezvous_timeout_s: 20}\n")
+    assert hang_floor(load_inventory(quick_start)) == isolation.HANG_FLOOR_S
 
 
 @pytest.mark.parametrize("count", [4, 17, 1024])

@@ -21,9 +21,15 @@ from runners import collectives, torchrun
 from runners.launchers import LaunchError
 from runners.ssh import SshTransport
 from runners.torchrun import TorchrunLauncher
-from runners.transport import OWN_TEMP_PREFIX, TAG_VARIABLE, LocalTransport, new_tag
+from runners.transport import OWN_TEMP_PREFIX, TAG_VARIABLE, LocalTransport, Result, new_tag
 
 pytest.importorskip("torch", reason="torch is in the test extra (make test installs it)")
+
+DATA = Path(__file__).parent / "data"
+
+
+def data_text(name: str) -> str:
+    return (DATA / name).read_text()
 
 
 def test_argv_has_the_c10d_rendezvous_on_the_first_host():
@@ -32,7 +38,7 @@ def test_argv_has_the_c10d_rendezvous_on_the_first_host():
     assert argv == ["/opt/py/bin/python", "-c", torchrun.OWN_LOG_DIR_SCRIPT, "--nnodes", "3",
                     "--nproc-per-node", "8", "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", "10.0.0.1:29500", "--rdzv-id", "handover-run-abc123",
-                    "--rdzv-conf", "join_timeout=60", "--max-restarts", "0", "--no-python",
+                    "--rdzv-conf", "join_timeout=60,read_timeout=60", "--max-restarts", "0", "--no-python",
                     "python3", "-c", "print(1)"]
     assert launcher.starts_on == "every" and launcher.name == "torchrun"
 
@@ -42,11 +48,54 @@ def test_each_nodes_argv_says_whether_it_hosts_the_store_and_its_own_address():
     hosts = ["10.0.0.1", "10.0.0.2"]
     first, second = (launcher.argv(hosts, 8, ["x"], on=host) for host in hosts)
     assert first[first.index("--rdzv-conf") + 1:first.index("--max-restarts")] == [
-        "join_timeout=60,is_host=true", "--local-addr", "10.0.0.1"]
+        "join_timeout=60,read_timeout=60,is_host=true", "--local-addr", "10.0.0.1"]
     assert second[second.index("--rdzv-conf") + 1:second.index("--max-restarts")] == [
-        "join_timeout=60,is_host=false", "--local-addr", "10.0.0.2"]
+        "join_timeout=60,read_timeout=60,is_host=false", "--local-addr", "10.0.0.2"]
     with pytest.raises(LaunchError, match="10.0.0.3 is not one of the hosts: 10.0.0.1, 10.0.0.2"):
         launcher.argv(hosts, 8, ["x"], on="10.0.0.3")
+
+
+def test_argv_waits_the_rendezvous_timeout_for_every_node_to_join_and_to_reach_the_store():
+    argv = TorchrunLauncher(join_timeout_s=300).argv(["10.0.0.1", "10.0.0.2"], 1, ["x"], on="10.0.0.2")
+    assert argv[argv.index("--rdzv-conf") + 1] == "join_timeout=300,read_timeout=300,is_host=false"
+
+
+def launch_with(stderr: dict[str, str], timeout_s: int = 5) -> torchrun.Launch:
+    """A launch whose every torchrun failed with the given stderr; the first node failed first."""
+    results = {node: Result(node, "torchrun", 1, "", text, 7.0) for node, text in stderr.items()}
+    return torchrun.Launch(results, next(iter(stderr)), (), {}, "handover-run-abc", rendezvous_timeout_s=timeout_s)
+
+
+def test_a_node_that_could_not_reach_the_rendezvous_store_is_the_cause_before_the_others():
+    """Real torchrun stderr (tests/data/training): the rendezvous host waited in vain, a healthy
+    node lost the store when that host ended, and the node that could not reach the store at all
+    is the one to look at."""
+    launch = launch_with({"n1": data_text("training/rendezvous-timeout.stderr"),
+                          "n2": data_text("training/rendezvous-store-lost.stderr"),
+                          "n3": data_text("training/rendezvous-store-unreached.stderr")})
+    assert torchrun.rendezvous_cause(launch) == ("n3", (
+        "n3: torchrun could not reach the rendezvous store of n1 on 127.0.0.1:29556 within "
+        "launch.rendezvous_timeout_s (5 s) (RendezvousConnectionError)"))
+
+
+def test_nodes_that_waited_in_vain_for_the_rendezvous_name_the_setting_to_raise():
+    """The store's host waited for the others; a node that lost the store after it says less."""
+    launch = launch_with({"n2": data_text("training/rendezvous-store-lost.stderr"),
+                          "n1": data_text("training/rendezvous-timeout.stderr")}, timeout_s=60)
+    assert torchrun.rendezvous_cause(launch) == ("n1", (
+        "n1: not every node joined torchrun's rendezvous within launch.rendezvous_timeout_s (60 s) "
+        "(RendezvousTimeoutError): one did not start torchrun or could not reach the store; raise it "
+        "where nodes start slowly"))
+    alone = launch_with({"n2": data_text("training/rendezvous-store-lost.stderr")})
+    assert torchrun.rendezvous_cause(alone) == ("n2", (
+        "n2: torchrun lost the rendezvous store (RendezvousConnectionError): the torchrun that held it "
+        "ended first"))
+
+
+def test_a_launch_whose_rendezvous_held_has_no_rendezvous_cause():
+    """A rank killed mid-run (real stderr): the training's own root cause speaks, not this."""
+    assert torchrun.rendezvous_cause(launch_with({"n1": data_text("training/rank1-killed.stderr"),
+                                                  "n2": ""})) is None
 
 
 def test_argv_brackets_ipv6_and_every_run_gets_its_own_id():
