@@ -102,7 +102,7 @@ SERIAL_GROUPS = {
 GROUP_OF_MODULE = {module: group for group, modules in SERIAL_GROUPS.items() for module in modules}
 # Units that start first, in this order, whatever their number of tests (xdist otherwise starts
 # the units with the most tests first): the longest, so that none is left for the end. Its
-# failed-run isolations spend about 7 minutes mostly waiting on hung rendezvous.
+# failed-run isolations spend about 4 minutes mostly waiting on failed rendezvous.
 START_FIRST = ("performance", "tests/test_failed_run_isolation.py")
 
 
