@@ -34,6 +34,7 @@ from inventory.model import (
     ENGINES,
     HOST_KEY_POLICIES,
     PLACES,
+    RENDEZVOUS_TIMEOUT_MAX_S,
     SCRATCH_KINDS,
     SOAK_MIX_COUNTS,
     SOAK_MIX_DEFAULTS,
@@ -1226,6 +1227,15 @@ def _time_limit(at: _At) -> int:
     return total
 
 
+def _rendezvous_timeout(at: _At) -> int:
+    """launch.rendezvous_timeout_s: whole seconds, within what a run across nodes is given."""
+    seconds = _positive_integer(at)
+    if seconds > RENDEZVOUS_TIMEOUT_MAX_S:
+        raise at.error(f"{seconds} s is too long; at most {RENDEZVOUS_TIMEOUT_MAX_S}, half of the 600 s a quick "
+                       "run across nodes is given")
+    return seconds
+
+
 def _launch(at: _At, transport: str) -> LaunchSettings:
     """launch: the engine of multi-node jobs, torchrun's rendezvous timeout and, where Slurm runs
     them or the per-node checks, the allocation to ask for."""
@@ -1246,7 +1256,7 @@ def _launch(at: _At, transport: str) -> LaunchSettings:
             raise fields[key].error(f"{key} {value!r} is not a Slurm {key} name")
         settings[key] = value
     if "rendezvous_timeout_s" in fields:
-        settings["rendezvous_timeout_s"] = _positive_integer(fields["rendezvous_timeout_s"])
+        settings["rendezvous_timeout_s"] = _rendezvous_timeout(fields["rendezvous_timeout_s"])
     return LaunchSettings(engine=engine, interface=_launch_interface(at), **settings)
 
 

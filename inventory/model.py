@@ -335,6 +335,9 @@ class SignOff:
 # torchrun's wait for every node of a run across nodes (its join_timeout, 600 s by default): a
 # minute, so that a node that never joins fails the run soon; more where nodes start slowly.
 RENDEZVOUS_TIMEOUT_S = 60
+# A quick run across nodes has 600 s in all (suites/test_training.py, test_collectives.py): its
+# rendezvous may take half of that at most, leaving the run the other half.
+RENDEZVOUS_TIMEOUT_MAX_S = 300
 
 
 @dataclass(frozen=True)

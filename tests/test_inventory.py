@@ -829,10 +829,13 @@ def test_launch_interface_must_be_an_interface_name(tmp_path, key):
 
 def test_launch_rendezvous_timeout_is_whole_seconds_and_a_minute_by_default(tmp_path, key):
     assert load_inventory(write(tmp_path, minimal(key))).launch.rendezvous_timeout_s == 60
-    cluster = load_inventory(write(tmp_path, minimal(key, "launch: {rendezvous_timeout_s: 600}\n")))
-    assert cluster.launch.rendezvous_timeout_s == 600
+    cluster = load_inventory(write(tmp_path, minimal(key, "launch: {rendezvous_timeout_s: 300}\n")))
+    assert cluster.launch.rendezvous_timeout_s == 300
     path = write(tmp_path, minimal(key, "launch:\n  rendezvous_timeout_s: 0\n"))
     assert_error(path, 6, "launch.rendezvous_timeout_s", "expected 1 or more, got 0")
+    write(tmp_path, minimal(key, "launch:\n  rendezvous_timeout_s: 301\n"))
+    assert_error(path, 6, "launch.rendezvous_timeout_s",
+                 "301 s is too long; at most 300, half of the 600 s a quick run across nodes is given")
 
 
 # ---------------------------------------------------------------- expect overrides
