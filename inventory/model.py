@@ -347,12 +347,12 @@ class LaunchSettings:
 
     engine: str = "default"  # one of ENGINES
     interface: Optional[str] = None
-    # How long torchrun waits for every node to join a run's rendezvous, and to reach its store.
-    rendezvous_timeout_s: int = RENDEZVOUS_TIMEOUT_S
     partition: Optional[str] = None
     account: Optional[str] = None
     reservation: Optional[str] = None
     time_limit_min: Optional[int] = None
+    # How long torchrun waits for every node to join a run's rendezvous, and to reach its store.
+    rendezvous_timeout_s: int = RENDEZVOUS_TIMEOUT_S
     # The Slurm job the run's steps go in: set by the harness once it holds its allocation
     # (runners.slurm.Allocation), never read from an inventory.
     allocation: Optional[str] = None
