@@ -218,7 +218,7 @@ class Expectations:
     # Training (suites/test_training.py)
     training_straggler_fraction: Optional[float] = None  # a rank's forward pass this far above the median straggles
     isolation_budget_s: Optional[float] = None  # s to find the node(s) behind a low all-reduce or scaling (600)
-    isolation_hang_floor_s: Optional[float] = None  # s before an isolation run can be called hung and cut (60)
+    isolation_hang_floor_s: Optional[float] = None  # s before an isolation run can be cut as hung (60 or rendezvous)
     ib_symbol_errors_max: Optional[int] = None  # per port sysfs symbol_error above this fails (default 0)
     ib_link_downed_max: Optional[int] = None  # per port sysfs link_downed above this fails (default 0)
     ib_port_rcv_errors_max: Optional[int] = None  # per port sysfs port_rcv_errors above this fails (default 0)
