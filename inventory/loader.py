@@ -1231,8 +1231,8 @@ def _rendezvous_timeout(at: _At) -> int:
     """launch.rendezvous_timeout_s: whole seconds, within what a run across nodes is given."""
     seconds = _positive_integer(at)
     if seconds > RENDEZVOUS_TIMEOUT_MAX_S:
-        raise at.error(f"{seconds} s is too long; at most {RENDEZVOUS_TIMEOUT_MAX_S}, half of the 600 s a quick "
-                       "run across nodes is given")
+        raise at.error(f"{seconds} s is too long; at most {RENDEZVOUS_TIMEOUT_MAX_S}, half of the "
+                       f"{2 * RENDEZVOUS_TIMEOUT_MAX_S} s a quick run across nodes is given")
     return seconds
 
 
