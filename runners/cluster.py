@@ -22,7 +22,7 @@ import os
 import shlex
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import hostlist
 
@@ -194,6 +194,21 @@ class ClusterRun:
             found = self._came_back + [(name, loss, back) for name, transport in self._transports.items()
                                        for loss, back in transport.came_back()]
         return sorted(found, key=lambda each: each[2])
+
+    def beyond_launch(self, nodes: Sequence[str], step: str) -> dict[str, Result]:
+        """The results, as their losses', of the nodes among `nodes` that a launch across them
+        cannot reach: lost, and no try of them due; under Slurm lost at all, as the allocation
+        let them go (a step that names one is refused whole: `Only allocated 11 nodes asked for
+        12`). A launch with one of them fails at once, where it would start every other node's
+        ranks only to wait for it."""
+        under_slurm = uses_srun(self.launch) or self.cluster.transport == "slurm"
+        found = {}
+        for name in nodes:
+            transport = self.transport(name)
+            loss = transport.loss
+            if loss is not None and (under_slurm or not transport.may_answer):
+                found[name] = loss.result(name, step)
+        return found
 
     def lost(self, node: str) -> Optional[Loss]:
         """When and why the node stopped answering, if it did."""

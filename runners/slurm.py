@@ -13,7 +13,8 @@ splits one; the harness reads them as they come, so each node's Result is there 
 task ends. Before a batch, `sinfo` says which nodes Slurm would not run on (down, drained, not
 responding): those are unreachable with Slurm's state and reason and the batch runs without them.
 A task that cannot start (`Task launch ... failed on node X`) makes its node unreachable too;
-srun aborts the whole step then, so the other nodes' commands run once more without it.
+srun aborts the whole step then, so the other nodes' commands run once more without it. A node
+that fails under a running step ends its own task alone (--no-kill).
 
 Every srun has --immediate (a busy or down node never leaves it queued), a --time limit, the
 node-side `timeout` of runners.transport, and a harness-side deadline; on a timeout, Ctrl-C or
@@ -211,10 +212,12 @@ def salloc_problem(lines: Sequence[str]) -> str:
 
 def batch_argv(nodes: Sequence[str], python: str, settings: LaunchSettings, *, name: str,
                timeout: float) -> list[str]:
-    """One task on each node, each running the dispatcher with the batch on its stdin."""
+    """One task on each node, each running the dispatcher with the batch on its stdin. --no-kill:
+    a node that fails during the step (`srun: error: Node failure on node7`) ends its own task
+    alone, where Slurm would end the whole step, every other node's command with it."""
     return [SRUN, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--immediate={IMMEDIATE_S}",
-            f"--job-name={name}", "--input=all", "--kill-on-bad-exit=0", "--quiet",
+            f"--job-name={name}", "--input=all", "--kill-on-bad-exit=0", "--no-kill", "--quiet",
             *allocation_options(settings, minutes=minutes_for(timeout)), python, "-c", DISPATCH]
 
 
@@ -404,13 +407,14 @@ def lease_step_argv(nodes: Sequence[str], settings: LaunchSettings, *, lease: st
     carrying the lease tag once the input ends: once when the harness wrote `end` first (a run
     that ends as it should), else again every second for LEASE_GRACE_S, since a lost harness's
     last commands may still start what they start (a lock's holder) in the meantime. SIGTERM and
-    SIGHUP are ignored, so that the allocation's end (which sends them) does not cut that short."""
+    SIGHUP are ignored, so that the allocation's end (which sends them) does not cut that short.
+    --no-kill: a node that fails ends its own task alone, not every node's watchdog."""
     kill = shlex.join(lease_kill_argv(lease, root=root))
     script = (f"trap '' TERM HUP; read -r said; {kill}; [ \"$said\" = end ] && exit 0; "
               f"for second in $(seq {LEASE_GRACE_S}); do sleep 1; {kill}; done")
     return [SRUN, f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
             "--ntasks-per-node=1", f"--immediate={IMMEDIATE_S}", f"--job-name={name}", "--input=all",
-            "--kill-on-bad-exit=0", "--quiet", *allocation_options(settings),
+            "--kill-on-bad-exit=0", "--no-kill", "--quiet", *allocation_options(settings),
             "sh", "-c", script, "handover-lease-step"]
 
 

@@ -67,6 +67,16 @@ def require(result: Result, timeout_note: str = "") -> Result:
     return result
 
 
+def require_launchable(cluster_run, nodes: Sequence[str], step: str) -> None:
+    """Before a run across `nodes`: fail it as unreachable, naming the lost nodes, where one of
+    them cannot be reached (ClusterRun.beyond_launch); nothing is started on the others."""
+    lost = cluster_run.beyond_launch(nodes, step)
+    if lost:
+        first, *others = lost.values()
+        more = f"; also lost: {isolation.listed([result.node for result in others])}" if others else ""
+        raise NodeUnreachable(first.explain() + more)
+
+
 def launch_failure(launch: Launch, cause: Optional[tuple[str, str]] = None) -> NoReturn:
     """Raise the failure of a launch across nodes (runners.torchrun), naming where it was killed.
 

@@ -54,6 +54,7 @@ from suites.checks import (
     launch_failure,
     parsed,
     require,
+    require_launchable,
 )
 
 pytestmark = [pytest.mark.training]
@@ -366,6 +367,7 @@ def measure_across(cluster_run, across: Across, nodes: Sequence[str], acceptance
     """One all-reduce across `nodes` (all sizes unless given), its failure kept as data."""
     saved: list[str] = []
     try:
+        require_launchable(cluster_run, nodes, step)
         if across.tool == "nccl-tests":
             figure = nccl_tests_across(cluster_run, nodes, across, acceptance, step, saved, timeout)
         else:

@@ -27,7 +27,7 @@ from runners import gemm_fft, hpl, system
 from runners.launchers import MPIRUN, MpirunLauncher, launch_program
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
-from suites.checks import parsed, require, require_scratch_run
+from suites.checks import parsed, require, require_launchable, require_scratch_run
 
 pytestmark = [pytest.mark.hpc]
 
@@ -202,6 +202,7 @@ def test_hpl_cluster(cluster_run, cluster, profile, metrics, record):
     if scratch is None:
         pytest.skip(NO_SCRATCH)
     flavour, first = flavours[names[0]], names[0]
+    require_launchable(cluster_run, names, f"hpl_full_{len(names)}_nodes")
     cpus = min(f.logical_cpus for f in facts.values())
     plan = make_plan(cluster_run, cluster, profile, hpl.FULL, flavour, detected[first], names,
                      ranks_per_node(flavour, profile, hpl.FULL, cpus),

@@ -51,6 +51,7 @@ from suites.checks import (
     launch_failure,
     parsed,
     require,
+    require_launchable,
 )
 
 pytestmark = [pytest.mark.training]
@@ -286,6 +287,7 @@ def launch_on_all_nodes(cluster_run, cluster, profile, acceptance, depth: str, n
 def launch_across(cluster_run, cluster, acceptance, step: str, nodes, ranks: int, model: training.ModelConfig,
                   *, timeout: float, checkpoint_dir: Optional[str] = None) -> tuple[Launch, list[str]]:
     """One DDP run on `nodes` (the rendezvous on the first), every node's raw output saved."""
+    require_launchable(cluster_run, nodes, step)
     transports = {node: cluster_run.transport(node) for node in nodes}
     addresses = {node: cluster.node(node).address for node in nodes}
     launch = training.run_across(transports, addresses, ranks, model, timeout=timeout,
@@ -346,9 +348,10 @@ def measure_groups(cluster_run, cluster, plan: Plan, single: dict[str, float], a
         step, timeout = f"{ISOLATION_STEP}_round{round_}", min(TIMEOUT_S["quick"], timeout)
 
         def run(group: tuple[str, ...]) -> tuple[list[str], isolation.Outcome]:
-            launch, raw = launch_across(cluster_run, cluster, acceptance, step, group, plan.ranks, model,
-                                        timeout=timeout)
+            raw: list[str] = []
             try:
+                launch, raw = launch_across(cluster_run, cluster, acceptance, step, group, plan.ranks, model,
+                                            timeout=timeout)
                 report = sane_launch(launch, plan.ranks * len(group), learning=False)
             except CheckFailure as failure:
                 return raw, isolation_outcome(None, failure, timeout, TIMEOUT_S["quick"])

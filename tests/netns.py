@@ -728,6 +728,11 @@ class SlurmCluster:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
 
+    def start_slurmd(self, name: str) -> None:
+        """Start the node's slurmd again (after kill_slurmd); ReturnToService=2 gives the node back."""
+        self.kill_slurmd(name)
+        self._slurmds[name] = self._launch_slurmd(self.nodes.node(name))
+
     def stop_slurmd(self, name: str, *, wait_for: str = "down*") -> None:
         """Kill the node's slurmd and wait until slurmctld calls it `wait_for` (not responding)."""
         self.kill_slurmd(name)

@@ -37,7 +37,7 @@ from runners.transport import (
     Transport,
     make_transport,
 )
-from suites.checks import require
+from suites.checks import require, require_launchable
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -136,6 +136,39 @@ def test_a_link_cut_mid_command_is_unreachable_within_30_s_and_later_steps_fail_
     finally:
         run.close()
         nodes.link_up("node2")
+
+
+def test_a_run_across_nodes_with_a_lost_node_fails_as_unreachable_before_it_starts(ns_cluster_factory, tmp_path):
+    """Nodes lost before a run across the nodes (their links down since the run began): the run
+    fails at once as unreachable, naming them, where it would start torchrun on every other node
+    only for it to wait for their ranks and be killed. Once a lost node's next try is due (its SSH
+    port answered again), the launch is left to try it."""
+    nodes = ns_cluster_factory(3)
+    run = cluster_run_of(ns_inventory(nodes, tmp_path / "inv.yaml"))
+    everyone = ["node1", "node2", "node3"]
+    nodes.link_down("node2")
+    nodes.link_down("node3")
+    try:
+        facts = run.gather("system_facts", system.probe)
+        assert [name for name, result in facts.items() if not result.ok] == ["node2", "node3"], facts
+        with pytest.raises(NodeUnreachable) as raised:
+            require_launchable(run, everyone, "allreduce_cluster")
+        loss = run.lost("node2")
+        assert loss is not None
+        assert str(raised.value) == f"node2 unreachable: lost at {loss.clock} ({loss.reason}); also lost: node3"
+        require_launchable(run, ["node1"], "allreduce_node")
+        nodes.link_up("node2")
+        nodes.link_up("node3")
+        for name in ("node2", "node3"):
+            lost = run.lost(name)
+            assert lost is not None
+            run.transport(name).heard(lost)
+        require_launchable(run, everyone, "allreduce_cluster")
+        assert all(run.transport(name).run(["true"], timeout=10).ok for name in everyone)
+    finally:
+        run.close()
+        nodes.link_up("node2")
+        nodes.link_up("node3")
 
 
 def sessions_of(namespace: str) -> list[int]:

@@ -111,7 +111,7 @@ def test_a_batch_is_one_task_per_node_bounded_and_named(monkeypatch):
     argv = batch_argv(["gpu001", "gpu002"], "python3", settings, name="handover-abc", timeout=100)
     assert argv[:-1] == [
         "srun", "--nodelist=gpu001,gpu002", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
-        "--immediate=30", "--job-name=handover-abc", "--input=all", "--kill-on-bad-exit=0", "--quiet",
+        "--immediate=30", "--job-name=handover-abc", "--input=all", "--kill-on-bad-exit=0", "--no-kill", "--quiet",
         "--partition=gpu", "--account=acme", "--reservation=handover", "--time=2", "python3", "-c"]
     assert argv[-1] == DISPATCH
     assert minutes_for(100) == 2 and minutes_for(1) == 1 and minutes_for(3000) == 51
@@ -162,9 +162,9 @@ def test_salloc_says_the_job_or_why_there_is_none():
 def test_the_lease_step_waits_on_the_harnesss_pipe_on_every_node():
     settings = LaunchSettings(engine="slurm", allocation="4711")
     argv = lease_step_argv(["gpu001", "gpu002"], settings, lease="abc123", name="handover-lease-x", root=False)
-    assert argv[:11] == [
+    assert argv[:12] == [
         "srun", "--nodelist=gpu001,gpu002", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
-        "--immediate=30", "--job-name=handover-lease-x", "--input=all", "--kill-on-bad-exit=0", "--quiet",
+        "--immediate=30", "--job-name=handover-lease-x", "--input=all", "--kill-on-bad-exit=0", "--no-kill", "--quiet",
         "--jobid=4711"]
     assert argv[-4:-2] == ["sh", "-c"] and argv[-1] == "handover-lease-step"
     script = argv[-2]

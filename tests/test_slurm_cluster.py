@@ -4,7 +4,8 @@ The system suite runs through the slurm transport (one srun per step), the train
 cross-node run through the slurm launcher (one srun step), a node whose slurmd is stopped is
 unreachable with Slurm's reason while the others pass, a node whose task Slurm cannot start
 fails alone (srun aborts the whole step: the others run again), a node set down leaves the run's
-allocation to the others, a node running another job is left out of it alone, and Ctrl-C
+allocation to the others, a node that fails under a step ends its own task alone and fails a
+later run across the nodes at once, a node running another job is left out of it alone, and Ctrl-C
 during an srun step leaves no step in squeue and no task on any node (nor a SIGKILL, in the run's
 allocation or an operator's). One Slurm cluster serves
 the module, its tests in this order: the launch failure's test kills node3's slurmd, the
@@ -17,14 +18,16 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from netns import NETNS_DIR, NamespaceCluster, SlurmCluster, slurm_available
-from nodes import unique_sleep, wait_for_no_leftovers
+from nodes import unique_sleep, wait_for_no_leftovers, wait_until
 from test_e2e import ROOT, results_of, run_dir_of
 
+from handover.failures import NodeUnreachable
 from inventory.loader import InventoryError, load_inventory
 from inventory.model import LaunchSettings
 from runners import hpl
@@ -32,6 +35,7 @@ from runners.cluster import ClusterRun
 from runners.fanout import fan_out
 from runners.slurm import Allocation, SlurmSteps, SlurmTransport
 from runners.transport import LEASE_VARIABLE, Transport
+from suites.checks import require_launchable
 
 STEP_WAIT_S = 60  # how long the Ctrl-C test waits for the harness to start an srun step
 SLOW_TESTS = "HANDOVER_SLOW_TESTS"
@@ -392,3 +396,59 @@ def test_a_node_whose_slurmd_is_stopped_is_unreachable_with_slurms_reason(slurm_
     node3 = [c for c in results["checks"] if c["node"] == "node3"]
     assert node3 and all(c["outcome"] == "failed" and c["kind"] == "unreachable" for c in node3)
     assert re.search(r"Slurm says node3 is down\*? \(Not responding\)", node3[0]["message"]), node3[0]["message"]
+
+
+def test_a_node_lost_under_slurm_ends_its_own_task_alone_and_fails_a_run_across_the_nodes_at_once(
+        slurm_nodes, tmp_path, monkeypatch):
+    """node2's slurmd dies under a step (node3's is down since the tests before). The step goes
+    on for the others (--no-kill: Slurm would end it whole, `srun: error: node1: task 0: Killed`)
+    and node2 is unreachable with Slurm's word. The run's allocation goes on without it, and has
+    let it go for good: a step that names it is refused whole, even once its next try is due,
+    so a run across the nodes fails at once as node2's unreachable, where its srun failed as an
+    error of the first node (`srun exited 1 without node1's result: ... Only allocated 2 nodes
+    asked for 3`). The lease step's task on node2 outlives the run, as any step's there while
+    its slurmd is gone; the slurmd, back, ends it."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml", engine="slurm",
+                                       partition=slurm.partition, time_limit=5))
+    names = ["node1", "node2", "node4"]
+    run = ClusterRun(cluster, [cluster.node(name) for name in names], save_raw=lambda step, result: [])
+    flag = tmp_path / "node2-is-down"
+
+    def fail_node2() -> None:
+        assert wait_until((tmp_path / "started-node2").exists, within_s=60)
+        slurm.stop_slurmd("node2")
+        time.sleep(5)  # slurmctld ends the steps on a node it calls down (without --no-kill) meanwhile
+        flag.touch()
+
+    try:
+        assert run.gather("before", lambda transport: transport.run(["true"], timeout=60))["node2"].ok
+        failing = threading.Thread(target=fail_node2, daemon=True)
+        failing.start()
+        waits = f"touch {tmp_path}/started-$(hostname); while [ ! -e {flag} ]; do sleep 0.2; done; hostname"
+        during = run.gather("during", lambda transport: transport.run(["sh", "-c", waits], timeout=120))
+        failing.join()
+        assert {name: during[name].stdout.strip() for name in ("node1", "node4")} == {
+            "node1": "node1", "node4": "node4"}, {name: result.explain() for name, result in during.items()}
+        assert during["node2"].failure == "unreachable", during["node2"].explain()
+        assert "Slurm says node2 is down" in during["node2"].detail, during["node2"].detail
+        loss = run.lost("node2")
+        assert loss is not None
+        run.transport("node2").heard(loss)  # as though its port answered: its next try is due
+        assert run.transport("node2").may_answer
+        refused = slurm.client("srun", f"--jobid={run.launch.allocation}", "--overlap", "--nodelist=node1,node2,node4",
+                               "--nodes=3", "--immediate=10", "hostname")
+        assert refused.returncode != 0 and "Only allocated 2 nodes asked for 3" in refused.stderr, refused.stderr
+        with pytest.raises(NodeUnreachable) as raised:
+            require_launchable(run, names, "allreduce_cluster")
+        assert str(raised.value) == f"node2 unreachable: lost at {loss.clock} ({loss.reason})"
+    finally:
+        run.close()
+    try:
+        assert wait_until(lambda: len(tasks_on_nodes(nodes)) <= 1, within_s=20)
+        left = tasks_on_nodes(nodes)
+        assert len(left) == 1 and "read -r said" in left[0], left  # node2's lease
+    finally:
+        slurm.start_slurmd("node2")
+    assert nothing_left(slurm, 20) == ([], [])
