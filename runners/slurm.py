@@ -514,16 +514,21 @@ class SlurmSteps:
             batch.entries[entry.node.name] = entry
             batch.last = time.monotonic()
             self._running[entry.tag] = batch
+        if leader:
+            threading.Thread(target=self._fill_and_run, args=(batch,), daemon=True, name=batch.name).start()
         try:
-            if leader:
-                self._fill(batch)
-                self._run(batch)
             entry.done.wait()
-            assert entry.result is not None
-            return entry.result
+        except BaseException:  # Ctrl-C in the caller's thread: the step ends with it, on every node
+            try:
+                self.cancel(entry.tag)
+            except SlurmError:  # best effort: --time and the node-side timeout still bound the work
+                pass
+            raise
         finally:
             with self._lock:
                 self._running.pop(entry.tag, None)
+        assert entry.result is not None
+        return entry.result
 
     def cancel(self, tag: str) -> None:
         """Cancel the srun that runs the command tagged `tag` (with every node's part of it)."""
@@ -533,6 +538,13 @@ class SlurmSteps:
                 return
             batch.cancelled = True
         cancel(batch.name)
+
+    def _fill_and_run(self, batch: _Batch) -> None:
+        """The batch, on a thread of its own: its first command's caller, like every other, has its
+        result as its own task ends. Run on that caller's thread, a client's result waited for
+        the whole step, up to the timeout of the server it had to retry (an iperf3 pair's)."""
+        self._fill(batch)
+        self._run(batch)
 
     def _fill(self, batch: _Batch) -> None:
         """Let the other nodes of the same fan-out join, then close the batch."""
@@ -569,10 +581,10 @@ class SlurmSteps:
                     ready[name] = entry
             if ready:
                 self._srun(batch, ready)
-        except BaseException as exc:
+        except Exception as exc:  # whatever broke, every command waiting on the batch has its answer
             for entry in entries.values():
-                _finish(entry, failure="error", detail=f"{type(exc).__name__}: {exc}")
-            raise
+                if not entry.done.is_set():
+                    _finish(entry, failure="error", detail=f"{type(exc).__name__}: {exc}")
 
     def _srun(self, batch: _Batch, entries: dict[str, _Entry], *, again: bool = True) -> None:
         inputs: list[str] = []
@@ -606,7 +618,7 @@ class SlurmSteps:
                 if node in entries and not entries[node].done.is_set():
                     _finish_framed(entries[node], frames[node])
             proc.wait()
-        except BaseException:  # Ctrl-C where this thread is the main one: nothing stays behind
+        except BaseException:  # the step is not left running on the nodes, whatever broke here
             batch.cancelled = True
             _cancel_and_stop(batch.name, proc)
             raise

@@ -34,7 +34,7 @@ from runners import hpl
 from runners.cluster import ClusterRun
 from runners.fanout import fan_out
 from runners.slurm import Allocation, SlurmSteps, SlurmTransport
-from runners.transport import LEASE_VARIABLE, Transport
+from runners.transport import LEASE_VARIABLE, Result, Transport
 from suites.checks import require_launchable
 
 STEP_WAIT_S = 60  # how long the Ctrl-C test waits for the harness to start an srun step
@@ -175,6 +175,32 @@ def test_a_step_runs_with_the_system_directories_on_its_path(slurm_nodes, tmp_pa
     assert {name: r.stdout for name, r in results.items()} == {
         name: "/usr/local/bin:/usr/bin:/bin:/usr/games:/usr/sbin:/sbin" for name in transports}, \
         {name: r.explain() for name, r in results.items()}
+
+
+def test_each_command_of_a_batch_has_its_result_as_its_own_task_ends(slurm_nodes, tmp_path, monkeypatch):
+    """node2's command starts a batch, node1's joins it and waits for a file that appears only
+    once node2's result is back. The batch used to run in its first command's thread, so that
+    command's result waited for the whole step: an iperf3 client's `Connection refused`, which it
+    retries while its server starts, came back only once the server, in the same step, had
+    timed out, and the pair failed."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
+    steps = SlurmSteps(cluster.launch)
+    leading, joining = (SlurmTransport(cluster.node(name), steps) for name in ("node2", "node1"))
+    answered = tmp_path / "node2-answered"
+    results: dict[str, Result] = {}
+    leader = threading.Thread(target=lambda: results.update(node2=leading.run(["echo", "led"], timeout=30)))
+    joiner = threading.Thread(target=lambda: results.update(node1=joining.run(
+        ["sh", "-c", f"while [ ! -e {answered} ]; do sleep 0.2; done; echo waited"], timeout=30)))
+    leader.start()
+    time.sleep(0.01)  # within the batch's quiet time (BATCH_QUIET_S): node1's command joins it
+    joiner.start()
+    leader.join(60)
+    answered.touch()
+    joiner.join(60)
+    assert {name: result.stdout for name, result in results.items()} == {"node2": "led\n", "node1": "waited\n"}, \
+        {name: result.explain() for name, result in results.items()}
 
 
 def harness_in_an_srun_step(slurm: SlurmCluster, path: Path, out: Path, key, **env: str) -> subprocess.Popen:
@@ -451,4 +477,4 @@ def test_a_node_lost_under_slurm_ends_its_own_task_alone_and_fails_a_run_across_
         assert len(left) == 1 and "read -r said" in left[0], left  # node2's lease
     finally:
         slurm.start_slurmd("node2")
-    assert nothing_left(slurm, 20) == ([], [])
+    assert nothing_left(slurm, 60) == ([], [])  # about 25 s here, once slurmctld hears the node again
