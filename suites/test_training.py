@@ -373,8 +373,9 @@ def own_runs(cluster_run, profile, nodes: list[str], ranks: int) -> dict[str, fl
         result = cluster_run.gather("training_node_quick", node_step(cluster_run, profile, "quick", None))[node]
         try:
             single[node] = sane_report(result, ranks).tokens_per_s
-        except AssertionError as failure:
-            raise SanityFailure(f"{node}'s own run, the baseline, failed: {failure}") from None
+        except CheckFailure as failure:  # of its kind: a lost node's baseline is unreachable, not insane
+            raise type(failure)(f"{node}'s own run, the baseline, failed: {failure}", failure.log,
+                                failure.action) from None
     return single
 
 

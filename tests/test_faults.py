@@ -38,6 +38,7 @@ from runners.transport import (
     make_transport,
 )
 from suites.checks import require, require_launchable
+from suites.test_training import own_runs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -141,8 +142,9 @@ def test_a_link_cut_mid_command_is_unreachable_within_30_s_and_later_steps_fail_
 def test_a_run_across_nodes_with_a_lost_node_fails_as_unreachable_before_it_starts(ns_cluster_factory, tmp_path):
     """Nodes lost before a run across the nodes (their links down since the run began): the run
     fails at once as unreachable, naming them, where it would start torchrun on every other node
-    only for it to wait for their ranks and be killed. Once a lost node's next try is due (its SSH
-    port answered again), the launch is left to try it."""
+    only for it to wait for their ranks and be killed; the training's scaling reads a lost node's
+    own run, its baseline, as unreachable too (it said `sanity`). Once a lost node's next try is
+    due (its SSH port answered again), the launch is left to try it."""
     nodes = ns_cluster_factory(3)
     run = cluster_run_of(ns_inventory(nodes, tmp_path / "inv.yaml"))
     everyone = ["node1", "node2", "node3"]
@@ -157,6 +159,12 @@ def test_a_run_across_nodes_with_a_lost_node_fails_as_unreachable_before_it_star
         assert loss is not None
         assert str(raised.value) == f"node2 unreachable: lost at {loss.clock} ({loss.reason}); also lost: node3"
         require_launchable(run, ["node1"], "allreduce_node")
+        lone = ClusterRun(run.cluster, [run.cluster.node("node2")], save_raw=lambda step, result: [])
+        try:
+            with pytest.raises(NodeUnreachable, match=r"^node2's own run, the baseline, failed: node2 unreachable: "):
+                own_runs(lone, run.cluster.profile, ["node2"], 1)
+        finally:
+            lone.close()
         nodes.link_up("node2")
         nodes.link_up("node3")
         for name in ("node2", "node3"):
