@@ -202,14 +202,15 @@ def test_hpl_cluster(cluster_run, cluster, profile, metrics, record):
     if scratch is None:
         pytest.skip(NO_SCRATCH)
     flavour, first = flavours[names[0]], names[0]
-    require_launchable(cluster_run, names, f"hpl_full_{len(names)}_nodes")
+    step = f"hpl_full_{len(names)}_nodes"
+    require_launchable(cluster_run, names, step)
     cpus = min(f.logical_cpus for f in facts.values())
     plan = make_plan(cluster_run, cluster, profile, hpl.FULL, flavour, detected[first], names,
                      ranks_per_node(flavour, profile, hpl.FULL, cpus),
                      min(f.memory_total_kib for f in facts.values()) * 1024 * len(names),
                      cpus, scratch)
     results = cluster_run.gather(
-        f"hpl_full_{len(names)}_nodes",
+        step,
         lambda t: run_plan(t, plan, cluster) if t.node.name == first
         else not_run(t.node.name, f"the job runs from {first}"))
     run = sane(results[first], plan.timeout_note)

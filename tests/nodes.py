@@ -5,13 +5,21 @@ import random
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional, Sequence
 
 from inventory.loader import load_inventory
 from inventory.model import Cluster
+from runners.cluster import ClusterRun
 
 
 def ns_inventory(ns_cluster, path: Path, **kwargs) -> Cluster:
     return load_inventory(ns_cluster.write_inventory(path, **kwargs))
+
+
+def cluster_run_of(cluster: Cluster, names: Optional[Sequence[str]] = None) -> ClusterRun:
+    """A run of the cluster's nodes (the named ones, where given) that keeps no raw output."""
+    nodes = list(cluster.nodes) if names is None else [cluster.node(name) for name in names]
+    return ClusterRun(cluster, nodes, save_raw=lambda step, result: [])
 
 
 def unique_sleep() -> str:

@@ -19,13 +19,12 @@ from typing import Callable, Iterator, Optional
 
 import pytest
 from netns import BRIDGE_HOST_OCTET, NamespaceCluster
-from nodes import leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers, wait_until
+from nodes import cluster_run_of, leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers, wait_until
 
 from handover.failures import HostKeyRefused, NodeUnreachable, SanityFailure
 from inventory.model import Node, ScratchPath
 from runners import hpl, payloads, system
 from runners import transport as transport_module
-from runners.cluster import ClusterRun
 from runners.ssh import KNOCK_S, KNOCK_WAIT_S, LINK_DEAD_AFTER_S, link_dead_after
 from runners.transport import (
     LEASE_VARIABLE,
@@ -41,10 +40,6 @@ from suites.checks import require, require_launchable
 from suites.test_training import own_runs
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def cluster_run_of(cluster) -> ClusterRun:
-    return ClusterRun(cluster, list(cluster.nodes), save_raw=lambda step, result: [])
 
 
 def when(ready: Callable[[], object], then: Callable[[], object], within_s: float = 20) -> threading.Thread:
@@ -159,7 +154,7 @@ def test_a_run_across_nodes_with_a_lost_node_fails_as_unreachable_before_it_star
         assert loss is not None
         assert str(raised.value) == f"node2 unreachable: lost at {loss.clock} ({loss.reason}); also lost: node3"
         require_launchable(run, ["node1"], "allreduce_node")
-        lone = ClusterRun(run.cluster, [run.cluster.node("node2")], save_raw=lambda step, result: [])
+        lone = cluster_run_of(run.cluster, ["node2"])
         try:
             with pytest.raises(NodeUnreachable, match=r"^node2's own run, the baseline, failed: node2 unreachable: "):
                 own_runs(lone, run.cluster.profile, ["node2"], 1)

@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from nodes import ns_inventory, wait_for_no_leftovers
+from nodes import cluster_run_of, ns_inventory, wait_for_no_leftovers
 
 from handover.failures import SanityFailure
 from inventory.model import Node, SshSettings
 from runners import collectives, nccl_tests, system
-from runners.cluster import ClusterRun
 from runners.launchers import LaunchError, MpirunLauncher
 from runners.parsing import ParseError
 from runners.ssh import SshTransport
@@ -275,7 +274,7 @@ def test_across_two_namespace_nodes_a_missing_all_reduce_perf_fails_and_leaves_n
 def test_without_nccl_tests_on_every_node_the_cluster_check_does_not_choose_mpirun(ns_cluster, tmp_path):
     """Real detection on two namespace nodes: mpirun is there, all_reduce_perf is not."""
     cluster = ns_inventory(ns_cluster, tmp_path / "cluster.yaml", nodes=["node1", "node2"])
-    run = ClusterRun(cluster, list(cluster.nodes), save_raw=lambda step, result: [])
+    run = cluster_run_of(cluster)
     try:
         assert nccl_tests.mpirun_everywhere(run, ["node1", "node2"]) is None
         detections = run.gather(nccl_tests.LAUNCH_DETECT_STEP, nccl_tests.detect_launch)

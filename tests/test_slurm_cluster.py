@@ -24,14 +24,13 @@ from pathlib import Path
 
 import pytest
 from netns import NETNS_DIR, NamespaceCluster, SlurmCluster, slurm_available
-from nodes import unique_sleep, wait_for_no_leftovers, wait_until
+from nodes import cluster_run_of, unique_sleep, wait_for_no_leftovers, wait_until
 from test_e2e import ROOT, results_of, run_dir_of
 
 from handover.failures import NodeUnreachable
 from inventory.loader import InventoryError, load_inventory
 from inventory.model import LaunchSettings
 from runners import hpl
-from runners.cluster import ClusterRun
 from runners.fanout import fan_out
 from runners.slurm import Allocation, SlurmSteps, SlurmTransport
 from runners.transport import LEASE_VARIABLE, Result, Transport
@@ -319,7 +318,7 @@ def test_hpl_across_two_nodes_under_srun(slurm_nodes, tmp_path, monkeypatch):
         "scratch": [{"path": str(shared), "kind": "shared"}]})
     cluster = load_inventory(path)
     names = ["node1", "node2"]
-    run = ClusterRun(cluster, [cluster.node(name) for name in names], lambda step, result: [])
+    run = cluster_run_of(cluster, names)
     try:
         hpl_input = hpl.plan_input(hpl.QUICK, 4 << 30, 2, hpl.DEFAULT_NB["hpcc"])
         timeout = hpl.timeout_for(hpl.QUICK, hpl_input)
@@ -439,7 +438,7 @@ def test_a_node_lost_under_slurm_ends_its_own_task_alone_and_fails_a_run_across_
     cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml", engine="slurm",
                                        partition=slurm.partition, time_limit=5))
     names = ["node1", "node2", "node4"]
-    run = ClusterRun(cluster, [cluster.node(name) for name in names], save_raw=lambda step, result: [])
+    run = cluster_run_of(cluster, names)
     flag = tmp_path / "node2-is-down"
 
     def fail_node2() -> None:

@@ -6,11 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from nodes import ns_inventory
+from nodes import cluster_run_of, ns_inventory
 
 from inventory.model import Node
 from runners import stress_ng
-from runners.cluster import ClusterRun
 from runners.parsing import ParseError
 from runners.transport import LocalTransport
 
@@ -93,7 +92,7 @@ def test_real_run_here_writes_nothing_and_parses(tmp_path, monkeypatch):
 
 def test_real_run_on_namespace_nodes(ns_cluster, tmp_path):
     cluster = ns_inventory(ns_cluster, tmp_path / "inv.yaml", nodes=["node1", "node2"])
-    run = ClusterRun(cluster, list(cluster.nodes), save_raw=lambda step, result: [])
+    run = cluster_run_of(cluster)
     try:
         results = run.gather("stress", lambda transport: stress_ng.stress(transport, SHORT))
     finally:
