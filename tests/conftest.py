@@ -95,7 +95,7 @@ def trusted_signers(sign_key, tmp_path_factory):
 SERIAL_GROUPS = {
     "this-machine": ["test_bundle", "test_disk_faults", "test_e2e", "test_entry_points", "test_gemm_fft",
                      "test_hardware_suite", "test_hpc_suite", "test_retest", "test_schema", "test_waivers",
-                     "test_iperf3", "test_perftest"],
+                     "test_iperf3", "test_perftest", "test_system_suite"],
     "performance": ["test_collectives", "test_training_suite", "test_outliers", "test_network_suite",
                     "test_slurm_cluster"],
 }
