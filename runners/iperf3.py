@@ -9,23 +9,13 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from runners.pairs import (
-    SERVER_START_S,
-    Measure,
-    Pair,
-    PairOutcome,
-    PairRun,
-    PairTool,
-    Rail,
-    RailRun,
-    pair_id,
-    run_server_client,
-)
+from runners.pairs import Measure, Pair, PairOutcome, PairRun, PairTool, Rail, RailRun, pair_id, run_server_client
 from runners.parsing import ParseError
-from runners.transport import Result, Transport
+from runners.transport import Transport
 
 PAIR_SECONDS = 2  # how long each pair test sends
 CONNECT_TIMEOUT_S = 3
+REFUSED_RETRY_S = 5  # how long a client retries "connection refused" while the server starts
 REFUSED = "Connection refused"
 LISTEN_ERROR = "unable to start listener"  # iperf3's IELISTEN: its server could not listen on the port
 # iperf3's own node failing before any traffic: each stream's buffer is a file it makes in TMPDIR
@@ -100,13 +90,9 @@ def run_pair(server: Transport, client: Transport, server_address: str, port: in
     retries while the server is not yet listening ("connection refused")."""
     return run_server_client(
         server, client, server_argv(port), client_argv(server_address, port, seconds), port=port,
-        server_timeout=seconds + CONNECT_TIMEOUT_S + SERVER_START_S + 15,
-        client_timeout=seconds + CONNECT_TIMEOUT_S + 5, retry_while=server_not_listening)
-
-
-def server_not_listening(client: Result) -> bool:
-    """The client found no server on the port: it has not started listening yet, or failed to."""
-    return REFUSED in client.stdout
+        server_timeout=seconds + CONNECT_TIMEOUT_S + REFUSED_RETRY_S + 15,
+        client_timeout=seconds + CONNECT_TIMEOUT_S + 5,
+        retry_while=lambda result: REFUSED in result.stdout, retry_s=REFUSED_RETRY_S)
 
 
 def failed_on_its_own_node(report: Iperf3Report) -> bool:

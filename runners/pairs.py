@@ -197,11 +197,6 @@ def run_rounds(rounds: Sequence[Sequence[Pair]], base_port: int,
 
 
 SERVER_GRACE_S = 3  # how long a server may take to exit after its client finished
-# How long a client retries while its server is not yet listening. The retries end as soon as the
-# server's run ends (it failed, or could not start), so only a server still starting holds the
-# client this long: its node's session opening slowly, queued behind the node's other sessions, or
-# a busy slurmctld starting its step.
-SERVER_START_S = 30
 
 
 @dataclass(frozen=True)
@@ -218,7 +213,7 @@ class PairRun:
 def run_server_client(server: Transport, client: Transport, server_argv: Sequence[str],
                       client_argv: Sequence[str], *, port: int, server_timeout: float,
                       client_timeout: float, retry_while: Callable[[Result], bool],
-                      retry_s: float = SERVER_START_S) -> PairRun:
+                      retry_s: float) -> PairRun:
     """Server on one node, client on the other; the server is torn down whatever happens.
 
     The client is retried while retry_while(result) says the server was not listening yet, for

@@ -12,17 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from runners import ibstat
-from runners.pairs import (
-    SERVER_START_S,
-    Measure,
-    Pair,
-    PairOutcome,
-    PairRun,
-    PairTool,
-    Rail,
-    RailRun,
-    run_server_client,
-)
+from runners.pairs import Measure, Pair, PairOutcome, PairRun, PairTool, Rail, RailRun, run_server_client
 from runners.parsing import ParseError
 from runners.transport import Result, Transport
 
@@ -126,6 +116,7 @@ NOT_LISTENING = "Couldn't connect to"  # the client started before its server li
 # perftest refuses it with the getopt line below.
 IPV6_FLAG = "--ipv6-addr"
 IPV6_FLAG_UNKNOWN = f"unrecognized option '{IPV6_FLAG}'"
+RETRY_S = 5
 
 
 @dataclass(frozen=True)
@@ -172,8 +163,8 @@ def run_pair(server: Transport, client: Transport, server_address: str, port: in
     return run_server_client(
         server, client, server_argv(mode, server_device, port, gpu, ipv6=is_ipv6(server_address)),
         client_argv(mode, client_device, port, server_address, gpu), port=port,
-        server_timeout=RUN_TIMEOUT_S + SERVER_START_S + 5, client_timeout=RUN_TIMEOUT_S,
-        retry_while=lambda result: NOT_LISTENING in result.stdout + result.stderr)
+        server_timeout=RUN_TIMEOUT_S + RETRY_S + 5, client_timeout=RUN_TIMEOUT_S,
+        retry_while=lambda result: NOT_LISTENING in result.stdout + result.stderr, retry_s=RETRY_S)
 
 
 def judge(run: PairRun) -> tuple[Optional[PerftestReport], str]:
