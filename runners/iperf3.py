@@ -17,6 +17,7 @@ PAIR_SECONDS = 2  # how long each pair test sends
 CONNECT_TIMEOUT_S = 3
 REFUSED_RETRY_S = 5  # how long a client retries "connection refused" while the server starts
 REFUSED = "Connection refused"
+INTERRUPTED = "interrupt - the server has terminated"  # a server ended by a signal while it listened
 LISTEN_ERROR = "unable to start listener"  # iperf3's IELISTEN: its server could not listen on the port
 # iperf3's own node failing before any traffic: each stream's buffer is a file it makes in TMPDIR
 # (IECREATESTREAM), so a missing or full TMPDIR fails the pair whatever the link.
@@ -112,12 +113,24 @@ def listen_error(run: PairRun) -> Optional[str]:
     return error.removeprefix("error - ") if LISTEN_ERROR in error else None
 
 
+def server_interrupted(run: PairRun) -> bool:
+    """The server listened until the pair ended it (INTERRUPTED): a refused client was refused by
+    something else on the way, not for want of a server."""
+    if run.server_result is None:
+        return False
+    try:
+        return (parse_iperf3(run.server_result.stdout).error or "").startswith(INTERRUPTED)
+    except ParseError:
+        return False
+
+
 def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
     """(report, '') when the client measured; (report or None, why) when it did not.
 
     Sanity before figures: an unreachable node, a timeout, a non-zero exit, unparseable output
     and the "error" key each fail the pair, whatever the exit code said. A client refused by a
-    server that could not listen is said with the server's reason, which is where the fix is.
+    server that could not listen is said with the server's reason, which is where the fix is; one
+    refused while its server ran throughout, with what refuses it there: a firewall's REJECT.
     """
     result = run.client_result
     where = f"{run.client} -> {run.server}:{run.port}"
@@ -136,6 +149,9 @@ def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
                         f"stream's buffer file in {run.client}'s TMPDIR)")
     if report.error and REFUSED in report.error and (refused_by := listen_error(run)):
         return report, f"{where}: the iperf3 server on {run.server} could not listen: {refused_by}"
+    if report.error and REFUSED in report.error and server_interrupted(run):
+        return report, (f"{where}: iperf3 error: {report.error}, while the iperf3 server on {run.server} ran "
+                        f"throughout: a firewall on {run.server} (or on the way) rejects port {run.port}")
     if report.error:
         return report, f"{where}: iperf3 error: {report.error}"
     if result.exit_code != 0:

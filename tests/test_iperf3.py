@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -131,9 +132,10 @@ def test_a_server_that_cannot_listen_is_named_rather_than_its_refused_client():
     assert not wait_for_no_leftovers(f"--port {port}")
 
 
-def test_a_refused_client_with_a_server_that_listened_says_the_clients_error():
-    """The real refused client beside the real server output of a run that listened: no server
-    error to name, so the client's stands."""
+def test_a_refused_client_says_the_servers_reason_or_the_firewall_that_refused_it():
+    """The real refused client beside real server outputs: one that served another client (no
+    server error to name: the client's stands), one that could not listen, and one that listened,
+    unreached, until the pair ended it."""
     def output(node: str, exit_code: int, name: str) -> Result:
         return Result(node, "iperf3", exit_code, (DATA / name).read_text(), "", 0.1)
 
@@ -145,6 +147,10 @@ def test_a_refused_client_with_a_server_that_listened_says_the_clients_error():
     assert iperf3.judge(pairs.PairRun("a", "b", 5301, refused, in_use))[1] == (
         "b -> a:5301: the iperf3 server on a could not listen: unable to start listener for connections: "
         "Address already in use")
+    unreached = output("a", 1, "nsnode_iperf312_server_interrupted_unconnected.json")  # a firewall's REJECT
+    assert iperf3.judge(pairs.PairRun("a", "b", 5301, refused, unreached))[1] == (
+        "b -> a:5301: iperf3 error: unable to connect to server: Connection refused, while the iperf3 server on a "
+        "ran throughout: a firewall on a (or on the way) rejects port 5301")
 
 
 def test_client_that_cannot_reach_the_server_fails_and_the_waiting_server_is_killed():
@@ -156,6 +162,32 @@ def test_client_that_cannot_reach_the_server_fails_and_the_waiting_server_is_kil
     assert run.server_result is not None and not run.server_result.ok  # killed, not finished
     assert not run.server_result.timed_out  # by the pair, not by its own 60 s timeout
     assert not wait_for_no_leftovers(f"--port {port}")
+
+
+# node2's firewall rejects TCP to the tests' ports (nftables' reject: the client's connect() reads
+# "Connection refused" while its server listens), in its namespace only.
+REJECTING = """table inet handover_test_reject {
+  chain input { type filter hook input priority 0; policy accept; tcp dport 20000-31999 reject; }
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("nft") is None, reason="`nft` is not installed (make setup installs nftables)")
+def test_a_client_refused_while_its_server_runs_names_the_firewall(ns_cluster_factory, tmp_path):
+    nodes = ns_cluster_factory(2)
+    subprocess.run(["ip", "netns", "exec", nodes.node("node2").namespace, "nft", "-f", "-"], input=REJECTING,
+                   text=True, check=True)
+    transports = {node.name: make_transport(node) for node in ns_inventory(nodes, tmp_path / "c.yaml").nodes}
+    port = random.randint(20000, 20999)
+    try:
+        run = iperf3.run_pair(transports["node2"], transports["node1"], nodes.node("node2").address, port, seconds=1)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    assert iperf3.server_interrupted(run)
+    assert iperf3.judge(run)[1] == (
+        f"node1 -> node2:{port}: iperf3 error: unable to connect to server: Connection refused, while the iperf3 "
+        f"server on node2 ran throughout: a firewall on node2 (or on the way) rejects port {port}")
 
 
 def test_client_that_times_out_gets_its_waiting_server_killed(ns_cluster_factory):
