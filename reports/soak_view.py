@@ -31,12 +31,14 @@ def soak_section(checks: list[dict]) -> Optional[dict]:
             trends += [series.get("name") for series in entry.get("series") or []]
         if entry.get("check") not in SOAK_CHECKS or entry.get("node") is None:
             continue
-        row = per_node.setdefault(entry["node"], {"node": entry["node"], "status": "passed", "failed": [],
+        row = per_node.setdefault(entry["node"], {"node": entry["node"], "status": "skipped", "failed": [],
                                                   "reasons": [], **{key: None for key in FIGURES.values()}})
         if entry.get("outcome") in FAILED:
             row["failed"].append(entry["check"])
             row["reasons"].append((str(entry.get("message") or "").splitlines() or [""])[0])
             row["status"] = "failed"
+        elif entry.get("outcome") == "passed" and row["status"] == "skipped":
+            row["status"] = "passed"  # skipped: none of its soak checks ran (no soak there)
         for metric in entry.get("metrics") or []:
             if metric.get("name") in FIGURES:
                 row[FIGURES[metric["name"]]] = metric.get("value")
@@ -77,7 +79,7 @@ class SoakTable:
     columns: list[str]
     rows: list[SoakRow]
     trends: list[str]
-    left_out: int = 0  # passed nodes not listed (a fleet's table), all in results.json
+    left_out: int = 0  # nodes with no failed soak check not listed (a fleet's table), all in results.json
 
 
 def soak_table(results: dict, shown: Optional[int] = None) -> Optional[SoakTable]:

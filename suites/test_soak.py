@@ -78,8 +78,10 @@ class SoakOutcome:
 @pytest.fixture(scope="module")
 def soak(acceptance, cluster_run, pytestconfig) -> SoakOutcome:
     """Start the soak (or attach to the one this run directory holds) and follow it to the end."""
-    if acceptance.cluster.transport not in ("ssh", "local"):
-        pytest.skip(f"the soak runs over the ssh and local transports, not {acceptance.cluster.transport}")
+    if acceptance.cluster.transport == "slurm":
+        pytest.skip("the soak runs over the ssh and local transports, not slurm: a Slurm step's processes end "
+                    "with the step, a detached supervisor too; hold the nodes in Slurm (a reservation) and soak "
+                    "them with transport: ssh (README: Soak)")
     run_dir = acceptance.run_dir
     specs = {node.name: node for node in acceptance.nodes}
     if (run_dir / soaking.SOAK_FILE).exists():

@@ -423,6 +423,25 @@ def test_a_node_whose_slurmd_is_stopped_is_unreachable_with_slurms_reason(slurm_
     assert re.search(r"Slurm says node3 is down\*? \(Not responding\)", node3[0]["message"]), node3[0]["message"]
 
 
+def test_a_soak_through_slurm_is_skipped_with_what_to_do_instead(slurm_nodes, sign_key, tmp_path):
+    """A Slurm step's processes end with it (proctrack/cgroup), so no supervisor is started there:
+    every soak check is skipped saying why and what to run instead, and nothing is left."""
+    nodes, slurm = slurm_nodes
+    done = run_pytest(slurm, inventory(slurm_nodes, tmp_path / "cluster.yaml"), tmp_path / "out", sign_key,
+                      "-m", "soak", "--soak-duration", "2m")
+    results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
+    soak = [c for c in results["checks"] if c["test_id"].startswith("suites/test_soak.py::")]
+    assert soak and {c["outcome"] for c in soak} == {"skipped"}, done.stdout[-3000:]
+    assert {c["message"] for c in soak} == {
+        "the soak runs over the ssh and local transports, not slurm: a Slurm step's processes end with the step, a "
+        "detached supervisor too; hold the nodes in Slurm (a reservation) and soak them with transport: ssh "
+        "(README: Soak)"}
+    assert not (run_dir_of(tmp_path / "out", "nscluster") / "soak.json").exists()  # no soak was planned
+    assert {row["node"]: row["status"] for row in results["soak"]["nodes"]} == {
+        f"node{i}": "skipped" for i in range(1, 5)}
+    assert nothing_left(slurm, 20) == ([], [])
+
+
 def test_a_node_lost_under_slurm_ends_its_own_task_alone_and_fails_a_run_across_the_nodes_at_once(
         slurm_nodes, tmp_path, monkeypatch):
     """node2's slurmd dies under a step (node3's is down since the tests before). The step goes

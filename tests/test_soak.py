@@ -33,7 +33,7 @@ from handover.plugin import stop_lines
 from inventory.loader import InventoryError, load_profile
 from inventory.model import ScratchPath
 from reports.html import TEMPLATE_DIR
-from reports.soak_view import soak_table
+from reports.soak_view import soak_section, soak_table
 from runners import soak
 from runners.node_lock import NodeLocks, Owner
 from runners.parsing import ParseError
@@ -877,6 +877,18 @@ def test_a_fleets_soak_table_lists_the_failed_nodes_then_a_few_more():
     passed[0].update(cpu_retained_pct=97.5, samples=10)
     assert soak_table(section).columns == ["CPU kept", "samples"]
     assert soak_table(section).rows[2].figures == ["97.5 %", "10"]
+
+
+def test_a_node_whose_soak_checks_were_all_skipped_reads_skipped_not_passed():
+    """The soak did not run on node2 (every check skipped); on node1 one ran and the others were
+    skipped for want of what they load (no InfiniBand): node1 passed, node2 skipped."""
+    def check(name: str, node: str, outcome: str) -> dict:
+        return {"check": name, "node": node, "outcome": outcome, "message": "", "metrics": []}
+
+    section = soak_section([check("soak_load", "node1", "passed"), check("soak_ib", "node1", "skipped"),
+                            check("soak_load", "node2", "skipped"), check("soak_ib", "node2", "skipped")])
+    assert section is not None
+    assert {row["node"]: row["status"] for row in section["nodes"]} == {"node1": "passed", "node2": "skipped"}
 
 
 def stopped_on(stdout: str) -> dict[str, str]:
