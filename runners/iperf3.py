@@ -130,7 +130,7 @@ def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
     Sanity before figures: an unreachable node, a timeout, a non-zero exit, unparseable output
     and the "error" key each fail the pair, whatever the exit code said. A client refused by a
     server that could not listen is said with the server's reason, which is where the fix is; one
-    refused while its server ran throughout, with what refuses it there: a firewall's REJECT.
+    refused while its server ran throughout, with what refuses it: a firewall's REJECT, or a wrong address.
     """
     result = run.client_result
     where = f"{run.client} -> {run.server}:{run.port}"
@@ -151,7 +151,8 @@ def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:
         return report, f"{where}: the iperf3 server on {run.server} could not listen: {refused_by}"
     if report.error and REFUSED in report.error and server_interrupted(run):
         return report, (f"{where}: iperf3 error: {report.error}, while the iperf3 server on {run.server} ran "
-                        f"throughout: a firewall on {run.server} (or on the way) rejects port {run.port}")
+                        f"throughout: a firewall rejects port {run.port} on {run.server} or on the way, or the address "
+                        f"the client was given is not {run.server}'s")
     if report.error:
         return report, f"{where}: iperf3 error: {report.error}"
     if result.exit_code != 0:

@@ -150,7 +150,8 @@ def test_a_refused_client_says_the_servers_reason_or_the_firewall_that_refused_i
     unreached = output("a", 1, "nsnode_iperf312_server_interrupted_unconnected.json")  # a firewall's REJECT
     assert iperf3.judge(pairs.PairRun("a", "b", 5301, refused, unreached))[1] == (
         "b -> a:5301: iperf3 error: unable to connect to server: Connection refused, while the iperf3 server on a "
-        "ran throughout: a firewall on a (or on the way) rejects port 5301")
+        "ran throughout: a firewall rejects port 5301 on a or on the way, or the address the client was given is "
+        "not a's")
 
 
 def test_client_that_cannot_reach_the_server_fails_and_the_waiting_server_is_killed():
@@ -187,7 +188,8 @@ def test_a_client_refused_while_its_server_runs_names_the_firewall(ns_cluster_fa
     assert iperf3.server_interrupted(run)
     assert iperf3.judge(run)[1] == (
         f"node1 -> node2:{port}: iperf3 error: unable to connect to server: Connection refused, while the iperf3 "
-        f"server on node2 ran throughout: a firewall on node2 (or on the way) rejects port {port}")
+        f"server on node2 ran throughout: a firewall rejects port {port} on node2 or on the way, or the address "
+        "the client was given is not node2's")
 
 
 def test_client_that_times_out_gets_its_waiting_server_killed(ns_cluster_factory):
