@@ -460,10 +460,21 @@ class NamespaceCluster:
     # -- breaking nodes --------------------------------------------------------------------
 
     def stop_sshd(self, name: str) -> None:
-        """Kill the node's sshd: new connections are refused, the namespace stays up."""
-        proc = self._sshds[self.node(name).name]
+        """Kill the node's sshd: new connections are refused, the namespace stays up. Once, on a
+        loaded machine, a connect still succeeded after the kill: most likely a child sshd had forked
+        for a connection and not yet closed its copy of the listening socket (sshd.c closes it first
+        thing in the child), and the kernel completes handshakes on it meanwhile. So this waits
+        until the port refuses."""
+        node = self.node(name)
+        proc = self._sshds[node.name]
         _kill(proc.pid)
         proc.wait(timeout=5)
+        deadline = time.monotonic() + self.start_timeout
+        while _accepts_tcp(node.address, SSH_PORT):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}'s SSH port still accepts {self.start_timeout:g} s after its sshd "
+                                   "was killed")
+            time.sleep(0.05)
 
     def start_sshd(self, name: str) -> None:
         """Start a node's sshd again after stop_sshd, in the namespace it had, and wait for it."""
