@@ -101,27 +101,27 @@ def failed_on_its_own_node(report: Iperf3Report) -> bool:
     return (report.error or "").startswith(OWN_NODE_ERROR)
 
 
+def server_error(run: PairRun) -> str:
+    """The server's own "error" key, "" where it had none or its output is not iperf3's JSON."""
+    if run.server_result is None:
+        return ""
+    try:
+        return parse_iperf3(run.server_result.stdout).error or ""
+    except ParseError:
+        return ""
+
+
 def listen_error(run: PairRun) -> Optional[str]:
     """The server's own reason it could not listen (LISTEN_ERROR: "... Address already in use"),
     or None: such a server leaves its client only "connection refused"."""
-    if run.server_result is None:
-        return None
-    try:
-        error = parse_iperf3(run.server_result.stdout).error or ""
-    except ParseError:
-        return None
+    error = server_error(run)
     return error.removeprefix("error - ") if LISTEN_ERROR in error else None
 
 
 def server_interrupted(run: PairRun) -> bool:
     """The server listened until the pair ended it (INTERRUPTED): a refused client was refused by
     something else on the way, not for want of a server."""
-    if run.server_result is None:
-        return False
-    try:
-        return (parse_iperf3(run.server_result.stdout).error or "").startswith(INTERRUPTED)
-    except ParseError:
-        return False
+    return server_error(run).startswith(INTERRUPTED)
 
 
 def judge(run: PairRun) -> tuple[Optional[Iperf3Report], str]:

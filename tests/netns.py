@@ -486,6 +486,11 @@ class NamespaceCluster:
                 raise RuntimeError(f"sshd on {name} not listening again:\n" + _tail(self.node_dir(name) / "sshd.log"))
             time.sleep(0.05)
 
+    def firewall(self, name: str, ruleset: str) -> None:
+        """Load an nftables ruleset in the node's namespace only (nft -f -)."""
+        subprocess.run(["ip", "netns", "exec", self.node(name).namespace, "nft", "-f", "-"], input=ruleset,
+                       text=True, check=True)
+
     def link_down(self, name: str) -> None:
         """Take the node's bridge port down: packets are dropped, so connects time out."""
         _check(_ip("link", "set", self.node(name).veth_host, "down"), f"link down {name}")

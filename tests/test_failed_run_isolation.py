@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 
 import pytest
 from test_collectives import checks_of
@@ -56,8 +55,7 @@ def assert_rendezvous_failed(log: str, fenced_node: str) -> None:
 def fenced(cluster, node: str):
     """node answers SSH, so its checks run, while its ranks can neither join a rendezvous nor
     answer one (FENCE): the classic node that stops a run across nodes without being unreachable."""
-    subprocess.run(["ip", "netns", "exec", cluster.node(node).namespace, "nft", "-f", "-"], input=FENCE,
-                   text=True, check=True)
+    cluster.firewall(node, FENCE)
     return cluster
 
 

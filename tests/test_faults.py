@@ -469,8 +469,7 @@ def test_a_node_behind_a_jump_host_and_a_black_hole_holds_one_knock_at_a_time(ns
     def bastion_sockets(state: str) -> list[str]:
         return nodes.node_exec("node1", ["ss", "-Htn", "state", state, "dst", address]).stdout.splitlines()
 
-    subprocess.run(["ip", "netns", "exec", nodes.node("node2").namespace, "nft", "-f", "-"], input=BLACK_HOLE,
-                   text=True, check=True)
+    nodes.firewall("node2", BLACK_HOLE)
     try:
         assert transports["node3"].run(["true"], timeout=10).ok  # the chain, open for node3
         first = node2.run(["true"], timeout=10)

@@ -176,8 +176,7 @@ REJECTING = """table inet handover_test_reject {
 @pytest.mark.skipif(shutil.which("nft") is None, reason="`nft` is not installed (make setup installs nftables)")
 def test_a_client_refused_while_its_server_runs_names_the_firewall(ns_cluster_factory, tmp_path):
     nodes = ns_cluster_factory(2)
-    subprocess.run(["ip", "netns", "exec", nodes.node("node2").namespace, "nft", "-f", "-"], input=REJECTING,
-                   text=True, check=True)
+    nodes.firewall("node2", REJECTING)
     transports = {node.name: make_transport(node) for node in ns_inventory(nodes, tmp_path / "c.yaml").nodes}
     port = random.randint(20000, 20999)
     try:
