@@ -204,14 +204,18 @@ def test_each_command_of_a_batch_has_its_result_as_its_own_task_ends(slurm_nodes
 
 def harness_in_an_srun_step(slurm: SlurmCluster, path: Path, out: Path, key, **env: str) -> subprocess.Popen:
     """The harness running the per-node training check through the slurm transport, once one of
-    its srun steps has tasks on the nodes; `env` beside Slurm's (an allocation it runs in)."""
+    its srun steps has tasks on the nodes; `env` beside Slurm's (an allocation it runs in). A step
+    of an earlier test, still ending, is not taken for one of its own: a SIGINT sent on its word
+    once reached the harness before Python had started (exit 1, not pytest's 2)."""
+    earlier = set(slurm.steps())
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", f"--inventory={path}", f"--out={out}",
          f"--sign-key={key}", "-p", "no:cacheprovider", "-m", "training and quick",
          "-k", "test_training and not cluster and not sustained and not scaling"],
         cwd=ROOT, env={**slurm.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + STEP_WAIT_S
-    while not any("handover-" in step and "node" in step for step in slurm.steps()) or not tasks_on_nodes(slurm.nodes):
+    while (not any("handover-" in step and step not in earlier for step in slurm.steps())
+           or not tasks_on_nodes(slurm.nodes)):
         assert proc.poll() is None and time.monotonic() < deadline, "no srun step started"
         time.sleep(0.2)
     return proc
