@@ -24,6 +24,8 @@ import sys
 import time
 import warnings
 
+from .torch_import import import_torch
+
 os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch initialises CUDA: indices = NVML's
 
 FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -49,7 +51,7 @@ def probe():
     facts = {"hostname": socket.gethostname(), "python": sys.executable, "torch": None,
              "cuda_devices": 0, "nccl_tests": shutil.which("all_reduce_perf")}
     try:
-        import torch
+        torch = import_torch()
     except ImportError as exc:
         facts["torch_error"] = str(exc)
     else:
@@ -64,8 +66,8 @@ def main():
     args = arguments()
     # torch 2.13 renames all_gather_into_tensor/reduce_scatter_tensor; older GPU nodes lack the new names
     warnings.filterwarnings("ignore", category=FutureWarning)
-    import torch
-    import torch.distributed as dist
+    torch = import_torch()
+    dist = torch.distributed
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

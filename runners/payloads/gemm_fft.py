@@ -29,6 +29,8 @@ import socket
 import sys
 import time
 
+from .torch_import import import_torch
+
 os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch initialises CUDA: indices = NVML's
 
 GPU_GEMM_SIZE = 8192
@@ -161,7 +163,7 @@ def main():
     report = {"hostname": socket.gethostname(), "python": sys.executable, "torch": None,
               "cuda": None, "device": None, "devices": []}
     try:
-        import torch
+        torch = import_torch()
     except ImportError as exc:
         report["torch_error"] = str(exc)
         print(json.dumps(report), flush=True)

@@ -24,6 +24,8 @@ import os
 import sys
 import time
 
+from .torch_import import import_torch
+
 os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch initialises CUDA: indices = NVML's
 
 MIB = 2**20
@@ -42,7 +44,7 @@ parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
 args = parser.parse_args()
 
 try:
-    import torch
+    torch = import_torch()
 except ImportError as exc:
     unavailable(f"torch is not installed for {sys.executable}: {exc}")
 if args.device == "cuda" and not torch.cuda.is_available():

@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from .torch_import import import_torch
+
 os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch starts CUDA: its indices = NVML's
 
 
@@ -44,7 +46,7 @@ def arguments():
 
 args = arguments()
 try:
-    import torch
+    torch = import_torch()
 except ImportError as exc:
     unavailable(f"torch is not installed for {sys.executable}: {exc}")
 

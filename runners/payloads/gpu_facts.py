@@ -14,6 +14,8 @@ import sys
 import threading
 import time
 
+from .torch_import import import_torch
+
 LOAD_SECONDS = 2.0  # busy time before the under-load PCIe reading, after every GPU has started
 LOAD_START_TIMEOUT_S = 60.0  # CUDA contexts on 8 GPUs
 
@@ -148,7 +150,7 @@ def pcie_under_load(count):
     """
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # before torch starts CUDA: its indices = NVML's
     try:
-        import torch
+        torch = import_torch()
     except ImportError as exc:
         return {"seconds": 0, "error": f"torch is not installed for {sys.executable}: {exc}"}, {}
     except Exception as exc:  # a broken CUDA install can fail the import itself
