@@ -14,7 +14,7 @@ from test_e2e import results_of, run_dir_of, run_suites
 
 from inventory.loader import load_profile
 from inventory.model import Node
-from runners import collectives, isolation, nccl_tests
+from runners import collectives, isolation, nccl_tests, payloads
 from runners.collectives import plan_for
 from runners.parsing import ParseError
 from runners.payloads import collectives as collectives_payload
@@ -157,6 +157,26 @@ def test_probe_says_whether_torch_is_there():
                                                    python=NO_TORCH_PYTHON)))
     probe = collectives.parse_probe(result.stdout)
     assert probe.torch is None and probe.cuda_devices == 0 and probe.nccl_tests is None
+
+
+IMPORT_TORCH = payloads.load("torch_import") + """
+import gc
+try:
+    torch = import_torch()
+except ImportError as exc:
+    print("ImportError", gc.isenabled(), gc.get_freeze_count())
+else:
+    print(torch.__name__, gc.isenabled(), gc.get_freeze_count() > 100_000)
+"""
+
+
+@pytest.mark.parametrize("python, printed", [(VENV_PYTHON, "torch True True"),
+                                             (NO_TORCH_PYTHON, "ImportError True ")])
+def test_payloads_import_torch_out_of_the_collectors_way_and_leave_it_on(python, printed):
+    """torch's objects frozen (none to freeze where the import failed); the collector on for
+    whatever the payload does next."""
+    shown = subprocess.run([python, "-c", IMPORT_TORCH], capture_output=True, text=True, check=True).stdout
+    assert shown.startswith(printed), shown
 
 
 PROBE = collectives.NodeProbe(hostname="gpu001", python="python3", torch="2.13.0", cuda_devices=0,

@@ -201,13 +201,20 @@ def test_every_torch_cuda_and_distributed_name_exists_in_torch(payload, path, li
 @pytest.mark.parametrize("payload", TORCH_PAYLOADS)
 def test_every_gpu_payload_sets_the_pci_bus_device_order_before_importing_torch(payload):
     """CUDA's default order (fastest first) need not be NVML's: with CUDA_DEVICE_ORDER=PCI_BUS_ID
-    set before torch starts CUDA, "GPU 3" is the same physical GPU in every check."""
+    set before torch starts CUDA, "GPU 3" is the same physical GPU in every check. torch is
+    imported by an import statement or by torch_import's import_torch()."""
     tree = ast.parse((PAYLOADS_DIR / f"{payload}.py").read_text(encoding="utf-8"))
     settings = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assign)
                 and ast.unparse(node) == "os.environ['CUDA_DEVICE_ORDER'] = 'PCI_BUS_ID'"]
-    imports = [node.lineno for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-               and any(name.startswith("torch") for name in
-                       ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]))]
+
+    def names_torch(node: ast.AST) -> bool:
+        if isinstance(node, ast.Call):
+            return ast.unparse(node.func) == "import_torch"
+        if isinstance(node, ast.Import):
+            return any(alias.name.split(".")[0] == "torch" for alias in node.names)
+        return isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch"
+
+    imports = [node.lineno for node in ast.walk(tree) if names_torch(node)]
     assert settings and imports and min(settings) < min(imports), (payload, settings, imports)
 
 
