@@ -229,7 +229,8 @@ def _transient(exc: BaseException, failure: str) -> bool:
 
 
 class AeadFirstTransport(paramiko.Transport):
-    """paramiko's transport, offering AES-GCM first, and quiet once connected.
+    """paramiko's transport, offering AES-GCM first, quiet once connected, leaving no session open
+    on the node that it gave up opening.
 
     AES-GCM's tag is checked inside the cipher, where a separate MAC is compared byte by byte in
     Python on every packet; the other ciphers stay on offer, in paramiko's order. paramiko's
@@ -245,6 +246,21 @@ class AeadFirstTransport(paramiko.Transport):
     def settle(self) -> None:
         """Connected: the handshake's timeouts, the reason for 0.1 s wake-ups, are behind it."""
         self.sock.settimeout(IDLE_POLL_S)
+
+    def _parse_channel_open_success(self, m: paramiko.Message) -> None:
+        """A session the node confirms after its open timed out here and was given up (a loaded
+        node; the command failed as an error) is closed at once. paramiko only logs such a late
+        confirmation, and the node's sshd would keep the session for the connection's life, one
+        of its MaxSessions each time, until it refused every command."""
+        chanid, node_chanid = m.get_int(), m.get_int()
+        if self._channels.get(chanid) is None:  # type: ignore[attr-defined]
+            close = paramiko.Message()
+            close.add_byte(paramiko.common.cMSG_CHANNEL_CLOSE)
+            close.add_int(node_chanid)
+            self._send_user_message(close)  # type: ignore[attr-defined]
+            return
+        m.rewind()
+        super()._parse_channel_open_success(m)  # type: ignore[misc]
 
     def stop_thread(self) -> None:
         """A socket's close does not wake a recv waiting on it, its shutdown does; a jump chain's

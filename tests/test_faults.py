@@ -4,6 +4,7 @@ messages that stay short when a command carries its input inline.
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -17,9 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+import paramiko
 import pytest
 from netns import BRIDGE_HOST_OCTET, NamespaceCluster
 from nodes import cluster_run_of, leftovers, ns_inventory, unique_sleep, wait_for_no_leftovers, wait_until
+from test_transport import connection_processes
 
 from handover.failures import HostKeyRefused, NodeUnreachable, SanityFailure
 from inventory.model import Node, ScratchPath
@@ -896,6 +899,47 @@ def test_blips_under_channel_opens_leave_no_session_open_on_the_node(ns_cluster_
     finally:
         nodes.link_up("node1")
         transport.close()
+
+
+def test_a_session_the_node_confirms_after_its_open_was_given_up_is_closed_there(ns_cluster_factory, tmp_path):
+    """A loaded node that confirms a session after the open timed out here and the harness moved
+    on (the command failed as an error, the channel forgotten): paramiko only logged the late
+    confirmation, and the session stayed open on the node, one of sshd's MaxSessions each time.
+    With MaxSessions 3 (the watchdog holds one) the second command after such an open was
+    refused; the session is closed now, and every command runs."""
+    nodes = ns_cluster_factory(1)
+    config = nodes.node_dir("node1") / "sshd_config"
+    nodes.stop_sshd("node1")
+    config.write_text(config.read_text().replace("MaxSessions 100", "MaxSessions 3"))
+    nodes.start_sshd("node1")
+    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
+    transport = make_transport(node)
+    try:
+        assert transport.run(["true"], timeout=10).ok
+        connection = transport._lease.connection.client.get_transport()
+        for given_up in range(3):
+            stalled = connection_processes(nodes.processes())
+            for pid in stalled:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                give_up_an_open(connection)
+            finally:
+                for pid in stalled:
+                    os.kill(pid, signal.SIGCONT)
+            result = transport.run(["echo", "ran"], timeout=10)
+            assert result.ok and result.stdout == "ran\n", (given_up, result.explain())
+    finally:
+        transport.close()
+
+
+def give_up_an_open(connection) -> None:
+    """A session open that times out, then nothing here refers to its channel any more."""
+    try:
+        connection.open_session(timeout=0.5)
+    except paramiko.SSHException:
+        gc.collect()  # the traceback held the channel
+        return
+    raise AssertionError("the stopped sshd confirmed the session")
 
 
 def test_a_silence_between_commands_is_recorded_and_a_long_one_still_loses_the_node(ns_cluster_factory, tmp_path):
