@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
 from inventory.model import Node
-from runners.transport import Result, Transport
+from runners.transport import Result, Transport, new_tag
 
 Pair = tuple[str, str]
 T = TypeVar("T")
@@ -218,12 +218,14 @@ def run_server_client(server: Transport, client: Transport, server_argv: Sequenc
 
     The client is retried while retry_while(result) says the server was not listening yet, for
     at most retry_s. Once the client has finished (measured, failed or timed out), a server still
-    running after SERVER_GRACE_S is killed on its node, with everything it started.
+    running after SERVER_GRACE_S is killed on its node, with everything it started, and nothing
+    else: the same node may be serving the pair's other rails at that moment.
     """
     served: dict[str, Result] = {}
+    server_tag = new_tag()
 
     def serve() -> None:
-        served["result"] = server.run(server_argv, timeout=server_timeout)
+        served["result"] = server.run(server_argv, timeout=server_timeout, tag=server_tag)
 
     thread = threading.Thread(target=serve, name=f"pair-server-{server.node.name}-{port}",
                               daemon=True)
@@ -238,7 +240,7 @@ def run_server_client(server: Transport, client: Transport, server_argv: Sequenc
     finally:
         thread.join(SERVER_GRACE_S)
         if thread.is_alive():
-            server.kill_running()
+            server.kill(server_tag)
             thread.join(SERVER_GRACE_S + 15)
     return PairRun(server.node.name, client.node.name, port, result, served.get("result"))
 

@@ -356,10 +356,12 @@ class Transport(ABC):
 
     def run(self, argv: Sequence[str], *, timeout: float, stdin: Optional[str] = None,
             root: bool = False, env: Optional[Mapping[str, str]] = None,
-            label: Optional[str] = None) -> Result:
+            label: Optional[str] = None, tag: Optional[str] = None) -> Result:
         """Run argv on the node; every element is passed as one word, never re-split by a shell.
 
         label is what messages call the command (default: the argv with long words shortened).
+        tag marks what the command starts on the node (new_tag() gives one): a caller that may
+        have to kill this command alone, while others of the node run on, passes its own to kill().
         """
         argv = [str(a) for a in argv]
         display = label or short_command(argv)
@@ -370,7 +372,8 @@ class Transport(ABC):
         if loss is not None:
             return loss.result(self.node.name, display)
         try:
-            result = self._reach(argv, display, timeout=timeout, stdin=stdin, root=root, env=env)
+            result = self._reach(argv, display, timeout=timeout, stdin=stdin, root=root, env=env,
+                                 tag=tag or new_tag())
         except BaseException:  # Ctrl-C mid-try: the next due command may try the node again
             if trying:
                 self._retrying = False
@@ -378,14 +381,13 @@ class Transport(ABC):
         return self._tried_again(result) if trying else result
 
     def _reach(self, argv: list[str], display: str, *, timeout: float, stdin: Optional[str], root: bool,
-               env: Optional[Mapping[str, str]]) -> Result:
+               env: Optional[Mapping[str, str]], tag: str) -> Result:
         started = time.monotonic()
         try:
             lease = self._open()
         except Unavailable as exc:
             return self._noted(Result(self.node.name, display, None, "", "", time.monotonic() - started,
                                       failure=exc.failure, detail=exc.detail, full_command=shlex.join(argv)))
-        tag = new_tag()
         root = root and self.node.sudo
         command = wrap(argv, tag=tag, lease=lease.tag, timeout=timeout, root=root, env=env)
         log.debug("%s: %s", self.node.name, shlex.join(command))

@@ -211,6 +211,36 @@ def test_client_that_times_out_gets_its_waiting_server_killed(ns_cluster_factory
     assert not wait_for_no_leftovers(f"--port {port}")
 
 
+def test_a_killed_server_leaves_the_other_rails_servers_on_its_node_running(ns_cluster_factory):
+    """Every rail of a pair runs at once, each rail's server through the node's one transport.
+    One rail's client times out (as in the test above) and its waiting server is killed: that
+    kill took every command of the node's transport with it, the other rails' servers mid-run,
+    so one bad rail failed them all. Only that rail's server goes now; the other one measures."""
+    silent = str(ns_cluster_factory(1).subnet[200])
+    server = local()
+    stuck, measured = random.sample(range(32000, 32999), 2)
+    runs = {}
+
+    def rail(port: int, address: str, seconds: int, client_timeout: float) -> None:
+        runs[port] = pairs.run_server_client(
+            server, local(), iperf3.server_argv(port),
+            iperf3.client_argv(address, port, seconds), port=port, server_timeout=60,
+            client_timeout=client_timeout, retry_while=lambda result: iperf3.REFUSED in result.stdout,
+            retry_s=iperf3.REFUSED_RETRY_S)
+
+    rails = [threading.Thread(target=rail, args=(stuck, silent, 1, 1)),
+             threading.Thread(target=rail, args=(measured, "127.0.0.1", 8, 30))]
+    for thread in rails:
+        thread.start()
+    for thread in rails:
+        thread.join()
+    assert runs[stuck].client_result.timed_out and not runs[stuck].server_result.ok, runs[stuck]
+    report, why = iperf3.judge(runs[measured])
+    assert why == "" and report.ok, why
+    assert runs[measured].server_result.ok, runs[measured].server_result
+    assert not wait_for_no_leftovers(f"--port {stuck}") and not wait_for_no_leftovers(f"--port {measured}")
+
+
 def test_all_pairs_in_rounds_on_namespace_nodes_with_a_link_cut_mid_round(ns_cluster_factory, tmp_path):
     """Four real nodes, all six pairs in three rounds; node3's link is cut while round 1 runs.
 
