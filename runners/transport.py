@@ -346,6 +346,7 @@ class Transport(ABC):
         self._lease: Optional[Lease] = None
         self._running: dict[str, bool] = {}  # tag -> needs root to kill
         self._lock = threading.Lock()
+        self._killing = threading.Lock()  # one kill at a time on the node (kill())
         self._closed = False  # by the session's end: a worker thread left behind must not connect again
 
     @property
@@ -427,12 +428,17 @@ class Transport(ABC):
             self.kill(tag, root=root)
 
     def kill(self, tag: str, *, root: bool = False) -> None:
-        """Nothing of ours runs where no connection stands (the lease took care of it); don't wait."""
+        """Nothing of ours runs where no connection stands (the lease took care of it); don't wait.
+
+        One kill at a time on a node: each takes a session of sshd's MaxSessions (10 by default),
+        and where every rail of a pair runs at once (8 commands and the watchdog), two kills at
+        once were one too many: the node refused the second, and its command ran on."""
         lease = self._lease
         if lease is None or not lease.standing:
             return
         try:
-            self._execute(lease, kill_argv(tag, root=root), display="kill", stdin=None, timeout=KILL_WAIT_S)
+            with self._killing:
+                self._execute(lease, kill_argv(tag, root=root), display="kill", stdin=None, timeout=KILL_WAIT_S)
         except Exception:  # best effort: the node-side timeout still bounds the work
             pass
 

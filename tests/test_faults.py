@@ -36,8 +36,10 @@ from runners.transport import (
     TAG_VARIABLE,
     LocalTransport,
     Loss,
+    Result,
     Transport,
     make_transport,
+    new_tag,
 )
 from suites.checks import require, require_launchable
 from suites.test_training import own_runs
@@ -928,6 +930,39 @@ def test_a_session_the_node_confirms_after_its_open_was_given_up_is_closed_there
                     os.kill(pid, signal.SIGCONT)
             result = transport.run(["echo", "ran"], timeout=10)
             assert result.ok and result.stdout == "ran\n", (given_up, result.explain())
+    finally:
+        transport.close()
+
+
+def test_two_kills_at_once_on_a_node_each_end_their_command(ns_cluster_factory, tmp_path):
+    """Two rails' servers on one node killed at the same moment (their clients ended). Each kill
+    needs a session: with MaxSessions 4 (the watchdog and the two commands hold 3) the node
+    refused the second kill, and its command ran on to its timeout. Kills take turns on a node
+    now, and both commands end."""
+    nodes = ns_cluster_factory(1)
+    config = nodes.node_dir("node1") / "sshd_config"
+    nodes.stop_sshd("node1")
+    config.write_text(config.read_text().replace("MaxSessions 100", "MaxSessions 4"))
+    nodes.start_sshd("node1")
+    transport = make_transport(ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0])
+    sleeps = {new_tag(): unique_sleep() for _ in range(2)}
+    results: dict[str, Result] = {}
+
+    def hold(tag: str) -> None:
+        results[tag] = transport.run(sleeps[tag].split(), timeout=1000, tag=tag)
+
+    holders = [threading.Thread(target=hold, args=(tag,), daemon=True) for tag in sleeps]
+    try:
+        for thread in holders:
+            thread.start()
+        assert wait_until(lambda: all(leftovers(sleep) for sleep in sleeps.values()), 30)
+        killers = [threading.Thread(target=transport.kill, args=(tag,)) for tag in sleeps]
+        for thread in killers:
+            thread.start()
+        for thread in [*killers, *holders]:
+            thread.join(60)  # a bound on the test: the commands' own timeout is 1,000 s
+        assert not any(thread.is_alive() for thread in holders), "a command whose kill was refused runs on"
+        assert all(not results[tag].ok for tag in sleeps), results
     finally:
         transport.close()
 
