@@ -694,6 +694,16 @@ class ChannelNotOpened(Exception):
     """A command's session channel did not open: the command never started on the node."""
 
 
+def session_refused(cause: BaseException) -> str:
+    """Why the node's sshd refused a session (a connection's sessions past its MaxSessions, or
+    none allowed), in words that say what to change; '' for any other failure."""
+    if not isinstance(cause, paramiko.ChannelException):
+        return ""
+    return (f"the node's sshd refused a new session ({cause.text}, code {cause.code}): each command the harness "
+            "runs on a node at once takes one of sshd's MaxSessions (10 by default), and its watchdog one; "
+            "every rail of a pair runs at once, so raise MaxSessions in sshd_config to the rails + 2 or more")
+
+
 def _jump_chain_key(ssh: SshSettings, connection: Connection) -> Optional[SshSettings]:
     """The node's jump chain, and what its hops are opened with (nodes alike in it share them):
     the inventory's `ssh.jump`, else the ProxyJump that ssh_config gives the node. As fabric
@@ -1002,7 +1012,7 @@ class SshTransport(Transport):
                     # The connection stands: the node refused a session, or something in between broke.
                     cause = exc.__cause__ or exc  # ChannelNotOpened: paramiko's own error
                     return Result(self.node.name, display, None, "", "", time.monotonic() - started,
-                                  failure="error", detail=f"{type(cause).__name__}: {cause}")
+                                  failure="error", detail=session_refused(cause) or f"{type(cause).__name__}: {cause}")
                 # Decided while `exc` is held: its traceback keeps the channel whose open timed
                 # out, which the node opens once the link is back; paramiko closes it when it
                 # goes, where, forgotten, it would hold one of sshd's MaxSessions.

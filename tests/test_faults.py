@@ -967,6 +967,31 @@ def test_two_kills_at_once_on_a_node_each_end_their_command(ns_cluster_factory, 
         transport.close()
 
 
+def test_a_session_the_node_refuses_says_which_sshd_setting_to_raise(ns_cluster_factory, tmp_path):
+    """MaxSessions 2: the watchdog and one command hold both; a second command at the same time
+    is refused by the node's sshd, and says so in words an operator can act on."""
+    nodes = ns_cluster_factory(1)
+    config = nodes.node_dir("node1") / "sshd_config"
+    nodes.stop_sshd("node1")
+    config.write_text(config.read_text().replace("MaxSessions 100", "MaxSessions 2"))
+    nodes.start_sshd("node1")
+    transport = make_transport(ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0])
+    sleep = unique_sleep()
+    holder = threading.Thread(target=transport.run, args=(sleep.split(),), kwargs={"timeout": 1000}, daemon=True)
+    try:
+        holder.start()
+        assert wait_until(lambda: leftovers(sleep), 30)
+        refused = transport.run(["true"], timeout=10)
+        assert (refused.failure, refused.detail) == ("error", (
+            "the node's sshd refused a new session (Connect failed, code 2): each command the harness runs on a "
+            "node at once takes one of sshd's MaxSessions (10 by default), and its watchdog one; every rail of a "
+            "pair runs at once, so raise MaxSessions in sshd_config to the rails + 2 or more")), refused
+        assert transport.loss is None  # the node answers: it is not unreachable
+    finally:
+        transport.close()
+    assert wait_for_no_leftovers(sleep) == []
+
+
 def give_up_an_open(connection) -> None:
     """A session open that times out, then nothing here refers to its channel any more."""
     try:
