@@ -874,6 +874,17 @@ def test_a_harness_that_was_stopped_records_no_silence_of_a_sound_link(ns_cluste
             harness.kill()
 
 
+def one_node_allowing_sessions(ns_cluster_factory, tmp_path, sessions: int) -> tuple[NamespaceCluster, Transport]:
+    """A one-node cluster whose sshd allows `sessions` sessions on a connection (MaxSessions), and
+    a transport to it (not connected yet)."""
+    nodes = ns_cluster_factory(1)
+    config = nodes.node_dir("node1") / "sshd_config"
+    nodes.stop_sshd("node1")
+    config.write_text(config.read_text().replace("MaxSessions 100", f"MaxSessions {sessions}"))
+    nodes.start_sshd("node1")
+    return nodes, make_transport(ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0])
+
+
 def test_blips_under_channel_opens_leave_no_session_open_on_the_node(ns_cluster_factory, tmp_path):
     """A blip under a command's channel open: the open timed out here, and the node opens the
     session once the link is back. Had paramiko forgotten the channel by then (it keeps it only
@@ -881,18 +892,12 @@ def test_blips_under_channel_opens_leave_no_session_open_on_the_node(ns_cluster_
     one of sshd's MaxSessions per blip, and with 3 the second blip's run again would be refused.
     The channel is still referred to when the node's answer comes (the run again is decided
     while the failed open's exception is held), so it is closed, and every blip's command runs."""
-    nodes = ns_cluster_factory(1)
-    config = nodes.node_dir("node1") / "sshd_config"
-    nodes.stop_sshd("node1")
-    config.write_text(config.read_text().replace("MaxSessions 100", "MaxSessions 3"))
-    nodes.start_sshd("node1")
-    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
-    transport = make_transport(node)
+    nodes, transport = one_node_allowing_sessions(ns_cluster_factory, tmp_path, 3)
     try:
         assert transport.run(["true"], timeout=10).ok
         for blip in range(3):
             nodes.link_down("node1")
-            up = threading.Timer(node.ssh.connect_timeout + 0.3, nodes.link_up, ("node1",))
+            up = threading.Timer(transport.node.ssh.connect_timeout + 0.3, nodes.link_up, ("node1",))
             up.start()
             result = transport.run(["echo", "ran"], timeout=10)
             up.join()
@@ -909,13 +914,7 @@ def test_a_session_the_node_confirms_after_its_open_was_given_up_is_closed_there
     confirmation, and the session stayed open on the node, one of sshd's MaxSessions each time.
     With MaxSessions 3 (the watchdog holds one) the second command after such an open was
     refused; the session is closed now, and every command runs."""
-    nodes = ns_cluster_factory(1)
-    config = nodes.node_dir("node1") / "sshd_config"
-    nodes.stop_sshd("node1")
-    config.write_text(config.read_text().replace("MaxSessions 100", "MaxSessions 3"))
-    nodes.start_sshd("node1")
-    node = ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0]
-    transport = make_transport(node)
+    nodes, transport = one_node_allowing_sessions(ns_cluster_factory, tmp_path, 3)
     try:
         assert transport.run(["true"], timeout=10).ok
         connection = transport._lease.connection.client.get_transport()
@@ -939,12 +938,7 @@ def test_two_kills_at_once_on_a_node_each_end_their_command(ns_cluster_factory, 
     needs a session: with MaxSessions 4 (the watchdog and the two commands hold 3) the node
     refused the second kill, and its command ran on to its timeout. Kills take turns on a node
     now, and both commands end."""
-    nodes = ns_cluster_factory(1)
-    config = nodes.node_dir("node1") / "sshd_config"
-    nodes.stop_sshd("node1")
-    config.write_text(config.read_text().replace("MaxSessions 100", "MaxSessions 4"))
-    nodes.start_sshd("node1")
-    transport = make_transport(ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0])
+    nodes, transport = one_node_allowing_sessions(ns_cluster_factory, tmp_path, 4)
     sleeps = {new_tag(): unique_sleep() for _ in range(2)}
     results: dict[str, Result] = {}
 
@@ -970,12 +964,7 @@ def test_two_kills_at_once_on_a_node_each_end_their_command(ns_cluster_factory, 
 def test_a_session_the_node_refuses_says_which_sshd_setting_to_raise(ns_cluster_factory, tmp_path):
     """MaxSessions 2: the watchdog and one command hold both; a second command at the same time
     is refused by the node's sshd, and says so in words an operator can act on."""
-    nodes = ns_cluster_factory(1)
-    config = nodes.node_dir("node1") / "sshd_config"
-    nodes.stop_sshd("node1")
-    config.write_text(config.read_text().replace("MaxSessions 100", "MaxSessions 2"))
-    nodes.start_sshd("node1")
-    transport = make_transport(ns_inventory(nodes, tmp_path / "inv.yaml").nodes[0])
+    nodes, transport = one_node_allowing_sessions(ns_cluster_factory, tmp_path, 2)
     sleep = unique_sleep()
     holder = threading.Thread(target=transport.run, args=(sleep.split(),), kwargs={"timeout": 1000}, daemon=True)
     try:
