@@ -49,6 +49,7 @@ from runners.transport import (
     HARNESS_GRACE_S,
     LEASE_VARIABLE,
     SYSTEM_DIRS,
+    TAG_VARIABLE,
     Lease,
     Result,
     Transport,
@@ -530,6 +531,12 @@ class SlurmSteps:
         assert entry.result is not None
         return entry.result
 
+    def shares_step(self, tag: str) -> bool:
+        """Whether the command tagged `tag` runs in an srun with other nodes' commands."""
+        with self._lock:
+            batch = self._running.get(tag)
+            return batch is not None and len(batch.entries) > 1
+
     def cancel(self, tag: str) -> None:
         """Cancel the srun that runs the command tagged `tag` (with every node's part of it)."""
         with self._lock:
@@ -715,6 +722,18 @@ def _finish_framed(entry: _Entry, frames: Frames) -> None:
     entry.done.set()
 
 
+def _own_tag(command: Sequence[str]) -> str:
+    """The tag wrap() gave the command (among its `env` assignments), else a new one: a kill's
+    arguments name the tag of the command it kills, not its own."""
+    if "env" in command:
+        for word in command[list(command).index("env") + 1:]:
+            if "=" not in word:
+                break
+            if word.startswith(f"{TAG_VARIABLE}="):
+                return word.split("=", 1)[1]
+    return new_tag()
+
+
 class SlurmTransport(Transport):
     """A node reached through Slurm: its commands go into the session's srun batches (SlurmSteps)."""
 
@@ -731,8 +750,7 @@ class SlurmTransport(Transport):
             return self._lease
 
     def _execute(self, lease, command, *, display, stdin, timeout):
-        tag = next((word.split("=", 1)[1] for word in command if word.startswith("HANDOVER_TAG=")), new_tag())
-        return self.steps.submit(_Entry(self.node, list(command), display, stdin, timeout, tag))
+        return self.steps.submit(_Entry(self.node, list(command), display, stdin, timeout, _own_tag(command)))
 
     def release(self) -> Result:
         """Kill what our steps left running on the node (node locks' holders: a process that left
@@ -744,7 +762,13 @@ class SlurmTransport(Transport):
                              stdin=None, timeout=CLIENT_TIMEOUT_S)
 
     def kill(self, tag: str, *, root: bool = False) -> None:
-        """scancel the step the command is in; Slurm kills its tasks on every node."""
+        """scancel the step the command is in, where it runs alone: Slurm kills its tasks. One
+        that shares its step with other nodes' commands (a batch: a round's pair servers and
+        clients) is killed on its node by its tag, as over SSH, through a step of its own: a
+        cancel ended the others' too, and one pair's stuck server failed the whole round."""
+        if self.steps.shares_step(tag):
+            super().kill(tag, root=root)
+            return
         try:
             self.steps.cancel(tag)
         except SlurmError:  # best effort: --time and the node-side timeout still bound the work

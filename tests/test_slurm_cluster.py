@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from netns import NETNS_DIR, NamespaceCluster, SlurmCluster, slurm_available
-from nodes import cluster_run_of, unique_sleep, wait_for_no_leftovers, wait_until
+from nodes import cluster_run_of, leftovers, unique_sleep, wait_for_no_leftovers, wait_until
 from test_e2e import ROOT, results_of, run_dir_of
 
 from handover.failures import NodeUnreachable
@@ -33,7 +33,7 @@ from inventory.model import LaunchSettings
 from runners import hpl
 from runners.fanout import fan_out
 from runners.slurm import Allocation, SlurmSteps, SlurmTransport
-from runners.transport import LEASE_VARIABLE, Result, Transport
+from runners.transport import LEASE_VARIABLE, Result, Transport, new_tag
 from suites.checks import require_launchable
 
 STEP_WAIT_S = 60  # how long the Ctrl-C test waits for the harness to start an srun step
@@ -200,6 +200,41 @@ def test_each_command_of_a_batch_has_its_result_as_its_own_task_ends(slurm_nodes
     joiner.join(60)
     assert {name: result.stdout for name, result in results.items()} == {"node2": "led\n", "node1": "waited\n"}, \
         {name: result.explain() for name, result in results.items()}
+
+
+def test_a_command_killed_in_a_batch_ends_alone_and_the_others_run_on(slurm_nodes, tmp_path, monkeypatch):
+    """Two nodes' commands in one srun (a batch, as a round's pair servers are), in an allocation.
+    Killing one (a server that outlived its client) cancelled the whole step, and the other
+    node's command with it: one stuck pair failed its round. It is killed on its node by its
+    tag now, through a step of its own, and the other command finishes."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    held = slurm.client("salloc", "--no-shell", "--nodelist=node[1-2]", "--nodes=2", "--exclusive",
+                        "--immediate=30", "--job-name=operator", "--time=10")
+    [job] = re.findall(r"Granted job allocation (\d+)", held.stderr) or [held.stderr]
+    monkeypatch.setenv("SLURM_JOB_ID", job)
+    try:
+        cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
+        steps = SlurmSteps(cluster.launch)
+        stuck, running = (SlurmTransport(cluster.node(name), steps) for name in ("node1", "node2"))
+        sleep, tag = unique_sleep(), new_tag()
+        results: dict[str, Result] = {}
+        threads = [threading.Thread(target=lambda: results.update(
+                       node1=stuck.run(sleep.split(), timeout=600, tag=tag))),
+                   threading.Thread(target=lambda: results.update(
+                       node2=running.run(["sh", "-c", "sleep 8; echo finished"], timeout=60)))]
+        for thread in threads:
+            thread.start()  # within the batch's quiet time (BATCH_QUIET_S): one srun
+        assert wait_until(lambda: leftovers(sleep), 30) and steps.shares_step(tag)
+        stuck.kill(tag)
+        for thread in threads:
+            thread.join(90)
+        assert results["node2"].stdout == "finished\n", results["node2"].explain()
+        assert not results["node1"].ok and results["node1"].duration_s < 60, results["node1"]
+    finally:
+        slurm.client("scancel", job)
+    assert wait_for_no_leftovers(sleep) == []
+    assert nothing_left(slurm, 20) == ([], [])
 
 
 def harness_in_an_srun_step(slurm: SlurmCluster, path: Path, out: Path, key, **env: str) -> subprocess.Popen:
