@@ -765,10 +765,12 @@ class SlurmTransport(Transport):
         """scancel the step the command is in, where it runs alone: Slurm kills its tasks. One
         that shares its step with other nodes' commands (a batch: a round's pair servers and
         clients) is killed on its node by its tag, as over SSH, through a step of its own: a
-        cancel ended the others' too, and one pair's stuck server failed the whole round."""
+        cancel ended the others' too, and one pair's stuck server failed the whole round. Where
+        that kill could not run there, the step is cancelled still: over-killed, not left running."""
         if self.steps.shares_step(tag):
-            super().kill(tag, root=root)
-            return
+            killed = self._kill_on_node(tag, root=root)
+            if killed is not None and killed.ok:
+                return
         try:
             self.steps.cancel(tag)
         except SlurmError:  # best effort: --time and the node-side timeout still bound the work

@@ -433,14 +433,20 @@ class Transport(ABC):
         One kill at a time on a node: each takes a session of sshd's MaxSessions (10 by default),
         and where every rail of a pair runs at once (8 commands and the watchdog), two kills at
         once were one too many: the node refused the second, and its command ran on."""
+        self._kill_on_node(tag, root=root)
+
+    def _kill_on_node(self, tag: str, *, root: bool) -> Optional[Result]:
+        """The node-side kill of what carries `tag` (kill()); None where no connection stands or
+        it could not be asked. Best effort: the node-side timeout still bounds the work."""
         lease = self._lease
         if lease is None or not lease.standing:
-            return
+            return None
         try:
             with self._killing:
-                self._execute(lease, kill_argv(tag, root=root), display="kill", stdin=None, timeout=KILL_WAIT_S)
-        except Exception:  # best effort: the node-side timeout still bounds the work
-            pass
+                return self._execute(lease, kill_argv(tag, root=root), display="kill", stdin=None,
+                                     timeout=KILL_WAIT_S)
+        except Exception:
+            return None
 
     def lose(self, reason: str) -> Loss:
         """Mark the node unreachable, once: the first time and reason are the ones kept."""
