@@ -19,7 +19,8 @@ that fails under a running step ends its own task alone (--no-kill).
 Every srun has --immediate (a busy or down node never leaves it queued), a --time limit, the
 node-side `timeout` of runners.transport, and a harness-side deadline; on a timeout, Ctrl-C or
 SIGTERM the step is cancelled with scancel (found by its unique name), which kills its tasks on
-every node. Inside an allocation (SLURM_JOB_ID set) every srun is a step of it (--overlap); else
+every node; one command killed in a step it shares with other nodes' commands is killed on its
+node by its tag instead (SlurmTransport.kill). Inside an allocation (SLURM_JOB_ID set) every srun is a step of it (--overlap); else
 the session asks for one of its own (Allocation, with the inventory's partition, account,
 reservation and time limit: `launch: {engine: slurm, ...}`) and, failing that, each srun asks
 for its own job. In the session's allocation, or the one the harness runs in, a LeaseStep is the
