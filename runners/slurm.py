@@ -20,12 +20,12 @@ Every srun has --immediate (a busy or down node never leaves it queued), a --tim
 node-side `timeout` of runners.transport, and a harness-side deadline; on a timeout, Ctrl-C or
 SIGTERM the step is cancelled with scancel (found by its unique name), which kills its tasks on
 every node; one command killed in a step it shares with other nodes' commands is killed on its
-node by its tag instead (SlurmTransport.kill). Inside an allocation (SLURM_JOB_ID set) every srun is a step of it (--overlap); else
-the session asks for one of its own (Allocation, with the inventory's partition, account,
-reservation and time limit: `launch: {engine: slurm, ...}`) and, failing that, each srun asks
-for its own job. In the session's allocation, or the one the harness runs in, a LeaseStep is the
-nodes' watchdog, as an SSH connection's lease is: a harness that dies, however it dies, leaves
-nothing running.
+node by its tag instead (SlurmTransport.kill). Inside an allocation (SLURM_JOB_ID set) every
+srun is a step of it (--overlap); else the session asks for one of its own (Allocation, with
+the inventory's partition, account, reservation and time limit: `launch: {engine: slurm, ...}`)
+and, failing that, each srun asks for its own job. In the session's allocation, or the one the
+harness runs in, a LeaseStep is the nodes' watchdog, as an SSH connection's lease is: a harness
+that dies, however it dies, leaves nothing running.
 """
 from __future__ import annotations
 
@@ -493,6 +493,7 @@ class _Batch:
         self.last = self.opened
         self.closed = False
         self.cancelled = False
+        self.cancelled_for: Optional[str] = None  # the node whose command it was cancelled for (cancel())
 
 
 class SlurmSteps:
@@ -545,6 +546,7 @@ class SlurmSteps:
             if batch is None or batch.cancelled:
                 return
             batch.cancelled = True
+            batch.cancelled_for = next((name for name, entry in batch.entries.items() if entry.tag == tag), None)
         cancel(batch.name)
 
     def _fill_and_run(self, batch: _Batch) -> None:
@@ -646,7 +648,11 @@ class SlurmSteps:
             entry, state = entries[name], states.get(name)
             frame = frames.get(name, Frames())
             partial = (frame.text("out"), frame.text("err"))
-            if expired:
+            if expired and batch.cancelled_for not in (None, name):  # not its own deadline, nor its own kill
+                _finish(entry, failure="error", duration=time.monotonic() - started, output=partial,
+                        detail=f"srun step {batch.name} was cancelled for {batch.cancelled_for}'s command, "
+                               f"and {name}'s with it")
+            elif expired:
                 _finish(entry, timed_out=True, duration=time.monotonic() - started, output=partial,
                         detail=f"srun step {batch.name} cancelled")
             elif name in failed:

@@ -237,6 +237,34 @@ def test_a_command_killed_in_a_batch_ends_alone_and_the_others_run_on(slurm_node
     assert nothing_left(slurm, 20) == ([], [])
 
 
+def test_a_step_cancelled_for_one_nodes_command_says_so_for_the_others(slurm_nodes, tmp_path, monkeypatch):
+    """A step cancelled for node1's command (a Ctrl-C in its caller, or a kill that could not run
+    on node1 alone) ends node2's command too; node2's result said it timed out after 0 s, and
+    now says why it ended."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
+    steps = SlurmSteps(cluster.launch)
+    first, second = (SlurmTransport(cluster.node(name), steps) for name in ("node1", "node2"))
+    sleeps, tag = (unique_sleep(), unique_sleep()), new_tag()
+    results: dict[str, Result] = {}
+    threads = [threading.Thread(target=lambda: results.update(
+                   node1=first.run(sleeps[0].split(), timeout=600, tag=tag))),
+               threading.Thread(target=lambda: results.update(node2=second.run(sleeps[1].split(), timeout=600)))]
+    for thread in threads:
+        thread.start()
+    assert wait_until(lambda: all(leftovers(sleep) for sleep in sleeps), 30) and steps.shares_step(tag)
+    steps.cancel(tag)
+    for thread in threads:
+        thread.join(60)
+    [step] = re.findall(r"srun step (\S+) cancelled$", results["node1"].detail) or [results["node1"].detail]
+    assert results["node1"].timed_out
+    assert (results["node2"].failure, results["node2"].detail) == (
+        "error", f"srun step {step} was cancelled for node1's command, and node2's with it"), results["node2"]
+    assert [wait_for_no_leftovers(sleep) for sleep in sleeps] == [[], []]
+    assert nothing_left(slurm, 20) == ([], [])
+
+
 def harness_in_an_srun_step(slurm: SlurmCluster, path: Path, out: Path, key, **env: str) -> subprocess.Popen:
     """The harness running the per-node training check through the slurm transport, once one of
     its srun steps has tasks on the nodes; `env` beside Slurm's (an allocation it runs in). A step
