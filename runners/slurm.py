@@ -732,8 +732,9 @@ def _finish_framed(entry: _Entry, frames: Frames) -> None:
 def _own_tag(command: Sequence[str]) -> str:
     """The tag wrap() gave the command (among its `env` assignments), else a new one: a kill's
     arguments name the tag of the command it kills, not its own."""
-    if "env" in command:
-        for word in command[list(command).index("env") + 1:]:
+    words = list(command)
+    if "env" in words:
+        for word in words[words.index("env") + 1:]:
             if "=" not in word:
                 break
             if word.startswith(f"{TAG_VARIABLE}="):

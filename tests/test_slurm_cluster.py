@@ -214,19 +214,11 @@ def test_a_command_killed_in_a_batch_ends_alone_and_the_others_run_on(slurm_node
     [job] = re.findall(r"Granted job allocation (\d+)", held.stderr) or [held.stderr]
     monkeypatch.setenv("SLURM_JOB_ID", job)
     try:
-        cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
-        steps = SlurmSteps(cluster.launch)
-        stuck, running = (SlurmTransport(cluster.node(name), steps) for name in ("node1", "node2"))
         sleep, tag = unique_sleep(), new_tag()
-        results: dict[str, Result] = {}
-        threads = [threading.Thread(target=lambda: results.update(
-                       node1=stuck.run(sleep.split(), timeout=600, tag=tag))),
-                   threading.Thread(target=lambda: results.update(
-                       node2=running.run(["sh", "-c", "sleep 8; echo finished"], timeout=60)))]
-        for thread in threads:
-            thread.start()  # within the batch's quiet time (BATCH_QUIET_S): one srun
-        assert wait_until(lambda: leftovers(sleep), 30) and steps.shares_step(tag)
-        stuck.kill(tag)
+        transports, threads, results = start_in_one_step(
+            slurm_nodes, tmp_path, {"node1": sleep.split(), "node2": ["sh", "-c", "sleep 8; echo finished"]}, tag)
+        assert wait_until(lambda: leftovers(sleep), 30) and transports["node1"].steps.shares_step(tag)
+        transports["node1"].kill(tag)
         for thread in threads:
             thread.join(90)
         assert results["node2"].stdout == "finished\n", results["node2"].explain()
@@ -243,16 +235,10 @@ def test_a_step_cancelled_for_one_nodes_command_says_so_for_the_others(slurm_nod
     now says why it ended."""
     nodes, slurm = slurm_nodes
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
-    steps = SlurmSteps(cluster.launch)
-    first, second = (SlurmTransport(cluster.node(name), steps) for name in ("node1", "node2"))
     sleeps, tag = (unique_sleep(), unique_sleep()), new_tag()
-    results: dict[str, Result] = {}
-    threads = [threading.Thread(target=lambda: results.update(
-                   node1=first.run(sleeps[0].split(), timeout=600, tag=tag))),
-               threading.Thread(target=lambda: results.update(node2=second.run(sleeps[1].split(), timeout=600)))]
-    for thread in threads:
-        thread.start()
+    transports, threads, results = start_in_one_step(
+        slurm_nodes, tmp_path, {"node1": sleeps[0].split(), "node2": sleeps[1].split()}, tag)
+    steps = transports["node1"].steps
     assert wait_until(lambda: all(leftovers(sleep) for sleep in sleeps), 30) and steps.shares_step(tag)
     steps.cancel(tag)
     for thread in threads:
@@ -263,6 +249,24 @@ def test_a_step_cancelled_for_one_nodes_command_says_so_for_the_others(slurm_nod
         "error", f"srun step {step} was cancelled for node1's command, and node2's with it"), results["node2"]
     assert [wait_for_no_leftovers(sleep) for sleep in sleeps] == [[], []]
     assert nothing_left(slurm, 20) == ([], [])
+
+
+def start_in_one_step(slurm_nodes, tmp_path: Path, argvs: dict[str, list[str]], tag: str) -> tuple[
+        dict[str, SlurmTransport], list[threading.Thread], dict[str, Result]]:
+    """Each node's command through the slurm transport, started at once (within the batch's quiet
+    time, BATCH_QUIET_S: one srun), node1's tagged `tag`; the threads, and the Results as they end."""
+    cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
+    steps = SlurmSteps(cluster.launch)
+    transports = {name: SlurmTransport(cluster.node(name), steps) for name in argvs}
+    results: dict[str, Result] = {}
+
+    def run(name: str) -> None:
+        results[name] = transports[name].run(argvs[name], timeout=600, tag=tag if name == "node1" else None)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in argvs]
+    for thread in threads:
+        thread.start()
+    return transports, threads, results
 
 
 def harness_in_an_srun_step(slurm: SlurmCluster, path: Path, out: Path, key, **env: str) -> subprocess.Popen:
