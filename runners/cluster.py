@@ -86,8 +86,9 @@ class ClusterRun:
                                                    failure="error", detail=str(exc)))
             return
         allocation = self._allocation
-        log.info("Slurm allocation %s (%s) for the run", allocation.job, allocation.name)
-        self._save_raw(ALLOCATION_STEP, Result("slurm", "salloc", 0, f"job {allocation.job}\n", "", 0.0,
+        log.info("Slurm allocation %s (%s) for the run: %s", allocation.job, allocation.name,
+                 allocation.record().strip().replace("\n", "; "))
+        self._save_raw(ALLOCATION_STEP, Result("slurm", "salloc", 0, allocation.record(), "", 0.0,
                                                full_command=shlex.join(allocation.argv)))
         self._launch = dataclasses.replace(self.cluster.launch, allocation=allocation.job)
 
@@ -133,7 +134,7 @@ class ClusterRun:
                 launch = self._launch_settings()
                 if spec.transport == "slurm":
                     if self._slurm_steps is None:
-                        self._slurm_steps = SlurmSteps(launch, self._lease_step(launch))
+                        self._slurm_steps = SlurmSteps(launch, self._lease_step(launch), self._allocation)
                     self._transports[node] = SlurmTransport(spec, self._slurm_steps)
                 else:
                     self._transports[node] = make_transport(spec)
@@ -202,6 +203,10 @@ class ClusterRun:
         12`). A launch with one of them fails at once, where it would start every other node's
         ranks only to wait for it."""
         under_slurm = uses_srun(self.launch) or self.cluster.transport == "slurm"
+        revoked = self._allocation.revoked() if self._allocation is not None else None
+        if revoked is not None:  # the launch would be a step of it
+            return {name: Result(name, step, None, "", "", 0.0, failure="unreachable", detail=revoked)
+                    for name in nodes}
         found = {}
         for name in nodes:
             transport = self.transport(name)

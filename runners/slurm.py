@@ -25,7 +25,9 @@ srun is a step of it (--overlap); else the session asks for one of its own (Allo
 the inventory's partition, account, reservation and time limit: `launch: {engine: slurm, ...}`)
 and, failing that, each srun asks for its own job. In the session's allocation, or the one the
 harness runs in, a LeaseStep is the nodes' watchdog, as an SSH connection's lease is: a harness
-that dies, however it dies, leaves nothing running.
+that dies, however it dies, leaves nothing running. Where the session's own allocation ends
+under the run (its time limit, a cancel), its later commands fail at once with why
+(Allocation.revoked).
 """
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ from runners.transport import (
     Lease,
     Result,
     Transport,
+    clock,
     kill_argv,
     new_tag,
     node_timed_out,
@@ -80,6 +83,11 @@ BUSY_STATES = ("mix", "alloc")
 _STATE_FLAGS = "*~#!%$@^-"
 _LAUNCH_FAILED = re.compile(r"Task launch for StepId=\S+ failed on node (\S+?): (.+)$")
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
+# salloc's word that Slurm took its allocation back while its command ran: `Job 3 has exceeded
+# its time limit and its allocation has been revoked.`, or `Job allocation 1 has been revoked.`
+# (a scancel, an administrator's or a preemption); salloc itself runs on until its command ends.
+_REVOKED = re.compile(r"^salloc: (Job .*has been revoked\.?)\s*$")
+REVOKE_WAIT_S = 3.0  # how long a step that failed without results waits to see its allocation end
 
 # Runs on every node of a batch with the node's interpreter; its text is fixed, the batch is data.
 DISPATCH = r"""
@@ -202,6 +210,50 @@ def parse_granted(line: str) -> Optional[str]:
     """The job ID from salloc's `Granted job allocation N` line, None for any other line."""
     match = _GRANTED.search(line)
     return match.group(1) if match else None
+
+
+def parse_revoked(line: str) -> Optional[str]:
+    """salloc's word that the allocation was revoked under its command, without its `salloc: `;
+    None for any other line."""
+    match = _REVOKED.match(line)
+    return match.group(1) if match else None
+
+
+@dataclass(frozen=True)
+class TimeLimit:
+    """An allocation's time limit as Slurm writes it (`10:00`, `2:00:00`, `1-12:00:00`,
+    `UNLIMITED`) and its end time (None where it has none)."""
+
+    limit: str
+    ends: Optional[str]
+    ends_at: Optional[float]  # ends as time.time(): squeue writes it in this machine's local time
+
+
+def parse_time_limit(text: str) -> TimeLimit:
+    """From `squeue -h -j JOB -o %l|%e`: `10:00|2026-12-07T22:51:25`, or `UNLIMITED|NONE`."""
+    parts = text.strip().split("|")
+    if len(parts) != 2 or not parts[0]:
+        raise ParseError(f"not a `squeue -o %l|%e` line: {text.strip()!r}")
+    try:
+        ends_at = time.mktime(time.strptime(parts[1], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:  # NONE, Unknown: no end
+        return TimeLimit(parts[0], None, None)
+    return TimeLimit(parts[0], parts[1], ends_at)
+
+
+def revoke_message(job: str, at: float, word: str, time_limit: Optional[TimeLimit], *, limit_given: bool) -> str:
+    """Why a run's steps fail once its allocation ended at `at`: `word` says how (salloc's, or
+    that the time limit ran out). Where it was the time limit, how to finish the run and what to
+    change: the inventory's launch.time_limit, which is the partition's default where
+    limit_given is False."""
+    why = f"the run's Slurm allocation (job {job}) ended at {clock(at)}: {word}"
+    if "time limit" not in word:
+        return why
+    limit = time_limit.limit if time_limit is not None else "its --time"
+    given = "launch.time_limit" if limit_given else "the partition's default: the inventory gives no launch.time_limit"
+    return why + (f" (the time limit: {limit}, {given}); to finish the run, --resume it inside an allocation of "
+                  "your own with the time (salloc --time=...: a resume needs the inventory unchanged), and give "
+                  "later runs a launch.time_limit of the whole run's time")
 
 
 def salloc_problem(lines: Sequence[str]) -> str:
@@ -342,15 +394,25 @@ class Allocation:
     writes to: Ctrl-C, SIGTERM, an error or the end of the run release it (release()), and a
     SIGKILLed harness closes the pipe, which releases it too. Where the harness's whole machine
     is lost, the allocation's --time (the inventory's time_limit) bounds it.
+
+    Slurm may take it back first: its time limit (the inventory's, else the partition's default)
+    ran out, or someone cancelled it. `revoked()` then says why, and the run's later steps fail
+    at once as unreachable with that reason (srun said only `Job/step already completing or
+    completed`), so that a resume runs them again. Slurm refuses new steps from the end time
+    squeue gave at the grant, while salloc hears of the end only once the job is gone (up to
+    half a minute, and KillWait, later); a cancel, salloc says at once.
     """
 
     def __init__(self, nodes: Sequence[str], settings: LaunchSettings):
         self.name = ALLOCATION_PREFIX + secrets.token_hex(6)
         self.argv = allocation_argv(nodes, settings, name=self.name)
         self.nodes = list(nodes)
+        self.settings = settings
         self.job: Optional[str] = None
+        self.time_limit: Optional[TimeLimit] = None  # Slurm's, once granted (None: squeue did not say)
         self._messages: list[str] = []
         self._granted = threading.Event()
+        self._revoked: Optional[tuple[float, str]] = None  # time.time() and salloc's word
         try:
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, text=True, errors="replace",
@@ -368,6 +430,10 @@ class Allocation:
             self.release()
             why = salloc_problem(self._messages)
             raise SlurmError(f"salloc for {len(self.nodes)} node(s) gave no allocation: {why}")
+        try:
+            self.time_limit = parse_time_limit(client([SQUEUE, "-h", "-j", self.job, "-o", "%l|%e"]).stdout)
+        except (SlurmError, ParseError) as exc:  # for messages only: the run goes on without it
+            log.warning("no time limit for Slurm job %s: %s", self.job, exc)
 
     def _read(self) -> None:
         assert self._proc.stderr is not None
@@ -377,7 +443,43 @@ class Allocation:
                 self.job = parse_granted(line)
                 if self.job is not None:
                     self._granted.set()
+            elif self._revoked is None and (word := parse_revoked(line)) is not None:
+                self._revoked = (time.time(), word)
+                log.warning("Slurm revoked the run's allocation, job %s: %s", self.job, word)
         self._granted.set()  # salloc ended: granted or not, nothing more comes
+
+    def revoked(self, wait_s: float = 0.0) -> Optional[str]:
+        """Why the run no longer has its allocation, for the message of every command that
+        needed it; None while it stands. wait_s: how long to wait for it to end (a step that
+        failed at the end may fail a moment before this machine's clock reaches it)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            ended = self._ended()
+            if ended is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if ended is None:
+            return None
+        at, word = ended
+        return revoke_message(self.job or "?", at, word, self.time_limit,
+                              limit_given=self.settings.time_limit_min is not None)
+
+    def _ended(self) -> Optional[tuple[float, str]]:
+        """When and how the allocation ended: salloc's word, else the end time squeue gave, passed."""
+        if self._revoked is not None:
+            return self._revoked
+        ends_at = self.time_limit.ends_at if self.time_limit is not None else None
+        if ends_at is not None and time.time() >= ends_at:
+            return ends_at, "its time limit ran out"
+        return None
+
+    def record(self) -> str:
+        """The raw record of the allocation (raw/slurm_allocation): its job ID, its time limit."""
+        lines = [f"job {self.job}"]
+        if self.time_limit is not None:
+            until = f", until {self.time_limit.ends}" if self.time_limit.ends else ""
+            lines.append(f"time limit {self.time_limit.limit}{until}")
+        return "\n".join(lines) + "\n"
 
     def release(self) -> None:
         """Give the allocation back (its steps end on every node) at once; idempotent."""
@@ -499,9 +601,11 @@ class _Batch:
 class SlurmSteps:
     """Batches the per-node commands of a session's slurm transports into sruns (module docstring)."""
 
-    def __init__(self, settings: LaunchSettings, lease: Optional[LeaseStep] = None):
+    def __init__(self, settings: LaunchSettings, lease: Optional[LeaseStep] = None,
+                 allocation: Optional[Allocation] = None):
         self.settings = settings
         self.lease = lease  # the session's node-side watchdog, where the run has its allocation
+        self.allocation = allocation  # the run's own, where it asked for one (revoked() says if it is gone)
         self._lock = threading.Lock()
         self._open: dict[str, _Batch] = {}  # interpreter -> the batch still taking commands
         self._running: dict[str, _Batch] = {}  # tag -> the batch its command is in
@@ -570,6 +674,11 @@ class SlurmSteps:
 
     def _run(self, batch: _Batch) -> None:
         entries = dict(batch.entries)
+        revoked = self.allocation.revoked() if self.allocation is not None else None
+        if revoked is not None:  # no step of it can start: say why, rather than srun's `expired`
+            for entry in entries.values():
+                _finish(entry, failure="unreachable", detail=revoked)
+            return
         try:
             try:
                 states = node_states(list(entries))
@@ -644,11 +753,16 @@ class SlurmSteps:
         if again and spared and not expired and self._rebatch(batch, spared, failed):
             missing = [name for name in missing if name not in spared]
         states = _states_or_none(missing) if missing and not expired else {}
+        revoked = (self.allocation.revoked(wait_s=REVOKE_WAIT_S)
+                   if missing and not expired and self.allocation is not None else None)
         for name in missing:
             entry, state = entries[name], states.get(name)
             frame = frames.get(name, Frames())
             partial = (frame.text("out"), frame.text("err"))
-            if expired and batch.cancelled_for not in (None, name):  # not its own deadline, nor its own kill
+            if revoked is not None:
+                _finish(entry, failure="unreachable", duration=time.monotonic() - started, output=partial,
+                        detail=revoked)
+            elif expired and batch.cancelled_for not in (None, name):  # not its own deadline, nor its own kill
                 _finish(entry, failure="error", duration=time.monotonic() - started, output=partial,
                         detail=f"srun step {batch.name} was cancelled for {batch.cancelled_for}'s command, "
                                f"and {name}'s with it")

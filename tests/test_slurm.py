@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from runners.slurm import (
     FRAME_CHUNK,
     LEASE_GRACE_S,
     Frames,
+    TimeLimit,
     allocation_argv,
     batch_argv,
     lease_kill_argv,
@@ -28,8 +30,11 @@ from runners.slurm import (
     minutes_for,
     parse_granted,
     parse_launch_failures,
+    parse_revoked,
     parse_sinfo_nodes,
+    parse_time_limit,
     read_frame,
+    revoke_message,
     salloc_problem,
 )
 
@@ -157,6 +162,43 @@ def test_salloc_says_the_job_or_why_there_is_none():
     assert not any(parse_granted(line) for line in refused)
     assert salloc_problem(refused) == "salloc: error: Unable to allocate resources: Connection timed out"
     assert salloc_problem([]) == "no answer"
+
+
+def test_salloc_says_when_slurm_revoked_the_allocation_under_its_command():
+    """Real salloc lines: a time limit that ran out, a scancel; the granted line is not one."""
+    timed_out = (DATA / "salloc_revoked_time_limit.stderr").read_text().splitlines(keepends=True)
+    assert [parse_revoked(line) for line in timed_out] == [
+        None, "Job 3 has exceeded its time limit and its allocation has been revoked."]
+    cancelled = (DATA / "salloc_revoked_scancel.stderr").read_text().splitlines(keepends=True)
+    assert [parse_revoked(line) for line in cancelled] == [None, "Job allocation 1 has been revoked."]
+    assert parse_revoked("srun: Job step aborted: Waiting up to 32 seconds for job step to finish.") is None
+
+
+def test_an_allocations_time_limit_from_squeue():
+    """Its end in this machine's local time, as squeue writes it."""
+    assert parse_time_limit((DATA / "squeue_time_limit_end.stdout").read_text()) == TimeLimit(
+        "10:00", "2026-12-07T22:51:25", time.mktime((2026, 12, 7, 22, 51, 25, 0, 0, -1)))
+    assert parse_time_limit((DATA / "squeue_time_limit_unlimited.stdout").read_text()) == TimeLimit(
+        "UNLIMITED", None, None)
+    with pytest.raises(ParseError, match="not a `squeue -o %l|%e` line: 'slurm_load_jobs error: Invalid job id'"):
+        parse_time_limit("slurm_load_jobs error: Invalid job id\n")
+
+
+def test_an_allocation_that_ended_says_how_and_where_its_time_ran_out_what_to_change():
+    limit = TimeLimit("1:00", "2026-12-07T22:40:17", time.mktime((2026, 12, 7, 22, 40, 17, 0, 0, -1)))
+    assert limit.ends_at is not None
+    assert revoke_message("3", limit.ends_at, "its time limit ran out", limit, limit_given=False) == (
+        "the run's Slurm allocation (job 3) ended at 22:40:17: its time limit ran out (the time limit: 1:00, "
+        "the partition's default: the inventory gives no launch.time_limit); to finish the run, --resume it inside "
+        "an allocation of your own with the time (salloc --time=...: a resume needs the inventory unchanged), and "
+        "give later runs a launch.time_limit of the whole run's time")
+    said = "Job 3 has exceeded its time limit and its allocation has been revoked."  # salloc's, 29 s later
+    assert revoke_message("3", limit.ends_at + 29, said, limit, limit_given=True) == (
+        f"the run's Slurm allocation (job 3) ended at 22:40:46: {said} (the time limit: 1:00, launch.time_limit); "
+        "to finish the run, --resume it inside an allocation of your own with the time (salloc --time=...: a "
+        "resume needs the inventory unchanged), and give later runs a launch.time_limit of the whole run's time")
+    assert revoke_message("3", limit.ends_at, "Job allocation 3 has been revoked.", limit, limit_given=True) == (
+        "the run's Slurm allocation (job 3) ended at 22:40:17: Job allocation 3 has been revoked.")
 
 
 def test_the_lease_step_waits_on_the_harnesss_pipe_on_every_node():

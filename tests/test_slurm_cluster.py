@@ -31,6 +31,7 @@ from handover.failures import NodeUnreachable
 from inventory.loader import InventoryError, load_inventory
 from inventory.model import LaunchSettings
 from runners import hpl
+from runners.cluster import ClusterRun
 from runners.fanout import fan_out
 from runners.slurm import Allocation, SlurmSteps, SlurmTransport
 from runners.transport import LEASE_VARIABLE, Result, Transport, new_tag
@@ -248,6 +249,47 @@ def test_a_step_cancelled_for_one_nodes_command_says_so_for_the_others(slurm_nod
     assert (results["node2"].failure, results["node2"].detail) == (
         "error", f"srun step {step} was cancelled for node1's command, and node2's with it"), results["node2"]
     assert [wait_for_no_leftovers(sleep) for sleep in sleeps] == [[], []]
+    assert nothing_left(slurm, 20) == ([], [])
+
+
+def test_an_allocation_slurm_revokes_fails_the_steps_in_it_and_after_it_as_unreachable_saying_why(
+        slurm_nodes, tmp_path, monkeypatch):
+    """The run's allocation taken back under it (its time limit ran out, or a scancel: salloc says
+    `... has been revoked` either way): the step running then, the steps after it and a launch
+    across the nodes fail as unreachable with Slurm's word and when, at once, where srun said
+    only `Job/step already completing or completed`; a resume runs them again."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    raw: dict[str, str] = {}
+    gathered: dict[str, dict[str, Result]] = {}
+    cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml", time_limit=5))
+    run = ClusterRun(cluster, list(cluster.nodes),
+                     save_raw=lambda step, result: raw.update({step: result.stdout}) or [])
+    sleep = unique_sleep()
+    try:
+        running = threading.Thread(target=lambda: gathered.update(
+            sleeping=run.gather("sleeping", lambda transport: transport.run(sleep.split(), timeout=600))))
+        running.start()
+        assert wait_until(lambda: sum(line.split(" ", 1)[1] == sleep for line in leftovers(sleep)) == 4, 30), \
+            leftovers(sleep)
+        job = raw["slurm_allocation"].split()[1]
+        assert re.fullmatch(rf"job {job}\ntime limit 5:00, until \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\n",
+                            raw["slurm_allocation"]), raw["slurm_allocation"]
+        assert slurm.client("scancel", job).returncode == 0
+        running.join(60)
+        revoked = rf"the run's Slurm allocation \(job {job}\) ended at \d\d:\d\d:\d\d: " \
+                  rf"Job allocation {job} has been revoked\."
+        for result in gathered["sleeping"].values():
+            assert result.failure == "unreachable" and re.fullmatch(revoked, result.detail), result.explain()
+        started = time.monotonic()
+        after = run.gather("after", lambda transport: transport.run(["true"], timeout=60))
+        assert all(r.failure == "unreachable" and re.search(revoked, r.detail) for r in after.values()), after
+        assert time.monotonic() - started < 5  # no srun: the nodes were lost with the allocation
+        with pytest.raises(NodeUnreachable, match=revoked):
+            require_launchable(run, ["node1", "node2"], "allreduce_cluster")
+    finally:
+        run.close()
+    assert wait_for_no_leftovers(sleep) == []
     assert nothing_left(slurm, 20) == ([], [])
 
 
