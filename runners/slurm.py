@@ -413,6 +413,7 @@ class Allocation:
         self._messages: list[str] = []
         self._granted = threading.Event()
         self._revoked: Optional[tuple[float, str]] = None  # time.time() and salloc's word
+        self._releasing = False  # our own cancel: salloc's word of it is no news
         try:
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, text=True, errors="replace",
@@ -443,7 +444,7 @@ class Allocation:
                 self.job = parse_granted(line)
                 if self.job is not None:
                     self._granted.set()
-            elif self._revoked is None and (word := parse_revoked(line)) is not None:
+            elif not self._releasing and self._revoked is None and (word := parse_revoked(line)) is not None:
                 self._revoked = (time.time(), word)
                 log.warning("Slurm revoked the run's allocation, job %s: %s", self.job, word)
         self._granted.set()  # salloc ended: granted or not, nothing more comes
@@ -483,6 +484,7 @@ class Allocation:
 
     def release(self) -> None:
         """Give the allocation back (its steps end on every node) at once; idempotent."""
+        self._releasing = True
         proc = self._proc
         try:
             if proc.stdin is not None and not proc.stdin.closed:

@@ -382,6 +382,7 @@ def test_a_node_that_fails_leaves_the_run_its_allocation_on_the_others(slurm_nod
     finally:
         allocation.release()
         slurm.client("scontrol", "update", "nodename=node2", "state=resume")
+    assert allocation.revoked() is None  # salloc says `revoked` at our own release too: no news
 
 
 def test_a_node_running_another_job_fails_alone_and_the_others_are_tested(slurm_nodes, sign_key, tmp_path):
