@@ -29,7 +29,17 @@ import hostlist
 from inventory.model import Cluster, LaunchSettings, Node
 from runners.fanout import Progress, close_everywhere, fan_out
 from runners.launchers import Launcher, mpi_launcher, uses_srun
-from runners.slurm import Allocation, LeaseStep, SlurmError, SlurmSteps, SlurmTransport, node_states
+from runners.slurm import (
+    Allocation,
+    HostJob,
+    LeaseStep,
+    Revocable,
+    SlurmError,
+    SlurmSteps,
+    SlurmTransport,
+    node_states,
+    time_limit_of,
+)
 from runners.transport import Loss, Result, Transport, clock, make_transport
 
 ALLOCATION_STEP = "slurm_allocation"  # the raw record of the run's salloc
@@ -54,6 +64,7 @@ class ClusterRun:
         self._lock = threading.Lock()
         self._slurm_steps: Optional[SlurmSteps] = None  # transport slurm: one batcher per session
         self._allocation: Optional[Allocation] = None
+        self._host_job: Optional[HostJob] = None  # the operator's allocation the harness runs in
         self._launch: Optional[LaunchSettings] = None  # cluster.launch, with the allocation once asked
 
     @property
@@ -66,9 +77,18 @@ class ClusterRun:
         if self._launch is None:
             self._launch = self.cluster.launch
             slurm = self.cluster.transport == "slurm" or uses_srun(self.cluster.launch)
-            if slurm and not os.environ.get("SLURM_JOB_ID"):
+            job = os.environ.get("SLURM_JOB_ID")
+            if slurm and not job:
                 self._allocate()
+            elif slurm and job:
+                self._host_job = HostJob(job, time_limit_of(job))
         return self._launch
+
+    @property
+    def _allocation_in_use(self) -> Optional[Revocable]:
+        """The allocation the run's steps are steps of, where Slurm runs them: its own or the one
+        it runs in."""
+        return self._allocation or self._host_job
 
     def _allocate(self) -> None:
         """The run's allocation on the selected nodes Slurm can give it whole now: not down, not
@@ -134,7 +154,7 @@ class ClusterRun:
                 launch = self._launch_settings()
                 if spec.transport == "slurm":
                     if self._slurm_steps is None:
-                        self._slurm_steps = SlurmSteps(launch, self._lease_step(launch), self._allocation)
+                        self._slurm_steps = SlurmSteps(launch, self._lease_step(launch), self._allocation_in_use)
                     self._transports[node] = SlurmTransport(spec, self._slurm_steps)
                 else:
                     self._transports[node] = make_transport(spec)
@@ -203,7 +223,8 @@ class ClusterRun:
         12`). A launch with one of them fails at once, where it would start every other node's
         ranks only to wait for it."""
         under_slurm = uses_srun(self.launch) or self.cluster.transport == "slurm"
-        revoked = self._allocation.revoked() if self._allocation is not None else None
+        allocation = self._allocation_in_use
+        revoked = allocation.revoked() if allocation is not None else None
         if revoked is not None:  # the launch would be a step of it
             return {name: Result(name, step, None, "", "", 0.0, failure="unreachable", detail=revoked)
                     for name in nodes}

@@ -25,9 +25,9 @@ srun is a step of it (--overlap); else the session asks for one of its own (Allo
 the inventory's partition, account, reservation and time limit: `launch: {engine: slurm, ...}`)
 and, failing that, each srun asks for its own job. In the session's allocation, or the one the
 harness runs in, a LeaseStep is the nodes' watchdog, as an SSH connection's lease is: a harness
-that dies, however it dies, leaves nothing running. Where the session's own allocation ends
-under the run (its time limit, a cancel), its later commands fail at once with why
-(Allocation.revoked).
+that dies, however it dies, leaves nothing running. Where the allocation ends under the run
+(its time limit, a cancel), the run's later commands fail at once with why (Allocation.revoked,
+HostJob.revoked for the operator's allocation the harness runs in).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from inventory.model import LaunchSettings, Node
 from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, allocation_options, job_options, minutes_for
@@ -241,19 +241,65 @@ def parse_time_limit(text: str) -> TimeLimit:
     return TimeLimit(parts[0], parts[1], ends_at)
 
 
-def revoke_message(job: str, at: float, word: str, time_limit: Optional[TimeLimit], *, limit_given: bool) -> str:
-    """Why a run's steps fail once its allocation ended at `at`: `word` says how (salloc's, or
-    that the time limit ran out). Where it was the time limit, how to finish the run and what to
-    change: the inventory's launch.time_limit, which is the partition's default where
-    limit_given is False."""
-    why = f"the run's Slurm allocation (job {job}) ended at {clock(at)}: {word}"
+def revoke_message(job: str, at: float, word: str, time_limit: Optional[TimeLimit], *,
+                   limit_given: Optional[bool]) -> str:
+    """Why a run's steps fail once the allocation they were steps of ended at `at`: `word` says
+    how (salloc's, or that the time limit ran out). Where it was the time limit, how to finish the
+    run and what to change. limit_given: whether the inventory gave the run's own allocation its
+    launch.time_limit (else the partition's default applied); None for the operator's
+    allocation the harness runs in (SLURM_JOB_ID)."""
+    whose = f"the run's Slurm allocation (job {job})" if limit_given is not None else \
+        f"Slurm job {job}, the allocation the run runs in,"
+    why = f"{whose} ended at {clock(at)}: {word}"
     if "time limit" not in word:
         return why
     limit = time_limit.limit if time_limit is not None else "its --time"
+    if limit_given is None:
+        return why + (f" (the time limit: {limit}); to finish the run, --resume it inside an allocation with the "
+                      "time (salloc --time=...)")
     given = "launch.time_limit" if limit_given else "the partition's default: the inventory gives no launch.time_limit"
     return why + (f" (the time limit: {limit}, {given}); to finish the run, --resume it inside an allocation of "
                   "your own with the time (salloc --time=...: a resume needs the inventory unchanged), and give "
                   "later runs a launch.time_limit of the whole run's time")
+
+
+def time_limit_of(job: str) -> Optional[TimeLimit]:
+    """The job's time limit and end, as squeue gives them; None where it does not say (messages
+    only: the run goes on without it)."""
+    try:
+        return parse_time_limit(client([SQUEUE, "-h", "-j", job, "-o", "%l|%e"]).stdout)
+    except (SlurmError, ParseError) as exc:
+        log.warning("no time limit for Slurm job %s: %s", job, exc)
+        return None
+
+
+def _ended_by_then(ended: Callable[[], Optional[tuple[float, str]]], wait_s: float) -> Optional[tuple[float, str]]:
+    """ended(), waiting up to wait_s for it to say (a step that failed at the end may fail a
+    moment before this machine's clock reaches the end, or salloc hears of it)."""
+    deadline = time.monotonic() + wait_s
+    while (found := ended()) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
+class HostJob:
+    """The operator's allocation the harness runs in (SLURM_JOB_ID): the run's steps are steps
+    of it, so from its end time on they fail at once saying so, as with the run's own
+    (Allocation); no salloc of the harness's hears of a cancel there."""
+
+    def __init__(self, job: str, time_limit: Optional[TimeLimit]):
+        self.job = job
+        self.time_limit = time_limit
+
+    def revoked(self, wait_s: float = 0.0) -> Optional[str]:
+        """Why the run's steps cannot start any more; None while the job stands."""
+        ended = _ended_by_then(lambda: _time_ran_out(self.time_limit), wait_s)
+        return None if ended is None else revoke_message(self.job, *ended, self.time_limit, limit_given=None)
+
+
+def _time_ran_out(time_limit: Optional[TimeLimit]) -> Optional[tuple[float, str]]:
+    ends_at = time_limit.ends_at if time_limit is not None else None
+    return (ends_at, "its time limit ran out") if ends_at is not None and time.time() >= ends_at else None
 
 
 def salloc_problem(lines: Sequence[str]) -> str:
@@ -431,10 +477,7 @@ class Allocation:
             self.release()
             why = salloc_problem(self._messages)
             raise SlurmError(f"salloc for {len(self.nodes)} node(s) gave no allocation: {why}")
-        try:
-            self.time_limit = parse_time_limit(client([SQUEUE, "-h", "-j", self.job, "-o", "%l|%e"]).stdout)
-        except (SlurmError, ParseError) as exc:  # for messages only: the run goes on without it
-            log.warning("no time limit for Slurm job %s: %s", self.job, exc)
+        self.time_limit = time_limit_of(self.job)
 
     def _read(self) -> None:
         assert self._proc.stderr is not None
@@ -451,28 +494,12 @@ class Allocation:
 
     def revoked(self, wait_s: float = 0.0) -> Optional[str]:
         """Why the run no longer has its allocation, for the message of every command that
-        needed it; None while it stands. wait_s: how long to wait for it to end (a step that
-        failed at the end may fail a moment before this machine's clock reaches it)."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            ended = self._ended()
-            if ended is not None or time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
+        needed it; None while it stands. wait_s: how long to wait for it to end."""
+        ended = _ended_by_then(lambda: self._revoked or _time_ran_out(self.time_limit), wait_s)
         if ended is None:
             return None
-        at, word = ended
-        return revoke_message(self.job or "?", at, word, self.time_limit,
+        return revoke_message(self.job or "?", *ended, self.time_limit,
                               limit_given=self.settings.time_limit_min is not None)
-
-    def _ended(self) -> Optional[tuple[float, str]]:
-        """When and how the allocation ended: salloc's word, else the end time squeue gave, passed."""
-        if self._revoked is not None:
-            return self._revoked
-        ends_at = self.time_limit.ends_at if self.time_limit is not None else None
-        if ends_at is not None and time.time() >= ends_at:
-            return ends_at, "its time limit ran out"
-        return None
 
     def record(self) -> str:
         """The raw record of the allocation (raw/slurm_allocation): its job ID, its time limit."""
@@ -600,14 +627,21 @@ class _Batch:
         self.cancelled_for: Optional[str] = None  # the node whose command it was cancelled for (cancel())
 
 
+class Revocable(Protocol):
+    """An allocation the run's steps are steps of (Allocation, HostJob): revoked() says why they
+    cannot start any more, once they cannot."""
+
+    def revoked(self, wait_s: float = 0.0) -> Optional[str]: ...
+
+
 class SlurmSteps:
     """Batches the per-node commands of a session's slurm transports into sruns (module docstring)."""
 
     def __init__(self, settings: LaunchSettings, lease: Optional[LeaseStep] = None,
-                 allocation: Optional[Allocation] = None):
+                 allocation: Optional[Revocable] = None):
         self.settings = settings
         self.lease = lease  # the session's node-side watchdog, where the run has its allocation
-        self.allocation = allocation  # the run's own, where it asked for one (revoked() says if it is gone)
+        self.allocation = allocation  # the run's own or the one it runs in: revoked() says if it is gone
         self._lock = threading.Lock()
         self._open: dict[str, _Batch] = {}  # interpreter -> the batch still taking commands
         self._running: dict[str, _Batch] = {}  # tag -> the batch its command is in

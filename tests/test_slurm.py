@@ -22,6 +22,7 @@ from runners.slurm import (
     FRAME_CHUNK,
     LEASE_GRACE_S,
     Frames,
+    HostJob,
     TimeLimit,
     allocation_argv,
     batch_argv,
@@ -199,6 +200,17 @@ def test_an_allocation_that_ended_says_how_and_where_its_time_ran_out_what_to_ch
         "resume needs the inventory unchanged), and give later runs a launch.time_limit of the whole run's time")
     assert revoke_message("3", limit.ends_at, "Job allocation 3 has been revoked.", limit, limit_given=True) == (
         "the run's Slurm allocation (job 3) ended at 22:40:17: Job allocation 3 has been revoked.")
+
+
+def test_the_operators_allocation_ends_at_its_end_time_and_the_message_says_whose_it_was():
+    past = TimeLimit("1:00:00", "2026-12-07T22:40:17", time.mktime((2026, 12, 7, 22, 40, 17, 0, 0, -1)))
+    assert HostJob("4711", past).revoked() == (
+        "Slurm job 4711, the allocation the run runs in, ended at 22:40:17: its time limit ran out (the time "
+        "limit: 1:00:00); to finish the run, --resume it inside an allocation with the time (salloc --time=...)")
+    later = time.time() + 3600
+    assert HostJob("4711", TimeLimit("2:00:00", time.strftime("%Y-%m-%dT%H:%M:%S"), later)).revoked() is None
+    assert HostJob("4711", TimeLimit("UNLIMITED", None, None)).revoked() is None
+    assert HostJob("4711", None).revoked() is None  # squeue did not say: srun's own words stand
 
 
 def test_the_lease_step_waits_on_the_harnesss_pipe_on_every_node():

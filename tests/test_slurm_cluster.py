@@ -293,6 +293,44 @@ def test_an_allocation_slurm_revokes_fails_the_steps_in_it_and_after_it_as_unrea
     assert nothing_left(slurm, 20) == ([], [])
 
 
+def test_the_operators_allocation_ending_under_the_run_fails_its_later_steps_at_once_saying_why(
+        slurm_nodes, tmp_path, monkeypatch):
+    """Inside an operator's allocation (SLURM_JOB_ID) that reaches its end time: Slurm refuses
+    every later step (`Job/step already completing or completed`); the run's commands and
+    launches fail at once as unreachable, saying which job ended and how to finish the run. Its
+    end is brought to a few seconds away (scontrol update EndTime, as an administrator may)."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    held = slurm.client("salloc", "--no-shell", "--nodelist=node[1-4]", "--nodes=4", "--exclusive",
+                        "--immediate=30", "--job-name=operator", "--time=10")
+    [job] = re.findall(r"Granted job allocation (\d+)", held.stderr) or [held.stderr]
+    try:
+        ends_at = time.time() + 8
+        assert slurm.client("scontrol", "update", f"JobId={job}",
+                            "EndTime=" + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ends_at))).returncode == 0
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-4]")
+        cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
+        run = cluster_run_of(cluster)
+        try:
+            before = run.gather("before", lambda transport: transport.run(["true"], timeout=60))
+            assert all(result.ok for result in before.values()), {n: r.explain() for n, r in before.items()}
+            time.sleep(max(0.0, ends_at + 1 - time.time()))
+            after = run.gather("after", lambda transport: transport.run(["true"], timeout=60))
+            ended = (rf"Slurm job {job}, the allocation the run runs in, ended at \d\d:\d\d:\d\d: its time limit "
+                     r"ran out \(the time limit: \d+:\d\d\); to finish the run, --resume it inside an allocation "
+                     r"with the time \(salloc --time=\.\.\.\)")
+            assert all(r.failure == "unreachable" and re.search(ended, r.detail) for r in after.values()), \
+                {n: r.explain() for n, r in after.items()}
+            with pytest.raises(NodeUnreachable, match=ended):
+                require_launchable(run, ["node1", "node2"], "allreduce_cluster")
+        finally:
+            run.close()
+    finally:
+        slurm.client("scancel", job)
+    assert nothing_left(slurm, 30) == ([], [])
+
+
 def start_in_one_step(slurm_nodes, tmp_path: Path, argvs: dict[str, list[str]], tag: str) -> tuple[
         dict[str, SlurmTransport], list[threading.Thread], dict[str, Result]]:
     """Each node's command through the slurm transport, started at once (within the batch's quiet
