@@ -292,12 +292,16 @@ class HostJob:
         self.time_limit = time_limit
 
     def revoked(self, wait_s: float = 0.0) -> Optional[str]:
-        """Why the run's steps cannot start any more; None while the job stands."""
-        ended = _ended_by_then(lambda: _time_ran_out(self.time_limit), wait_s)
+        """Why the run's steps cannot start any more; None while the job stands. Only its end
+        time tells here: it waits only where that comes within wait_s."""
+        ends_at = self.time_limit.ends_at if self.time_limit is not None else None
+        soon = ends_at is not None and ends_at - time.time() <= wait_s
+        ended = _ended_by_then(lambda: _time_ran_out(self.time_limit), wait_s if soon else 0.0)
         return None if ended is None else revoke_message(self.job, *ended, self.time_limit, limit_given=None)
 
 
 def _time_ran_out(time_limit: Optional[TimeLimit]) -> Optional[tuple[float, str]]:
+    """(its end, how) once this machine's clock has passed the end time squeue gave; else None."""
     ends_at = time_limit.ends_at if time_limit is not None else None
     return (ends_at, "its time limit ran out") if ends_at is not None and time.time() >= ends_at else None
 
