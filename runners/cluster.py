@@ -78,10 +78,10 @@ class ClusterRun:
             self._launch = self.cluster.launch
             slurm = self.cluster.transport == "slurm" or uses_srun(self.cluster.launch)
             job = os.environ.get("SLURM_JOB_ID")
-            if slurm and not job:
-                self._allocate()
-            elif slurm and job:
+            if slurm and job:
                 self._host_job = HostJob(job, time_limit_of(job))
+            elif slurm:
+                self._allocate()
         return self._launch
 
     @property
