@@ -33,8 +33,8 @@ from runners.slurm import (
     Allocation,
     HostJob,
     LeaseStep,
-    Revocable,
     SlurmError,
+    SlurmJob,
     SlurmSteps,
     SlurmTransport,
     node_states,
@@ -85,7 +85,7 @@ class ClusterRun:
         return self._launch
 
     @property
-    def _allocation_in_use(self) -> Optional[Revocable]:
+    def _allocation_in_use(self) -> Optional[SlurmJob]:
         """The allocation the run's steps are steps of, where Slurm runs them: its own or the one
         it runs in."""
         return self._allocation or self._host_job

@@ -27,10 +27,12 @@ and, failing that, each srun asks for its own job. In the session's allocation, 
 harness runs in, a LeaseStep is the nodes' watchdog, as an SSH connection's lease is: a harness
 that dies, however it dies, leaves nothing running. Where the allocation ends under the run
 (its time limit, a cancel), the run's later commands fail at once with why (Allocation.revoked,
-HostJob.revoked for the operator's allocation the harness runs in).
+HostJob.revoked for the operator's allocation the harness runs in); the first step refused for
+an end nothing here heard of asks squeue how the job stands (SlurmJob.ask).
 """
 from __future__ import annotations
 
+import abc
 import base64
 import json
 import logging
@@ -43,7 +45,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Optional, Sequence
 
 from inventory.model import LaunchSettings, Node
 from runners.launchers import IMMEDIATE_S, JOB_PREFIX, SRUN, allocation_options, job_options, minutes_for
@@ -241,6 +243,51 @@ def parse_time_limit(text: str) -> TimeLimit:
     return TimeLimit(parts[0], parts[1], ends_at)
 
 
+# Job states (squeue %T) in which a job still holds its allocation; in any other (CANCELLED,
+# TIMEOUT, COMPLETING, NODE_FAIL, PREEMPTED, a requeued job's PENDING ...) its steps are refused.
+HOLDING_STATES = ("RUNNING", "CONFIGURING", "SUSPENDED", "SIGNALING", "STOPPED", "RESIZING")
+_NO_SUCH_JOB = "Invalid job id specified"
+
+
+@dataclass(frozen=True)
+class JobState:
+    """How Slurm says a job stands, from `squeue -h -j JOB -t all -o %T|%l|%e`; state None: squeue
+    no longer lists it (it ended more than MinJobAge ago)."""
+
+    state: Optional[str]
+    time_limit: Optional[TimeLimit] = None
+
+    def ended(self, now: float) -> Optional[tuple[float, str]]:
+        """(when, how) the job's allocation ended by `now` (time.time()); None while it holds."""
+        if self.state is None:
+            return now, "squeue no longer lists it"
+        if self.state in HOLDING_STATES:  # still RUNNING up to half a minute past its end time
+            return _time_ran_out(self.time_limit, now)
+        at = self.time_limit.ends_at if self.time_limit is not None and self.time_limit.ends_at else now
+        return at, "its time limit ran out" if self.state == "TIMEOUT" else f"Slurm says it is {self.state}"
+
+
+def parse_job_state(text: str) -> JobState:
+    """`RUNNING|3:00|2026-12-08T01:00:22`, `CANCELLED|...`; squeue's `Invalid job id specified`
+    (on stderr) for a job it no longer lists."""
+    if _NO_SUCH_JOB in text:
+        return JobState(None)
+    state, _, limit = text.strip().partition("|")
+    if not state.isupper() or not limit:
+        raise ParseError(f"not a `squeue -o %T|%l|%e` line: {text.strip()!r}")
+    return JobState(state, parse_time_limit(limit))
+
+
+def job_state(job: str) -> Optional[JobState]:
+    """How Slurm says the job stands now; None where squeue does not answer."""
+    try:
+        done = client([SQUEUE, "-h", "-j", job, "-t", "all", "-o", "%T|%l|%e"])
+        return parse_job_state(done.stdout if done.returncode == 0 else done.stderr)
+    except (SlurmError, ParseError) as exc:
+        log.warning("squeue did not say how Slurm job %s stands: %s", job, exc)
+        return None
+
+
 def revoke_message(job: str, at: float, word: str, time_limit: Optional[TimeLimit], *,
                    limit_given: Optional[bool]) -> str:
     """Why a run's steps fail once the allocation they were steps of ended at `at`: `word` says
@@ -282,28 +329,53 @@ def _ended_by_then(ended: Callable[[], Optional[tuple[float, str]]], wait_s: flo
     return found
 
 
-class HostJob:
-    """The operator's allocation the harness runs in (SLURM_JOB_ID): the run's steps are steps
-    of it, so from its end time on they fail at once saying so, as with the run's own
-    (Allocation); no salloc of the harness's hears of a cancel there."""
+class SlurmJob(abc.ABC):
+    """A job the run's steps are steps of: its time limit as squeue gave it when the run took it,
+    and what Slurm said of it when asked since."""
 
-    def __init__(self, job: str, time_limit: Optional[TimeLimit]):
+    def __init__(self, job: Optional[str], time_limit: Optional[TimeLimit]):
         self.job = job
         self.time_limit = time_limit
+        self._said: Optional[tuple[float, str]] = None  # Slurm's word that it ended, once asked
+
+    @abc.abstractmethod
+    def revoked(self, wait_s: float = 0.0) -> Optional[str]:
+        """Why the run's steps cannot start any more; None while the job stands. wait_s: how long
+        to wait for it to end (a step that failed at its end may fail a moment before it shows)."""
+
+    def ask(self) -> Optional[str]:
+        """revoked(), once Slurm is asked how the job stands: for a step that failed without
+        results, where nothing here knew of an end (an administrator moved it after the run read
+        it, or cancelled the operator's job, of which no salloc of the harness's hears). One
+        squeue, paid only by a failed step."""
+        state = job_state(self.job) if self.job else None
+        if state is not None:
+            self.time_limit = state.time_limit or self.time_limit
+            self._said = state.ended(time.time())
+        return self.revoked()
+
+
+class HostJob(SlurmJob):
+    """The operator's allocation the harness runs in (SLURM_JOB_ID): the run's steps are steps
+    of it, so from its end time on they fail at once saying so, as with the run's own
+    (Allocation); no salloc of the harness's hears of a cancel there: ask() does."""
 
     def revoked(self, wait_s: float = 0.0) -> Optional[str]:
-        """Why the run's steps cannot start any more; None while the job stands. Only its end
-        time tells here: it waits only where that comes within wait_s."""
+        """Why the run's steps cannot start any more; None while the job stands. Its end time
+        tells, or Slurm when asked: it waits only where the end time comes within wait_s."""
         ends_at = self.time_limit.ends_at if self.time_limit is not None else None
         soon = ends_at is not None and ends_at - time.time() <= wait_s
-        ended = _ended_by_then(lambda: _time_ran_out(self.time_limit), wait_s if soon else 0.0)
-        return None if ended is None else revoke_message(self.job, *ended, self.time_limit, limit_given=None)
+        ended = _ended_by_then(lambda: self._said or _time_ran_out(self.time_limit), wait_s if soon else 0.0)
+        return None if ended is None else revoke_message(self.job or "?", *ended, self.time_limit,
+                                                         limit_given=None)
 
 
-def _time_ran_out(time_limit: Optional[TimeLimit]) -> Optional[tuple[float, str]]:
-    """(its end, how) once this machine's clock has passed the end time squeue gave; else None."""
+def _time_ran_out(time_limit: Optional[TimeLimit], now: Optional[float] = None) -> Optional[tuple[float, str]]:
+    """(its end, how) once this machine's clock (or `now`) has passed the end time squeue gave."""
     ends_at = time_limit.ends_at if time_limit is not None else None
-    return (ends_at, "its time limit ran out") if ends_at is not None and time.time() >= ends_at else None
+    if ends_at is None or (time.time() if now is None else now) < ends_at:
+        return None
+    return ends_at, "its time limit ran out"
 
 
 def salloc_problem(lines: Sequence[str]) -> str:
@@ -436,7 +508,7 @@ def run_here(argv: Sequence[str], *, name: str, timeout: float, node: str = "slu
                   full_command=shlex.join(argv))
 
 
-class Allocation:
+class Allocation(SlurmJob):
     """The run's own Slurm allocation, asked for when the harness does not run inside one: every
     srun of the run is a step of it (--jobid, --overlap), and releasing it ends them all.
 
@@ -458,8 +530,7 @@ class Allocation:
         self.argv = allocation_argv(nodes, settings, name=self.name)
         self.nodes = list(nodes)
         self.settings = settings
-        self.job: Optional[str] = None
-        self.time_limit: Optional[TimeLimit] = None  # Slurm's, once granted (None: squeue did not say)
+        super().__init__(None, None)  # the job and its time limit, once granted (None: squeue did not say)
         self._messages: list[str] = []
         self._granted = threading.Event()
         self._revoked: Optional[tuple[float, str]] = None  # time.time() and salloc's word
@@ -499,7 +570,7 @@ class Allocation:
     def revoked(self, wait_s: float = 0.0) -> Optional[str]:
         """Why the run no longer has its allocation, for the message of every command that
         needed it; None while it stands. wait_s: how long to wait for it to end."""
-        ended = _ended_by_then(lambda: self._revoked or _time_ran_out(self.time_limit), wait_s)
+        ended = _ended_by_then(lambda: self._revoked or self._said or _time_ran_out(self.time_limit), wait_s)
         if ended is None:
             return None
         return revoke_message(self.job or "?", *ended, self.time_limit,
@@ -631,18 +702,13 @@ class _Batch:
         self.cancelled_for: Optional[str] = None  # the node whose command it was cancelled for (cancel())
 
 
-class Revocable(Protocol):
-    """An allocation the run's steps are steps of (Allocation, HostJob): revoked() says why they
-    cannot start any more, once they cannot."""
-
-    def revoked(self, wait_s: float = 0.0) -> Optional[str]: ...
 
 
 class SlurmSteps:
     """Batches the per-node commands of a session's slurm transports into sruns (module docstring)."""
 
     def __init__(self, settings: LaunchSettings, lease: Optional[LeaseStep] = None,
-                 allocation: Optional[Revocable] = None):
+                 allocation: Optional[SlurmJob] = None):
         self.settings = settings
         self.lease = lease  # the session's node-side watchdog, where the run has its allocation
         self.allocation = allocation  # the run's own or the one it runs in: revoked() says if it is gone
@@ -793,7 +859,7 @@ class SlurmSteps:
         if again and spared and not expired and self._rebatch(batch, spared, failed):
             missing = [name for name in missing if name not in spared]
         states = _states_or_none(missing) if missing and not expired else {}
-        revoked = (self.allocation.revoked(wait_s=REVOKE_WAIT_S)
+        revoked = (self.allocation.revoked(wait_s=REVOKE_WAIT_S) or self.allocation.ask()
                    if missing and not expired and self.allocation is not None else None)
         for name in missing:
             entry, state = entries[name], states.get(name)

@@ -23,6 +23,7 @@ from runners.slurm import (
     LEASE_GRACE_S,
     Frames,
     HostJob,
+    JobState,
     TimeLimit,
     allocation_argv,
     batch_argv,
@@ -30,6 +31,7 @@ from runners.slurm import (
     lease_step_argv,
     minutes_for,
     parse_granted,
+    parse_job_state,
     parse_launch_failures,
     parse_revoked,
     parse_sinfo_nodes,
@@ -212,6 +214,27 @@ def test_the_operators_allocation_ends_at_its_end_time_and_the_message_says_whos
     assert HostJob("4711", TimeLimit("UNLIMITED", None, None)).revoked() is None
     assert HostJob("4711", None).revoked() is None  # squeue did not say: srun's own words stand
 
+
+
+def local(stamp: str) -> float:
+    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+
+
+def test_a_jobs_state_from_squeue_says_whether_and_how_its_allocation_ended():
+    """Asked after a step failed without results: an end moved by an administrator, a cancel,
+    Slurm's time-out, a job Slurm no longer lists (squeue's real words)."""
+    moved = parse_job_state((DATA / "squeue_job_state_running_moved.stdout").read_text())
+    assert moved == JobState("RUNNING", TimeLimit("3:00", "2026-12-08T01:00:22", local("2026-12-08T01:00:22")))
+    assert moved.ended(now=local("2026-12-08T01:00:21")) is None  # RUNNING, and its end not yet here
+    assert moved.ended(now=local("2026-12-08T01:00:40")) == (local("2026-12-08T01:00:22"), "its time limit ran out")
+    cancelled = parse_job_state((DATA / "squeue_job_state_cancelled.stdout").read_text())
+    assert cancelled.ended(now=time.time()) == (local("2026-12-08T00:58:22"), "Slurm says it is CANCELLED")
+    timeout = parse_job_state((DATA / "squeue_job_state_timeout.stdout").read_text())
+    assert timeout.ended(now=time.time()) == (local("2026-12-08T00:59:51"), "its time limit ran out")
+    gone = parse_job_state((DATA / "squeue_job_state_gone.stderr").read_text())
+    assert gone == JobState(None) and gone.ended(now=1000.0) == (1000.0, "squeue no longer lists it")
+    with pytest.raises(ParseError, match="not a `squeue -o %T|%l|%e` line: 'squeue: error: Unable to contact'"):
+        parse_job_state("squeue: error: Unable to contact slurm controller (connect failure)\n")
 
 def test_the_lease_step_waits_on_the_harnesss_pipe_on_every_node():
     settings = LaunchSettings(engine="slurm", allocation="4711")

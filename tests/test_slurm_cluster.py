@@ -295,26 +295,22 @@ def test_an_allocation_slurm_revokes_fails_the_steps_in_it_and_after_it_as_unrea
 
 def test_the_operators_allocation_ending_under_the_run_fails_its_later_steps_at_once_saying_why(
         slurm_nodes, tmp_path, monkeypatch):
-    """Inside an operator's allocation (SLURM_JOB_ID) that reaches its end time: Slurm refuses
-    every later step (`Job/step already completing or completed`); the run's commands and
-    launches fail at once as unreachable, saying which job ended and how to finish the run. Its
-    end is brought to a few seconds away (scontrol update EndTime, as an administrator may)."""
+    """Inside an operator's allocation (SLURM_JOB_ID) whose end an administrator brings to a few
+    seconds away after the run read it (scontrol update EndTime): Slurm refuses every later step
+    (`Job/step already completing or completed`); the first step refused asks Slurm once, and the
+    run's commands and launches fail as unreachable, saying which job ended and how to finish the
+    run."""
     nodes, slurm = slurm_nodes
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    held = slurm.client("salloc", "--no-shell", "--nodelist=node[1-4]", "--nodes=4", "--exclusive",
-                        "--immediate=30", "--job-name=operator", "--time=10")
-    [job] = re.findall(r"Granted job allocation (\d+)", held.stderr) or [held.stderr]
+    job = operators_allocation(slurm, monkeypatch)
     try:
-        ends_at = time.time() + 8
-        assert slurm.client("scontrol", "update", f"JobId={job}",
-                            "EndTime=" + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ends_at))).returncode == 0
-        monkeypatch.setenv("SLURM_JOB_ID", job)
-        monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-4]")
-        cluster = load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml"))
-        run = cluster_run_of(cluster)
+        run = cluster_run_of(load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml")))
         try:
             before = run.gather("before", lambda transport: transport.run(["true"], timeout=60))
             assert all(result.ok for result in before.values()), {n: r.explain() for n, r in before.items()}
+            ends_at = time.time() + 3
+            end_time = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ends_at))
+            assert slurm.client("scontrol", "update", f"JobId={job}", f"EndTime={end_time}").returncode == 0
             time.sleep(max(0.0, ends_at + 1 - time.time()))
             after = run.gather("after", lambda transport: transport.run(["true"], timeout=60))
             ended = (rf"Slurm job {job}, the allocation the run runs in, ended at \d\d:\d\d:\d\d: its time limit "
@@ -329,6 +325,46 @@ def test_the_operators_allocation_ending_under_the_run_fails_its_later_steps_at_
     finally:
         slurm.client("scancel", job)
     assert nothing_left(slurm, 30) == ([], [])
+
+
+def test_the_operators_allocation_cancelled_under_the_run_fails_its_later_steps_saying_so(
+        slurm_nodes, tmp_path, monkeypatch):
+    """The operator's allocation scancelled under the run: no salloc of the harness's hears of it,
+    so the first step Slurm refuses asks; that one and every later one fail as unreachable with
+    Slurm's word, the later ones at once."""
+    nodes, slurm = slurm_nodes
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    job = operators_allocation(slurm, monkeypatch)
+    try:
+        run = cluster_run_of(load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml")))
+        try:
+            before = run.gather("before", lambda transport: transport.run(["true"], timeout=60))
+            assert all(result.ok for result in before.values()), {n: r.explain() for n, r in before.items()}
+            assert slurm.client("scancel", job).returncode == 0
+            ended = (rf"Slurm job {job}, the allocation the run runs in, ended at \d\d:\d\d:\d\d: "
+                     r"Slurm says it is (CANCELLED|COMPLETING)")
+            after = run.gather("after", lambda transport: transport.run(["true"], timeout=60))
+            assert all(r.failure == "unreachable" and re.search(ended, r.detail) for r in after.values()), \
+                {n: r.explain() for n, r in after.items()}
+            started = time.monotonic()
+            later = run.gather("later", lambda transport: transport.run(["true"], timeout=60))
+            assert all(r.failure == "unreachable" and re.search(ended, r.detail) for r in later.values()), later
+            assert time.monotonic() - started < 5  # no srun: Slurm said so once
+        finally:
+            run.close()
+    finally:
+        slurm.client("scancel", job)
+    assert nothing_left(slurm, 30) == ([], [])
+
+
+def operators_allocation(slurm: SlurmCluster, monkeypatch) -> str:
+    """An operator's allocation of the four nodes (salloc --no-shell), the harness inside it."""
+    held = slurm.client("salloc", "--no-shell", "--nodelist=node[1-4]", "--nodes=4", "--exclusive",
+                        "--immediate=30", "--job-name=operator", "--time=10")
+    [job] = re.findall(r"Granted job allocation (\d+)", held.stderr) or [held.stderr]
+    monkeypatch.setenv("SLURM_JOB_ID", job)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-4]")
+    return job
 
 
 def start_in_one_step(slurm_nodes, tmp_path: Path, argvs: dict[str, list[str]], tag: str) -> tuple[
