@@ -13,6 +13,7 @@ training run leaves node3 out, and the last test finds it down.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from netns import NETNS_DIR, NamespaceCluster, SlurmCluster, slurm_available
@@ -300,31 +302,20 @@ def test_the_operators_allocation_ending_under_the_run_fails_its_later_steps_at_
     (`Job/step already completing or completed`); the first step refused asks Slurm once, and the
     run's commands and launches fail as unreachable, saying which job ended and how to finish the
     run."""
-    nodes, slurm = slurm_nodes
-    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    job = operators_allocation(slurm, monkeypatch)
-    try:
-        run = cluster_run_of(load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml")))
-        try:
-            before = run.gather("before", lambda transport: transport.run(["true"], timeout=60))
-            assert all(result.ok for result in before.values()), {n: r.explain() for n, r in before.items()}
-            ends_at = time.time() + 3
-            end_time = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ends_at))
-            assert slurm.client("scontrol", "update", f"JobId={job}", f"EndTime={end_time}").returncode == 0
-            time.sleep(max(0.0, ends_at + 1 - time.time()))
-            after = run.gather("after", lambda transport: transport.run(["true"], timeout=60))
-            ended = (rf"Slurm job {job}, the allocation the run runs in, ended at \d\d:\d\d:\d\d: its time limit "
-                     r"ran out \(the time limit: \d+:\d\d\); to finish the run, --resume it inside an allocation "
-                     r"with the time \(salloc --time=\.\.\.\)")
-            assert all(r.failure == "unreachable" and re.search(ended, r.detail) for r in after.values()), \
-                {n: r.explain() for n, r in after.items()}
-            with pytest.raises(NodeUnreachable, match=ended):
-                require_launchable(run, ["node1", "node2"], "allreduce_cluster")
-        finally:
-            run.close()
-    finally:
-        slurm.client("scancel", job)
-    assert nothing_left(slurm, 30) == ([], [])
+    _, slurm = slurm_nodes
+    with inside_operators_allocation(slurm_nodes, tmp_path, monkeypatch) as (job, run):
+        ends_at = time.time() + 3
+        end_time = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ends_at))
+        assert slurm.client("scontrol", "update", f"JobId={job}", f"EndTime={end_time}").returncode == 0
+        time.sleep(max(0.0, ends_at + 1 - time.time()))
+        after = run.gather("after", lambda transport: transport.run(["true"], timeout=60))
+        ended = (rf"Slurm job {job}, the allocation the run runs in, ended at \d\d:\d\d:\d\d: its time limit "
+                 r"ran out \(the time limit: \d+:\d\d\); to finish the run, --resume it inside an allocation "
+                 r"with the time \(salloc --time=\.\.\.\)")
+        assert all(r.failure == "unreachable" and re.search(ended, r.detail) for r in after.values()), \
+            {n: r.explain() for n, r in after.items()}
+        with pytest.raises(NodeUnreachable, match=ended):
+            require_launchable(run, ["node1", "node2"], "allreduce_cluster")
 
 
 def test_the_operators_allocation_cancelled_under_the_run_fails_its_later_steps_saying_so(
@@ -332,39 +323,42 @@ def test_the_operators_allocation_cancelled_under_the_run_fails_its_later_steps_
     """The operator's allocation scancelled under the run: no salloc of the harness's hears of it,
     so the first step Slurm refuses asks; that one and every later one fail as unreachable with
     Slurm's word, the later ones at once."""
-    nodes, slurm = slurm_nodes
+    _, slurm = slurm_nodes
+    with inside_operators_allocation(slurm_nodes, tmp_path, monkeypatch) as (job, run):
+        assert slurm.client("scancel", job).returncode == 0
+        ended = (rf"Slurm job {job}, the allocation the run runs in, ended at \d\d:\d\d:\d\d: "
+                 r"Slurm says it is (CANCELLED|COMPLETING)")
+        after = run.gather("after", lambda transport: transport.run(["true"], timeout=60))
+        assert all(r.failure == "unreachable" and re.search(ended, r.detail) for r in after.values()), \
+            {n: r.explain() for n, r in after.items()}
+        started = time.monotonic()
+        later = run.gather("later", lambda transport: transport.run(["true"], timeout=60))
+        assert all(r.failure == "unreachable" and re.search(ended, r.detail) for r in later.values()), later
+        assert time.monotonic() - started < 5  # no srun: Slurm said so once
+
+
+@contextlib.contextmanager
+def inside_operators_allocation(slurm_nodes, tmp_path: Path, monkeypatch) -> Iterator[tuple[str, ClusterRun]]:
+    """(job, run): an operator's allocation of the four nodes (salloc --no-shell), and a run of
+    the harness inside it (SLURM_JOB_ID) whose first step ran; afterwards nothing of either is left."""
+    _, slurm = slurm_nodes
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    job = operators_allocation(slurm, monkeypatch)
-    try:
-        run = cluster_run_of(load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml")))
-        try:
-            before = run.gather("before", lambda transport: transport.run(["true"], timeout=60))
-            assert all(result.ok for result in before.values()), {n: r.explain() for n, r in before.items()}
-            assert slurm.client("scancel", job).returncode == 0
-            ended = (rf"Slurm job {job}, the allocation the run runs in, ended at \d\d:\d\d:\d\d: "
-                     r"Slurm says it is (CANCELLED|COMPLETING)")
-            after = run.gather("after", lambda transport: transport.run(["true"], timeout=60))
-            assert all(r.failure == "unreachable" and re.search(ended, r.detail) for r in after.values()), \
-                {n: r.explain() for n, r in after.items()}
-            started = time.monotonic()
-            later = run.gather("later", lambda transport: transport.run(["true"], timeout=60))
-            assert all(r.failure == "unreachable" and re.search(ended, r.detail) for r in later.values()), later
-            assert time.monotonic() - started < 5  # no srun: Slurm said so once
-        finally:
-            run.close()
-    finally:
-        slurm.client("scancel", job)
-    assert nothing_left(slurm, 30) == ([], [])
-
-
-def operators_allocation(slurm: SlurmCluster, monkeypatch) -> str:
-    """An operator's allocation of the four nodes (salloc --no-shell), the harness inside it."""
     held = slurm.client("salloc", "--no-shell", "--nodelist=node[1-4]", "--nodes=4", "--exclusive",
                         "--immediate=30", "--job-name=operator", "--time=10")
     [job] = re.findall(r"Granted job allocation (\d+)", held.stderr) or [held.stderr]
     monkeypatch.setenv("SLURM_JOB_ID", job)
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-4]")
-    return job
+    try:
+        run = cluster_run_of(load_inventory(inventory(slurm_nodes, tmp_path / "cluster.yaml")))
+        try:
+            before = run.gather("before", lambda transport: transport.run(["true"], timeout=60))
+            assert all(result.ok for result in before.values()), {n: r.explain() for n, r in before.items()}
+            yield job, run
+        finally:
+            run.close()
+    finally:
+        slurm.client("scancel", job)
+    assert nothing_left(slurm, 30) == ([], [])
 
 
 def start_in_one_step(slurm_nodes, tmp_path: Path, argvs: dict[str, list[str]], tag: str) -> tuple[
