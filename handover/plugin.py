@@ -208,7 +208,7 @@ def stop_soak(run_dir: Path, inventory: Optional[str]) -> int:
         specs = {name: cluster.node(name) for name in plan.nodes}
     except KeyError as missing:
         raise soak.SoakError(f"--soak-stop: {inventory} does not list {missing}, which {run_dir} soaks") from None
-    run = soak.SoakRun(plan, run_dir, specs)
+    run = soak.SoakRun(plan, run_dir, specs, launch=cluster.launch)
     try:
         outcome = run.stop()
     finally:
@@ -344,7 +344,7 @@ def pytest_configure(config: pytest.Config) -> None:
             inventory=inventory, out=config.getoption("--out"), nodes=config.getoption("--nodes"),
             resume=config.getoption("--resume"), sign_key=config.getoption("--sign-key"),
             on_progress=progress.show, busy_nodes=config.getoption("--busy-nodes"),
-            retest=config.getoption("--retest"))
+            retest=config.getoption("--retest"), soak=bool(config.getoption("--soak-duration")))
     except SessionError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session

@@ -72,7 +72,7 @@ class AcceptanceSession:
     def __init__(self, cluster: Cluster, nodes: list[Node], key: signing.SigningKey, out: Path,
                  resumed: Optional[tuple[Ledger, RunRecord]] = None,
                  on_progress: Optional[Callable[[Progress], None]] = None, busy_nodes: str = "refuse",
-                 original: Optional[Original] = None):
+                 original: Optional[Original] = None, soak: bool = False):
         self.cluster = cluster
         self.original = original  # the run --retest completes
         self.retested: list[dict] = []  # its outstanding checks, as collection found them
@@ -85,7 +85,10 @@ class AcceptanceSession:
         self.ledger: Optional[Ledger] = resumed[0] if resumed else None
         self.resumed = resumed[1] if resumed else None
         self.header = run_header(cluster, nodes)
-        self.cluster_run = ClusterRun(cluster, nodes, self.save_result, on_progress)
+        self.cluster_run = ClusterRun(cluster, nodes, self.save_result, on_progress, allocate=not soak)
+        # Under Slurm a soak's nodes are its batch job's, whole: that job is their lock (a lock's
+        # holder would be a job of its own, which the soak's job would wait behind).
+        self.slurm_soak = soak and cluster.transport == "slurm"
         self.rendered: Optional[RenderedRun] = None
         self.stopped: Optional[WriteError] = None  # the write that failed; the run stops there
 
@@ -93,9 +96,10 @@ class AcceptanceSession:
     def open(cls, *, inventory: str, out: Optional[str], nodes: Optional[str], resume: Optional[str],
              sign_key: Optional[str], on_progress: Optional[Callable[[Progress], None]] = None,
              say: Callable[[str], None] = print, busy_nodes: str = "refuse",
-             retest: Optional[str] = None) -> "AcceptanceSession":
+             retest: Optional[str] = None, soak: bool = False) -> "AcceptanceSession":
         """Load and check everything the options name, then start (or reopen) the run's ledger.
-        Without --out, runs go to out/, and a re-test beside the run it re-tests."""
+        Without --out, runs go to out/, and a re-test beside the run it re-tests. soak: a soak
+        is asked for (--soak-duration), or resumed: under Slurm the run takes no allocation."""
         try:
             cluster = load_inventory(inventory)
         except InventoryError as error:
@@ -122,7 +126,8 @@ class AcceptanceSession:
         if resume:
             check_same_signer(Path(resume), key)
         resumed = resumed_ledger(Path(resume), cluster, say) if resume else None
-        return cls(cluster, selected, key, Path(out), resumed, on_progress, busy_nodes, original)
+        soak = soak or bool(resume and (Path(resume) / SOAK_FILE).is_file())
+        return cls(cluster, selected, key, Path(out), resumed, on_progress, busy_nodes, original, soak)
 
     @property
     def run_dir(self) -> Path:
@@ -230,7 +235,7 @@ class AcceptanceSession:
             test_ids = list(dict.fromkeys(self.resumed.planned + test_ids))
             nodes = list(dict.fromkeys(self.resumed.nodes + nodes))
         self.append({"type": "selection", "nodes": nodes, "tests": test_ids})
-        if self.stopped is None:
+        if self.stopped is None and not self.slurm_soak:
             self._lock_nodes()
 
     def _lock_nodes(self) -> None:

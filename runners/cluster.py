@@ -11,7 +11,8 @@ Where Slurm runs the work (`transport: slurm` or `launch: {engine: slurm}`) and 
 not inside an allocation (SLURM_JOB_ID), the session asks for one before its first command, on
 the selected nodes Slurm can give (runners.slurm.Allocation), runs every srun as a step of it,
 and gives it back at close(). If Slurm gives none, every srun asks for its own, as before, and a
-node Slurm cannot run on is reported by name. ClusterRun is also where the launcher of MPI jobs
+node Slurm cannot run on is reported by name; so does a soak's session (`allocate=False`), whose
+nodes go to the soak's own batch job (runners.soak.submit_job). ClusterRun is also where the launcher of MPI jobs
 across nodes is chosen (`mpi_launcher`), with the allocation in its settings.
 """
 from __future__ import annotations
@@ -49,8 +50,9 @@ log = logging.getLogger("handover.cluster")
 class ClusterRun:
     def __init__(self, cluster: Cluster, nodes: list[Node],
                  save_raw: Callable[[str, Result], list[str]],
-                 on_progress: Optional[Callable[[Progress], None]] = None):
+                 on_progress: Optional[Callable[[Progress], None]] = None, allocate: bool = True):
         self.cluster = cluster
+        self.allocate = allocate  # False: a soak's session, whose nodes are its own job's (runners.soak)
         self.nodes = nodes
         self._save_raw = save_raw
         self._on_progress = on_progress
@@ -80,7 +82,7 @@ class ClusterRun:
             job = os.environ.get("SLURM_JOB_ID")
             if slurm and job:
                 self._host_job = HostJob(job, time_limit_of(job))
-            elif slurm:
+            elif slurm and self.allocate:
                 self._allocate()
         return self._launch
 

@@ -17,7 +17,9 @@ import math
 import os
 import re
 import secrets
+import shlex
 import statistics
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
@@ -25,14 +27,24 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
-from inventory.model import SOAK_MIX_COUNTS, SOAK_MIX_DEFAULTS, SOAK_MIX_SECONDS, Node, ScratchPath, soak_mix_problem
+from inventory.model import (
+    SOAK_MIX_COUNTS,
+    SOAK_MIX_DEFAULTS,
+    SOAK_MIX_SECONDS,
+    LaunchSettings,
+    Node,
+    ScratchPath,
+    soak_mix_problem,
+)
 from reports.files import write_atomically
 from runners.burn import FAILING_REASONS, decode_reasons, majority_digest
 from runners.fanout import Progress, close_everywhere, fan_out
 from runners.ibstat import LINK_COUNTER_CEILINGS
+from runners.launchers import JOB_PREFIX, SRUN, job_options, minutes_for
 from runners.node_lock import SoakHolder
 from runners.parsing import ParseError
 from runners.payloads import load
+from runners.slurm import SCANCEL, SlurmError, SlurmSteps, SlurmTransport, client, job_state, node_states
 from runners.transport import Result, Transport, kill_argv, make_transport
 
 SOAK_FILE = "soak.json"
@@ -156,6 +168,7 @@ class SoakPlan:
     mix: dict
     nodes: dict[str, NodePlan]
     refused: dict[str, str] = field(default_factory=dict)  # node -> why it runs no soak
+    slurm_job: Optional[str] = None  # under Slurm: the soak's batch job, which holds its supervisors
     collected: bool = False  # every node's samples are in the run directory
     stopped: bool = False  # --soak-stop ended it
 
@@ -228,15 +241,21 @@ def unfinished_soak(out: Path, cluster: str, inventory_sha256: str) -> Optional[
 # Node commands
 
 
+def supervisor_config(plan: SoakPlan, name: str, run_dir: Path, linger_s: float) -> dict:
+    """What node `name`'s supervisor is told (soak_supervisor.py's CONFIG_JSON). linger_s: how
+    long after the end it keeps its samples, uncollected, before it removes them."""
+    node = plan.nodes[name]
+    return {"soak_id": plan.soak_id, "tag": plan.tag, "node": name, "dir": node.dir,
+            "end": plan.end, "interval_s": plan.interval_s, "linger_s": linger_s, "mix": plan.mix,
+            "peer": node.peer, "peer_address": node.peer_address, "port": PORT if len(plan.nodes) > 1 else None,
+            "ib_port": IB_PORT if len(plan.nodes) > 1 else None, "io_dir": node.io_dir,
+            "run_dir": str(run_dir)}
+
+
 def start(transport: Transport, plan: SoakPlan, run_dir: Path, linger_s: float = LINGER_S) -> Result:
-    """Start the supervisor on one node (exit 75 and the holder's JSON: another soak is there).
-    linger_s: how long after the end it keeps its samples, uncollected, before it removes them."""
+    """Start the supervisor on one node (exit 75 and the holder's JSON: another soak is there)."""
     node = plan.nodes[transport.node.name]
-    config = {"soak_id": plan.soak_id, "tag": plan.tag, "node": transport.node.name, "dir": node.dir,
-              "end": plan.end, "interval_s": plan.interval_s, "linger_s": linger_s, "mix": plan.mix,
-              "peer": node.peer, "peer_address": node.peer_address, "port": PORT if len(plan.nodes) > 1 else None,
-              "ib_port": IB_PORT if len(plan.nodes) > 1 else None, "io_dir": node.io_dir,
-              "run_dir": str(run_dir)}
+    config = supervisor_config(plan, transport.node.name, run_dir, linger_s)
     if int(plan.mix.get("gpu", 1)):  # beside the supervisor, which runs it in rounds where GPUs are
         shipped = transport.run(["sh", "-c", 'mkdir -p "$1" && cat > "$1/gpu_burn.py"', "handover-soak", node.dir],
                                 timeout=COMMAND_TIMEOUT_S, stdin=load("gpu_burn"), label="soak: ship gpu_burn")
@@ -275,6 +294,93 @@ def supervisor_state(result: Result) -> Optional[str]:
         if line.startswith(STATUS_PREFIX):
             return line[len(STATUS_PREFIX):].split()[0]
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Under Slurm: the soak's own batch job
+
+
+SLURM_LINGER_S = 3600  # the soak's job holds its nodes while its samples wait: an hour, not LINGER_S
+SLURM_START_S = 60  # how long the soak's job may wait in the queue, and its supervisors to start
+SBATCH = "sbatch"
+_HEREDOC = "HANDOVER_SOAK_BATCH"
+# Each node's task of the soak's job: its config by SLURMD_NODENAME from the batch on stdin, the
+# payloads written into its folder, then the supervisor held in this task (soak_supervisor hold).
+BOOT = r"""
+import json, os, sys
+batch = json.load(sys.stdin)
+config = batch["configs"][os.environ["SLURMD_NODENAME"]]
+os.makedirs(config["dir"], exist_ok=True)
+for name, text in batch["payloads"].items():
+    with open(os.path.join(config["dir"], name + ".py"), "w") as out:
+        out.write(text)
+supervisor = os.path.join(config["dir"], "soak_supervisor.py")
+os.execv(sys.executable, [sys.executable, supervisor, "hold", json.dumps(config)])
+"""
+
+
+def batch_script(plan: SoakPlan, run_dir: Path, python: str) -> str:
+    """The soak's batch job: one srun, a task on each of its nodes, each node's supervisor held in
+    its task until the end and the collection (or SLURM_LINGER_S); the batch on stdin, one line."""
+    configs = {name: supervisor_config(plan, name, run_dir, SLURM_LINGER_S) for name in plan.nodes
+               if name not in plan.refused}
+    payloads = {"soak_supervisor": load("soak_supervisor")}
+    if int(plan.mix.get("gpu", 1)):
+        payloads["gpu_burn"] = load("gpu_burn")
+    srun = [SRUN, "--ntasks-per-node=1", "--input=all", "--kill-on-bad-exit=0", "--no-kill", "--quiet",
+            python, "-c", BOOT]
+    batch = json.dumps({"configs": configs, "payloads": payloads})
+    return (f"#!/bin/sh\n# handover soak {plan.soak_id}: the supervisor on every node, until {clock_utc(plan.end)}\n"
+            f"exec {shlex.join(srun)} <<'{_HEREDOC}'\n{batch}\n{_HEREDOC}\n")
+
+
+def sbatch_argv(plan: SoakPlan, nodes: Sequence[str], settings: LaunchSettings, script: str) -> list[str]:
+    """The soak's job: its nodes whole, its time the soak's and SLURM_LINGER_S (not the inventory's
+    time_limit, which bounds a run's allocation), never requeued (a soak restarted would be new)."""
+    minutes = minutes_for(plan.end - time.time() + SLURM_LINGER_S + ROUND_SLACK_S)
+    return [SBATCH, "--parsable", f"--job-name={JOB_PREFIX}soak-{plan.soak_id}", f"--nodelist={','.join(nodes)}",
+            f"--nodes={len(nodes)}", "--exclusive", "--no-requeue", "--output=/dev/null", "--error=/dev/null",
+            *job_options(replace(settings, time_limit_min=None), minutes=minutes), script]
+
+
+def submit_job(plan: SoakPlan, run_dir: Path, python: str, settings: LaunchSettings) -> str:
+    """Submit the soak's job on its nodes that Slurm can give whole now (the others are refused in
+    the plan, with Slurm's word) and wait until it runs; its ID."""
+    names = [name for name in plan.nodes if name not in plan.refused]
+    try:
+        states = node_states(names)
+    except SlurmError as error:
+        raise SoakError(f"the soak's Slurm job: {error}") from None
+    for name in names:
+        node = states.get(name)
+        if node is None or not node.usable or node.busy:
+            plan.refused[name] = f"Slurm cannot give it to the soak's job: {node.explain() if node else 'unknown'}"
+    nodes = [name for name in names if name not in plan.refused]
+    if not nodes:
+        raise SoakError("Slurm can give the soak's job none of its nodes now")
+    with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="handover-soak-") as script:
+        script.write(batch_script(plan, run_dir, python))
+        script.flush()
+        try:
+            done = client(sbatch_argv(plan, nodes, settings, script.name))
+        except SlurmError as error:
+            raise SoakError(f"the soak's Slurm job: {error}") from None
+    job = done.stdout.strip().split(";")[0]
+    if done.returncode != 0 or not job.isdigit():
+        raise SoakError(f"sbatch refused the soak's job: {(done.stderr or done.stdout).strip() or done.returncode}")
+    deadline = time.monotonic() + SLURM_START_S
+    while True:
+        state = job_state(job)  # None: squeue did not answer this time
+        said = "no word from squeue" if state is None else state.state or "gone from squeue"
+        if said == "RUNNING":
+            return job
+        if state is not None and said not in ("PENDING", "CONFIGURING"):
+            raise SoakError(f"the soak's Slurm job {job} ended as it started: Slurm says it is {said}")
+        if time.monotonic() > deadline:
+            client([SCANCEL, job])
+            raise SoakError(f"Slurm did not start the soak's job {job} within {SLURM_START_S} s ({said}); "
+                            "it was cancelled")
+        time.sleep(1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,13 +431,16 @@ class SoakRun:
     """Polls a soak's nodes until each has ended (or dropped out), copying samples into raw/soak/."""
 
     def __init__(self, plan: SoakPlan, run_dir: Path, nodes: Mapping[str, Node],
-                 on_progress: Optional[Callable[[Progress], None]] = None):
+                 on_progress: Optional[Callable[[Progress], None]] = None, launch: Optional[LaunchSettings] = None):
         self.plan = plan
         self.run_dir = Path(run_dir)
         self.raw = self.run_dir / "raw" / RAW_STEP
         self.specs = dict(nodes)
         self.on_progress = on_progress
+        self.launch = launch or LaunchSettings()  # the inventory's, for the soak's Slurm job
+        self.slurm = any(spec.transport == "slurm" for spec in self.specs.values())
         self._transports: dict[str, Transport] = {}
+        self._slurm_steps: Optional[SlurmSteps] = None  # steps of the soak's job (plan.slurm_job)
         self.sealed = False  # the run is signed, or another process collects: samples are not kept here
         self._collector: Optional[int] = None  # the flock of collecting(), while this process holds it
         self.states = {name: NodeState(name, offset=self._complete_bytes(name)) for name in plan.nodes}
@@ -367,19 +476,29 @@ class SoakRun:
         return keep
 
     def transport(self, node: str) -> Transport:
-        """The node's transport; a fresh one once the last was lost: a node may come back."""
+        """The node's transport; a fresh one once the last was lost: a node may come back. Under
+        Slurm, its commands are steps of the soak's job (--jobid, --overlap)."""
         transport = self._transports.get(node)
         if transport is None or transport.loss is not None:
             if transport is not None:
                 transport.close()
-            transport = self._transports[node] = make_transport(self.specs[node])
+            transport = self._transports[node] = self._connect(self.specs[node])
         return transport
+
+    def _connect(self, spec: Node) -> Transport:
+        if spec.transport != "slurm":
+            return make_transport(spec)
+        if self._slurm_steps is None:
+            self._slurm_steps = SlurmSteps(replace(self.launch, allocation=self.plan.slurm_job))
+        return SlurmTransport(spec, self._slurm_steps)
 
     def start_all(self) -> dict[str, Result]:
         """Start the supervisor on every planned node at once; a node that refuses (another
         soak runs there) or fails to start is refused in the plan, with why. The plan is saved
         first, so a harness killed while starting still leaves a soak to attach to."""
         self.plan.save(self.run_dir)
+        if self.slurm:
+            return self._start_job()
         started = fan_out({name: self.transport(name) for name in self.plan.nodes},
                           lambda t: start(t, self.plan, self.run_dir), name="soak start")
         for name, result in started.items():
@@ -394,6 +513,36 @@ class SoakRun:
                     if not result.ok and result.exit_code != 75}
         fan_out(given_up, lambda t: self._end_leftovers(t.node.name), name="soak unstart")
         return started
+
+    def _start_job(self) -> dict[str, Result]:
+        """Under Slurm: the soak's batch job (submit_job), then each node's supervisor seen in it
+        (its pid file) within SLURM_START_S; a node where none appears is refused, as is one that
+        another soak holds (its supervisor refuses and removes its folder)."""
+        first = self.specs[next(iter(self.plan.nodes))]
+        try:
+            self.plan.slurm_job = submit_job(self.plan, self.run_dir, first.python, self.launch)
+        except SoakError as error:  # no job: no soak on any node, each node's checks say why
+            self.plan.refused.update((name, str(error)) for name in self.plan.nodes if name not in self.plan.refused)
+        for name in self.plan.refused:
+            self.states[name].done = "not started"
+        self.plan.save(self.run_dir)
+        waiting = {name for name in self.plan.nodes if name not in self.plan.refused}
+        seen: dict[str, Result] = {}
+        deadline = time.monotonic() + SLURM_START_S
+        while waiting and time.monotonic() < deadline:
+            looked = fan_out({name: self.transport(name) for name in waiting},
+                             lambda t: t.run(["test", "-s", f"{self.plan.nodes[t.node.name].dir}/pid"],
+                                             timeout=COMMAND_TIMEOUT_S), name="soak started")
+            seen.update((name, result) for name, result in looked.items() if result.ok)
+            waiting -= seen.keys()
+            if waiting:
+                time.sleep(1)
+        for name in waiting:
+            self.plan.refused[name] = (f"its supervisor did not start within {SLURM_START_S} s in Slurm job "
+                                       f"{self.plan.slurm_job} (another soak may hold the node)")
+            self.states[name].done = "not started"
+        self.plan.save(self.run_dir)
+        return seen
 
     def poll_once(self) -> None:
         pending = {name: self.transport(name) for name, state in self.states.items()
@@ -504,6 +653,8 @@ class SoakRun:
         if unclean and self._collector is not None and not self.sealed:
             fan_out({name: self.transport(name) for name in unclean}, lambda t: self._remove_folders(t.node.name),
                     name="soak remove")
+        if self.plan.slurm_job is not None:  # the job's supervisors have ended: the job goes, at once
+            client([SCANCEL, self.plan.slurm_job])
         for name in killed:
             kept = ("the run was already signed: samples since are not kept" if self.sealed and self._collector
                     else "the harness following it has its samples" if self.sealed else "its samples are in raw/")

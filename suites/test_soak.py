@@ -16,6 +16,7 @@ per rack where the inventory names racks.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -78,10 +79,10 @@ class SoakOutcome:
 @pytest.fixture(scope="module")
 def soak(acceptance, cluster_run, pytestconfig) -> SoakOutcome:
     """Start the soak (or attach to the one this run directory holds) and follow it to the end."""
-    if acceptance.cluster.transport == "slurm":
-        pytest.skip("the soak runs over the ssh and local transports, not slurm: a Slurm step's processes end "
-                    "with the step, a detached supervisor too; hold the nodes in Slurm (a reservation) and soak "
-                    "them with transport: ssh (README: Soak)")
+    if acceptance.cluster.transport == "slurm" and os.environ.get("SLURM_JOB_ID"):
+        pytest.skip("under Slurm the soak is a batch job of its own, which would wait for the allocation this "
+                    f"run runs in (SLURM_JOB_ID={os.environ['SLURM_JOB_ID']}): run the soak outside an "
+                    "allocation (README: Soak)")
     run_dir = acceptance.run_dir
     specs = {node.name: node for node in acceptance.nodes}
     if (run_dir / soaking.SOAK_FILE).exists():
@@ -97,7 +98,8 @@ def soak(acceptance, cluster_run, pytestconfig) -> SoakOutcome:
         if short:  # the profile's rounds or its GPUs (the option's check, before, knew neither)
             pytest.fail(f"{short} (profile {profile.name})", pytrace=False)
         plan = soaking.new_plan(acceptance.nodes, acceptance.cluster.scratch, soaking.parse_duration(duration), mix)
-    run = soaking.SoakRun(plan, run_dir, specs, on_progress=ProgressDisplay(pytestconfig).show)
+    run = soaking.SoakRun(plan, run_dir, specs, on_progress=ProgressDisplay(pytestconfig).show,
+                          launch=acceptance.cluster.launch)
     try:
         if not (run_dir / soaking.SOAK_FILE).exists():
             run.start_all()

@@ -14,6 +14,7 @@ training run leaves node3 out, and the last test finds it down.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -359,6 +360,62 @@ def inside_operators_allocation(slurm_nodes, tmp_path: Path, monkeypatch) -> Ite
     finally:
         slurm.client("scancel", job)
     assert nothing_left(slurm, 30) == ([], [])
+
+
+SOAK_MIX = "cpu_workers=1,cpu_load=5,vm_workers=0,net_rate=2M,round_s=10,interval_s=2,gpu=0"
+
+
+def test_a_soak_under_slurm_is_a_batch_job_that_outlives_the_harness_and_is_collected_or_stopped(
+        slurm_nodes, sign_key, tmp_path):
+    """`transport: slurm`: the soak's supervisors are the tasks of a batch job of its own (sbatch),
+    which the harness does not hold: SIGKILLed mid-soak, the job and its load run on; the same
+    command again re-attaches (its collections are steps of the soak's job), follows it to its end
+    and the job ends once collected. A second soak, ended by --soak-stop while its harness follows
+    it, leaves no job, task or folder either."""
+    nodes, slurm = slurm_nodes
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    path = nodes.write_inventory(tmp_path / "cluster.yaml", nodes=["node1", "node2"], extra={
+        "transport": "slurm", "scratch": [{"path": str(scratch), "kind": "local"}]})
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "pytest", "--inventory", str(path), "--out", str(out), "--sign-key",
+               str(sign_key), "-p", "no:cacheprovider", "-m", "soak", "--soak-mix", SOAK_MIX]
+    first = subprocess.Popen(command + ["--soak-duration", "40s"], cwd=ROOT, env=slurm.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    raw = out / "nscluster" / "latest" / "raw" / "soak"
+    assert wait_until(lambda: min(samples_in(raw / f"{name}.jsonl") for name in ("node1", "node2")) >= 3, 120)
+    first.kill()  # SIGKILL: nothing reaches Slurm or the nodes from the harness
+    killed = first.communicate()[0]
+    soak_jobs = [job for job in slurm.jobs() if "handover-soak-" in job]
+    assert len(soak_jobs) == 1, (slurm.jobs(), killed)
+    again = subprocess.run(command + ["--soak-duration", "40s"], cwd=ROOT, env=slurm.env, capture_output=True,
+                           text=True, timeout=600)
+    assert "attaching to the soak in" in again.stdout, again.stdout + again.stderr
+    run_dir = run_dir_of(out, "nscluster")
+    plan = json.loads((run_dir / "soak.json").read_text())
+    assert plan["slurm_job"] and plan["collected"] and not plan["refused"], plan
+    checks = results_of(run_dir)["checks"]
+    assert {c["outcome"] for c in checks} == {"passed", "skipped"}, again.stdout[-3000:]
+    assert [c["node"] for c in checks if c["check"] == "soak_heartbeat" and c["outcome"] == "passed"] == [
+        "node1", "node2"]
+    assert nothing_left(slurm, 30) == ([], []) and list(scratch.iterdir()) == []
+
+    following = subprocess.Popen(command + ["--soak-duration", "10m"], cwd=ROOT, env=slurm.env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert wait_until(lambda: run_dir_of(out, "nscluster") != run_dir and min(
+        samples_in(run_dir_of(out, "nscluster") / "raw" / "soak" / f"{name}.jsonl") for name in ("node1", "node2"))
+        >= 2, 120)
+    stopped = subprocess.run([sys.executable, "-m", "pytest", "--inventory", str(path), "--soak-stop",
+                              str(run_dir_of(out, "nscluster"))], cwd=ROOT, env=slurm.env, capture_output=True,
+                             text=True, timeout=300)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    followed = following.communicate(timeout=300)[0]
+    assert "soak" in followed and nothing_left(slurm, 30) == ([], []), followed[-3000:]
+    assert list(scratch.iterdir()) == []
+
+
+def samples_in(path: Path) -> int:
+    return path.read_text().count('"kind":"sample"') if path.exists() else 0
 
 
 def start_in_one_step(slurm_nodes, tmp_path: Path, argvs: dict[str, list[str]], tag: str) -> tuple[

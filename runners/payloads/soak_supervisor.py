@@ -9,6 +9,11 @@ environment without the connection's lease and with the soak's own tag), so the 
 harness's connection does not end it. The lock's open file goes with it, so the lock lives as long
 as the supervisor. It prints {"started": true, "pid": PID} and exits.
 
+`hold` does what `start` does, then runs the supervisor in its own process instead of a detached
+one: under Slurm, each node's task of the soak's batch job (runners.soak.batch_script), which
+Slurm keeps running without the harness and ends with the job; SIGTERM (the job ending) then
+skips the lingering and removes DIR at once.
+
 `run` (the detached process) runs the load mix until the end time: stress-ng rounds on the CPUs
 and memory, an iperf3 server and rate-limited client rounds to the peer the harness named, fio
 rounds in the node's own folder of the shared scratch path where the harness named one (removed
@@ -71,20 +76,42 @@ def lock_path():
     return os.path.join(LOCK_DIR, "handover-soak-%s.lock" % namespace)
 
 
-def start(config_text):
+def claim(config_text):
+    """The node's soak lock and the soak's config.json: (config, the lock's descriptor). Another
+    soak holds the node: its holder's JSON on stdout, the folder removed, exit 75."""
     config = json.loads(config_text)
-    directory = config["dir"]
     fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         print(json.dumps({"started": False, "busy": holder}))
+        shutil.rmtree(config["dir"], ignore_errors=True)
         sys.exit(EXIT_BUSY)
-    with open(os.path.join(directory, "config.json"), "w") as out:
+    with open(os.path.join(config["dir"], "config.json"), "w") as out:
         out.write(config_text)
+    return config, fd
+
+
+def record_holder(fd, config, pid):
+    """The lock file says which soak holds the node (runners.node_lock reads it); DIR/pid, which."""
+    holder = {"soak_id": config["soak_id"], "node": config["node"], "dir": config["dir"], "pid": pid,
+              "end": config["end"], "run_dir": config.get("run_dir")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder).encode(), 0)
+    with open(os.path.join(config["dir"], "pid"), "w") as out:
+        out.write("%d\n" % pid)
+
+
+def soak_environment(config):
     env = {key: value for key, value in os.environ.items() if key not in STRIPPED}
     env.update(HANDOVER_TAG=config["tag"], HANDOVER_SOAK=config["soak_id"])
+    return env
+
+
+def start(config_text):
+    config, fd = claim(config_text)
+    directory = config["dir"]
     os.set_inheritable(fd, True)
     pid = os.fork()
     if pid == 0:
@@ -94,21 +121,31 @@ def start(config_text):
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), "run", directory], env)
-    holder = {"soak_id": config["soak_id"], "node": config["node"], "dir": directory, "pid": pid,
-              "end": config["end"], "run_dir": config.get("run_dir")}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(holder).encode(), 0)
-    with open(os.path.join(directory, "pid"), "w") as out:
-        out.write("%d\n" % pid)
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), "run", directory],
+                  soak_environment(config))
+    record_holder(fd, config, pid)
     print(json.dumps({"started": True, "pid": pid}))
 
 
+def hold(config_text):
+    """The supervisor in this process, for as long as the soak: under Slurm it is the task of the
+    soak's batch job (runners.soak.batch_script), which is what outlives the harness there, and
+    Slurm ends it with the job. The lock lives with this process."""
+    config, fd = claim(config_text)
+    record_holder(fd, config, os.getpid())
+    environment = soak_environment(config)  # its tools carry the soak's tag, not the connection's lease
+    os.environ.clear()
+    os.environ.update(environment)
+    Supervisor(config["dir"], held=True).main()
+
+
 class Supervisor:
-    def __init__(self, directory):
+    def __init__(self, directory, held=False):
         self.dir = directory
+        self.held = held  # a Slurm job's task (hold): SIGTERM means the job ends, with its nodes
         with open(os.path.join(directory, "config.json")) as config:
             self.config = json.load(config)
+        self.linger_s = float(self.config["linger_s"])
         self.mix = self.config["mix"]
         self.end = float(self.config["end"])
         self.stopping = threading.Event()
@@ -134,6 +171,13 @@ class Supervisor:
             self.reason = reason
             self.stopped_at = time.time()
             self.stopping.set()
+
+    def terminate(self):
+        """SIGTERM: stop. Held by a Slurm job, the job is ending (a scancel, its time limit) and
+        Slurm kills what is left after its KillWait: no lingering, the folder goes at once."""
+        if self.held:
+            self.linger_s = 0
+        self.stop("stopped (SIGTERM)")
 
     def remaining(self):
         return self.end - time.time()
@@ -454,7 +498,7 @@ class Supervisor:
     # -- the life of a soak ---------------------------------------------------------------------
 
     def main(self):
-        signal.signal(signal.SIGTERM, lambda *_: self.stop("stopped (SIGTERM)"))
+        signal.signal(signal.SIGTERM, lambda *_: self.terminate())
         signal.signal(signal.SIGINT, lambda *_: self.stop("stopped (SIGINT)"))
         nvml_missing = self.open_nvml()
         if self.config.get("ib_port") and int(self.mix.get("ib", 1)):
@@ -551,7 +595,7 @@ class Supervisor:
 
     def linger(self):
         """Keep the samples until the harness has them, or until the hard bound; then remove them."""
-        bound = time.time() + float(self.config["linger_s"])
+        bound = time.time() + self.linger_s
         collected = os.path.join(self.dir, "collected")
         while not os.path.exists(collected) and time.time() < bound:
             time.sleep(2)
@@ -677,5 +721,7 @@ def write_atomically(path, text):
 if __name__ == "__main__":
     if sys.argv[1] == "start":
         start(sys.argv[2])
+    elif sys.argv[1] == "hold":
+        hold(sys.argv[2])
     else:
         Supervisor(sys.argv[2]).main()
