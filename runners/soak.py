@@ -334,11 +334,16 @@ def batch_script(plan: SoakPlan, run_dir: Path, python: str) -> str:
             f"exec {shlex.join(srun)} <<'{_HEREDOC}'\n{batch}\n{_HEREDOC}\n")
 
 
+def job_name(plan: SoakPlan) -> str:
+    """The soak's batch job's name: --soak-stop finds the job by it, its ID recorded or not."""
+    return f"{JOB_PREFIX}soak-{plan.soak_id}"
+
+
 def sbatch_argv(plan: SoakPlan, nodes: Sequence[str], settings: LaunchSettings, script: str) -> list[str]:
     """The soak's job: its nodes whole, its time the soak's and SLURM_LINGER_S (not the inventory's
     time_limit, which bounds a run's allocation), never requeued (a soak restarted would be new)."""
     minutes = minutes_for(plan.end - time.time() + SLURM_LINGER_S + ROUND_SLACK_S)
-    return [SBATCH, "--parsable", f"--job-name={JOB_PREFIX}soak-{plan.soak_id}", f"--nodelist={','.join(nodes)}",
+    return [SBATCH, "--parsable", f"--job-name={job_name(plan)}", f"--nodelist={','.join(nodes)}",
             f"--nodes={len(nodes)}", "--exclusive", "--no-requeue", "--output=/dev/null", "--error=/dev/null",
             *job_options(replace(settings, time_limit_min=None), minutes=minutes), script]
 
@@ -653,8 +658,12 @@ class SoakRun:
         if unclean and self._collector is not None and not self.sealed:
             fan_out({name: self.transport(name) for name in unclean}, lambda t: self._remove_folders(t.node.name),
                     name="soak remove")
-        if self.plan.slurm_job is not None:  # the job's supervisors have ended: the job goes, at once
-            client([SCANCEL, self.plan.slurm_job])
+        if self.slurm:  # the job's supervisors have ended: the job goes at once, with anything left in it
+            try:
+                client([SCANCEL, f"--name={job_name(self.plan)}"])
+            except SlurmError as error:
+                for name in live:
+                    outcome.setdefault(name, f"stopped; the soak's Slurm job may remain: {error}")
         for name in killed:
             kept = ("the run was already signed: samples since are not kept" if self.sealed and self._collector
                     else "the harness following it has its samples" if self.sealed else "its samples are in raw/")

@@ -388,6 +388,8 @@ def test_a_soak_under_slurm_is_a_batch_job_that_outlives_the_harness_and_is_coll
     killed = first.communicate()[0]
     soak_jobs = [job for job in slurm.jobs() if "handover-soak-" in job]
     assert len(soak_jobs) == 1, (slurm.jobs(), killed)
+    held = [task for task in tasks_on_nodes(slurm.nodes) if "soak_supervisor.py hold" in task]
+    assert len(held) == 2, tasks_on_nodes(slurm.nodes)  # a supervisor on each node, in the job's task
     again = subprocess.run(command + ["--soak-duration", "40s"], cwd=ROOT, env=slurm.env, capture_output=True,
                            text=True, timeout=600)
     assert "attaching to the soak in" in again.stdout, again.stdout + again.stderr

@@ -15,6 +15,7 @@ import ctypes
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from test_e2e import ROOT, handover, results_of, run_dir_of
 
 from handover.failures import SanityFailure
 from handover.plugin import stop_lines
-from inventory.loader import InventoryError, load_profile
+from inventory.loader import InventoryError, load_inventory, load_profile
 from inventory.model import ScratchPath
 from reports.html import TEMPLATE_DIR
 from reports.soak_view import soak_section, soak_table
@@ -703,6 +704,53 @@ def test_bad_soak_options_are_one_line_and_a_usage_error(option, says, tmp_path)
     assert done.returncode == 4 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not list(tmp_path.iterdir())
 
+
+
+def test_under_slurm_the_soaks_batch_job_holds_its_nodes_whole_for_the_soak_and_an_hour_to_collect(tmp_path):
+    """The inventory's partition, account and reservation; its time_limit bounds a run's
+    allocation, not a soak's job, whose time is the soak's and SLURM_LINGER_S."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text("cluster: c\nprofile: cpu-only\ntransport: slurm\nscratch: [{path: /scratch, kind: local}]\n"
+                    "launch: {partition: acceptance, account: ops, reservation: handover, time_limit: 30}\n"
+                    "nodes: [{name: gpu001, address: 10.0.0.1}, {name: gpu002, address: 10.0.0.2}]\n")
+    cluster = load_inventory(path)
+    plan = soak.new_plan(list(cluster.nodes), cluster.scratch, 24 * 3600, soak.parse_mix("gpu=0"))
+    argv = soak.sbatch_argv(plan, ["gpu001", "gpu002"], cluster.launch, "/tmp/job.sh")
+    [minutes] = [int(a.removeprefix("--time=")) for a in argv if a.startswith("--time=")]
+    assert 25 * 60 < minutes <= 25 * 60 + 3  # a day's soak, the hour its samples may wait, the rounds' slack
+    assert argv == ["sbatch", "--parsable", f"--job-name=handover-soak-{plan.soak_id}", "--nodelist=gpu001,gpu002",
+                    "--nodes=2", "--exclusive", "--no-requeue", "--output=/dev/null", "--error=/dev/null",
+                    "--partition=acceptance", "--account=ops", "--reservation=handover", f"--time={minutes}",
+                    "/tmp/job.sh"]
+    script = soak.batch_script(plan, tmp_path, "/usr/bin/python3")
+    command, heredoc, rest = script.partition(" <<'HANDOVER_SOAK_BATCH'\n")
+    shebang, comment, command = command.split("\n", 2)
+    srun = shlex.split(command.removeprefix("exec "))
+    assert shebang == "#!/bin/sh" and comment.startswith(f"# handover soak {plan.soak_id}: ") and heredoc
+    assert srun == ["srun", "--ntasks-per-node=1", "--input=all", "--kill-on-bad-exit=0", "--no-kill", "--quiet",
+                    "/usr/bin/python3", "-c", soak.BOOT]
+    line, end = rest.split("\n", 1)
+    assert end == "HANDOVER_SOAK_BATCH\n"  # the batch is one line of the here-document
+    batch = json.loads(line)
+    assert sorted(batch["payloads"]) == ["soak_supervisor"]  # gpu=0: no GPU burn payload
+    assert {name: (config["dir"], config["linger_s"], config["tag"]) for name, config in batch["configs"].items()} == {
+        name: (plan.nodes[name].dir, soak.SLURM_LINGER_S, plan.tag) for name in ("gpu001", "gpu002")}
+
+
+def test_a_supervisor_held_by_a_slurm_job_removes_its_folder_at_once_on_sigterm(tmp_path):
+    """SIGTERM to a held supervisor is its job ending (a scancel, its time limit): Slurm kills what
+    is left after KillWait, so it does not wait the hour for a collection; a detached one does."""
+    folder = tmp_path / "soak"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"mix": {}, "end": time.time() + 3600, "linger_s": 3600}))
+    detached = Supervisor(str(folder))
+    detached.terminate()
+    detached.out.close()
+    assert detached.reason == "stopped (SIGTERM)" and detached.lingers
+    held = Supervisor(str(folder), held=True)
+    held.terminate()
+    held.linger()  # lingering, it would wait an hour for DIR/collected
+    assert held.reason == "stopped (SIGTERM)" and not folder.exists()
 
 # -- one real soak on namespace nodes --------------------------------------------------------------
 

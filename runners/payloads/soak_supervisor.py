@@ -131,11 +131,12 @@ def hold(config_text):
     """The supervisor in this process, for as long as the soak: under Slurm it is the task of the
     soak's batch job (runners.soak.batch_script), which is what outlives the harness there, and
     Slurm ends it with the job. The lock lives with this process."""
+    config = json.loads(config_text)
+    if os.environ.get("HANDOVER_TAG") != config["tag"]:  # the tag in its own environ too: --soak-stop's kill
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), "hold", config_text],
+                  soak_environment(config))
     config, fd = claim(config_text)
     record_holder(fd, config, os.getpid())
-    environment = soak_environment(config)  # its tools carry the soak's tag, not the connection's lease
-    os.environ.clear()
-    os.environ.update(environment)
     Supervisor(config["dir"], held=True).main()
 
 
@@ -145,7 +146,7 @@ class Supervisor:
         self.held = held  # a Slurm job's task (hold): SIGTERM means the job ends, with its nodes
         with open(os.path.join(directory, "config.json")) as config:
             self.config = json.load(config)
-        self.linger_s = float(self.config["linger_s"])
+        self.lingers = True  # after the load, it waits for the harness to collect (linger_s)
         self.mix = self.config["mix"]
         self.end = float(self.config["end"])
         self.stopping = threading.Event()
@@ -176,7 +177,7 @@ class Supervisor:
         """SIGTERM: stop. Held by a Slurm job, the job is ending (a scancel, its time limit) and
         Slurm kills what is left after its KillWait: no lingering, the folder goes at once."""
         if self.held:
-            self.linger_s = 0
+            self.lingers = False
         self.stop("stopped (SIGTERM)")
 
     def remaining(self):
@@ -595,7 +596,7 @@ class Supervisor:
 
     def linger(self):
         """Keep the samples until the harness has them, or until the hard bound; then remove them."""
-        bound = time.time() + self.linger_s
+        bound = time.time() + (float(self.config["linger_s"]) if self.lingers else 0.0)
         collected = os.path.join(self.dir, "collected")
         while not os.path.exists(collected) and time.time() < bound:
             time.sleep(2)
