@@ -664,22 +664,29 @@ def test_a_node_whose_slurmd_is_stopped_is_unreachable_with_slurms_reason(slurm_
     assert re.search(r"Slurm says node3 is down\*? \(Not responding\)", node3[0]["message"]), node3[0]["message"]
 
 
-def test_a_soak_through_slurm_is_skipped_with_what_to_do_instead(slurm_nodes, sign_key, tmp_path):
-    """A Slurm step's processes end with it (proctrack/cgroup), so no supervisor is started there:
-    every soak check is skipped saying why and what to run instead, and nothing is left."""
+def test_a_soak_inside_an_allocation_is_skipped_saying_why(slurm_nodes, sign_key, tmp_path):
+    """Under Slurm the soak is a batch job of its own, which would wait for the allocation the
+    harness runs in (SLURM_JOB_ID): every soak check is skipped saying so, and nothing is planned."""
     nodes, slurm = slurm_nodes
-    done = run_pytest(slurm, inventory(slurm_nodes, tmp_path / "cluster.yaml"), tmp_path / "out", sign_key,
-                      "-m", "soak", "--soak-duration", "2m")
+    held = slurm.client("salloc", "--no-shell", "--nodelist=node1,node2", "--nodes=2", "--immediate=30",
+                        "--job-name=operator", "--time=10")
+    [job] = re.findall(r"Granted job allocation (\d+)", held.stderr) or [held.stderr]
+    path = inventory(slurm_nodes, tmp_path / "cluster.yaml")
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "--inventory", str(path), "--out", str(tmp_path / "out"),
+                               "--sign-key", str(sign_key), "-p", "no:cacheprovider", "--nodes", "node1,node2",
+                               "-m", "soak", "--soak-duration", "2m"], cwd=ROOT,
+                              env={**slurm.env, "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "node[1-2]"},
+                              capture_output=True, text=True, timeout=600)
+    finally:
+        slurm.client("scancel", job)
     results = results_of(run_dir_of(tmp_path / "out", "nscluster"))
     soak = [c for c in results["checks"] if c["test_id"].startswith("suites/test_soak.py::")]
     assert soak and {c["outcome"] for c in soak} == {"skipped"}, done.stdout[-3000:]
     assert {c["message"] for c in soak} == {
-        "the soak runs over the ssh and local transports, not slurm: a Slurm step's processes end with the step, a "
-        "detached supervisor too; hold the nodes in Slurm (a reservation) and soak them with transport: ssh "
-        "(README: Soak)"}
+        f"under Slurm the soak is a batch job of its own, which would wait for the allocation this run runs in "
+        f"(SLURM_JOB_ID={job}): run the soak outside an allocation (README: Soak)"}
     assert not (run_dir_of(tmp_path / "out", "nscluster") / "soak.json").exists()  # no soak was planned
-    assert {row["node"]: row["status"] for row in results["soak"]["nodes"]} == {
-        f"node{i}": "skipped" for i in range(1, 5)}
     assert nothing_left(slurm, 20) == ([], [])
 
 
