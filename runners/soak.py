@@ -302,6 +302,9 @@ def supervisor_state(result: Result) -> Optional[str]:
 
 SLURM_LINGER_S = 3600  # the soak's job holds its nodes while its samples wait: an hour, not LINGER_S
 SLURM_START_S = 60  # how long the soak's job may wait in the queue, and its supervisors to start
+# Under Slurm each poll is a step of the soak's job, and a job may have MaxStepCount steps (40,000
+# by default): every 5 s, a 72-hour soak would pass it; every 30 s it takes 8,640.
+SLURM_POLL_S = 30.0
 SBATCH = "sbatch"
 _HEREDOC = "HANDOVER_SOAK_BATCH"
 # Each node's task of the soak's job: its config by SLURMD_NODENAME from the batch on stdin, the
@@ -373,6 +376,15 @@ def submit_job(plan: SoakPlan, run_dir: Path, python: str, settings: LaunchSetti
     job = done.stdout.strip().split(";")[0]
     if done.returncode != 0 or not job.isdigit():
         raise SoakError(f"sbatch refused the soak's job: {(done.stderr or done.stdout).strip() or done.returncode}")
+    try:
+        return _running(job)
+    except BaseException:  # refused, or Ctrl-C while it waits: no job of the soak stays in the queue
+        client([SCANCEL, job])
+        raise
+
+
+def _running(job: str) -> str:
+    """The job's ID once Slurm runs it; SoakError where it ends first or waits SLURM_START_S."""
     deadline = time.monotonic() + SLURM_START_S
     while True:
         state = job_state(job)  # None: squeue did not answer this time
@@ -382,7 +394,6 @@ def submit_job(plan: SoakPlan, run_dir: Path, python: str, settings: LaunchSetti
         if state is not None and said not in ("PENDING", "CONFIGURING"):
             raise SoakError(f"the soak's Slurm job {job} ended as it started: Slurm says it is {said}")
         if time.monotonic() > deadline:
-            client([SCANCEL, job])
             raise SoakError(f"Slurm did not start the soak's job {job} within {SLURM_START_S} s ({said}); "
                             "it was cancelled")
         time.sleep(1)
@@ -620,7 +631,7 @@ class SoakRun:
                 self.on_progress(self.progress())
             if all(state.done for state in self.states.values()):
                 break
-            time.sleep(POLL_S)
+            time.sleep(SLURM_POLL_S if self.slurm else POLL_S)
         self.plan.stopped = self.plan.stopped or SoakPlan.load(self.run_dir).stopped  # by --soak-stop meanwhile
         self.plan.collected = True
         self.plan.save(self.run_dir)
