@@ -8,6 +8,11 @@ a harness killed mid-soak re-attaches by reading it and carrying on from what ra
 A node that stops answering is polled again with a fresh connection; one silent for DROP_GRACE_S
 once the end has passed is named as dropped out. Everything about a node's samples is decided by
 the pure functions at the end of this module, from the lines alone.
+
+Under Slurm (`transport: slurm`) a step's processes end with the step, and the run's allocation
+with the harness: there the supervisors are the tasks of a batch job of the soak's own
+(submit_job, batch_script), which outlives the harness as a detached process does over SSH, and
+the harness's commands to them are steps of that job.
 """
 from __future__ import annotations
 
