@@ -91,21 +91,21 @@ def trusted_signers(sign_key, tmp_path_factory):
 #   takes the machine's one node lock and scratch path, so two at once refuse each other;
 # - performance: they judge timed figures on namespace nodes (a slow node named among healthy
 #   ones); two at once on two cores would slow healthy nodes into the figures too. The group is
-#   the run's longest unit of work: about 13.6 of its 17 minutes.
+#   the run's longest unit of work: about 11.5 minutes (test_slurm_cluster, 5 more, runs as a unit
+#   of its own since the soak under Slurm joined it: in the group, the group was 22 minutes long).
 SERIAL_GROUPS = {
     "this-machine": ["test_bundle", "test_disk_faults", "test_e2e", "test_entry_points", "test_gemm_fft",
                      "test_hardware_suite", "test_hpc_suite", "test_retest", "test_schema", "test_waivers",
                      "test_iperf3", "test_perftest", "test_system_suite"],
-    "performance": ["test_collectives", "test_training_suite", "test_outliers", "test_network_suite",
-                    "test_slurm_cluster"],
+    "performance": ["test_collectives", "test_training_suite", "test_outliers", "test_network_suite"],
 }
 GROUP_OF_MODULE = {module: group for group, modules in SERIAL_GROUPS.items() for module in modules}
 # Units that start first, in this order, whatever their number of tests (xdist otherwise starts
-# the units with the most tests first): the longest first (their minutes in a clean-clone run of
-# stop 48: 13.6, 10.8, 5.9, 4.8, 3.4, 2.5), so that none is left for the end beside idle workers.
-# The failed-run isolations spend most of theirs waiting on failed rendezvous.
-START_FIRST = ("performance", "this-machine", "tests/test_faults.py", "tests/test_failed_run_isolation.py",
-               "tests/test_soak.py", "tests/test_device_proof.py")
+# the units with the most tests first): the longest first (their minutes in clean-clone runs of
+# stops 48 and 49: 11.5, 10.8, 5.9, 5.3, 4.8, 3.4, 2.5), so that none is left for the end beside
+# idle workers. The failed-run isolations spend most of theirs waiting on failed rendezvous.
+START_FIRST = ("performance", "this-machine", "tests/test_faults.py", "tests/test_slurm_cluster.py",
+               "tests/test_failed_run_isolation.py", "tests/test_soak.py", "tests/test_device_proof.py")
 
 
 @pytest.hookimpl(optionalhook=True)
