@@ -91,8 +91,9 @@ def trusted_signers(sign_key, tmp_path_factory):
 #   takes the machine's one node lock and scratch path, so two at once refuse each other;
 # - performance: they judge timed figures on namespace nodes (a slow node named among healthy
 #   ones); two at once on two cores would slow healthy nodes into the figures too. The group is
-#   the run's longest unit of work: about 11.5 minutes (test_slurm_cluster, 5 more, runs as a unit
-#   of its own since the soak under Slurm joined it: in the group, the group was 22 minutes long).
+#   the run's longest unit of work: about 11.5 minutes. test_slurm_cluster (5 minutes more since
+#   the soak under Slurm joined it) is a unit of its own: in the group, it made the group the
+#   run's critical path, and the run took 22.5 minutes.
 SERIAL_GROUPS = {
     "this-machine": ["test_bundle", "test_disk_faults", "test_e2e", "test_entry_points", "test_gemm_fft",
                      "test_hardware_suite", "test_hpc_suite", "test_retest", "test_schema", "test_waivers",
